@@ -1,0 +1,420 @@
+"""The CNI protocol, shared by the ``sriov`` plugin and the ``sriov-ipam`` plugin.
+
+A plugin is a table of handlers, one per ``CNI_COMMAND``.  :func:`dispatch`
+validates the environment and the network configuration, calls the handler,
+and turns what it returns or raises into the protocol's stdout answer: a
+result in the configuration's own version format, nothing, or an error
+object.  Everything it needs comes in as arguments (environment mapping,
+stdin, stdout) so tests call it in-process with a dict and ``io`` buffers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import IO, Any, Callable, Mapping, Union
+
+SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+
+log = logging.getLogger("sriov_cni")
+
+
+class Code(IntEnum):
+    """Error codes: 1-99 are the spec's, 100+ are ours."""
+
+    INCOMPATIBLE_VERSION = 1
+    UNSUPPORTED_FIELD = 2
+    UNKNOWN_CONTAINER = 3
+    INVALID_ENV = 4
+    IO_FAILURE = 5
+    DECODE = 6
+    INVALID_CONFIG = 7
+    INVALID_NETNS = 8
+    TRY_AGAIN = 11
+    NOT_AVAILABLE = 50
+    LIMITED_CONNECTIVITY = 51
+    # A device operation failed: netlink or sysfs refused a change.
+    DEVICE = 100
+    # No free VF in the configured pool.
+    NO_FREE_VF = 101
+    # A delegated IPAM plugin failed.
+    IPAM = 102
+    INTERNAL = 999
+
+
+class CNIError(Exception):
+    """A failure the runtime is told about as a CNI error object."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code = int(code)
+        self.msg = msg
+        self.details = details
+
+    def to_dict(self, cni_version: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.msg}: {self.details}" if self.details else self.msg
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in version.split("."))
+    except ValueError:
+        return (0,)
+
+
+def version_at_least(version: str, minimum: str) -> bool:
+    return version_tuple(version) >= version_tuple(minimum)
+
+
+# --- results ---------------------------------------------------------------
+
+IPInterface = Union[ipaddress.IPv4Interface, ipaddress.IPv6Interface]
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+
+
+@dataclass
+class Interface:
+    name: str
+    mac: str = ""
+    mtu: int = 0
+    sandbox: str = ""
+    pci_id: str = ""
+    socket_path: str = ""
+
+
+@dataclass
+class IPConfig:
+    address: IPInterface
+    gateway: IPAddress | None = None
+    interface: int | None = None
+
+
+@dataclass
+class Route:
+    dst: IPNetwork
+    gw: IPAddress | None = None
+    mtu: int | None = None
+    advmss: int | None = None
+    priority: int | None = None
+    table: int | None = None
+    scope: int | None = None
+
+
+@dataclass
+class DNS:
+    nameservers: list[str] = field(default_factory=list)
+    domain: str = ""
+    search: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.nameservers:
+            out["nameservers"] = list(self.nameservers)
+        if self.domain:
+            out["domain"] = self.domain
+        if self.search:
+            out["search"] = list(self.search)
+        if self.options:
+            out["options"] = list(self.options)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> DNS:
+        if not isinstance(raw, dict):
+            return cls()
+        return cls(
+            nameservers=[str(s) for s in raw.get("nameservers") or []],
+            domain=str(raw.get("domain") or ""),
+            search=[str(s) for s in raw.get("search") or []],
+            options=[str(s) for s in raw.get("options") or []],
+        )
+
+
+_ROUTE_EXTRA = ("mtu", "advmss", "priority", "table", "scope")
+
+
+@dataclass
+class Result:
+    """An ADD result; rendered in whichever spec version the config asked for."""
+
+    interfaces: list[Interface] = field(default_factory=list)
+    ips: list[IPConfig] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+    dns: DNS = field(default_factory=DNS)
+
+    def to_dict(self, cni_version: str) -> dict[str, Any]:
+        v1 = version_at_least(cni_version, "1.0.0")
+        v11 = version_at_least(cni_version, "1.1.0")
+        out: dict[str, Any] = {"cniVersion": cni_version}
+        if self.interfaces:
+            ifaces = []
+            for i in self.interfaces:
+                d: dict[str, Any] = {"name": i.name}
+                if i.mac:
+                    d["mac"] = i.mac
+                # mtu, socketPath and pciID exist from spec 1.1.0 on.
+                if v11 and i.mtu:
+                    d["mtu"] = i.mtu
+                if i.sandbox:
+                    d["sandbox"] = i.sandbox
+                if v11 and i.socket_path:
+                    d["socketPath"] = i.socket_path
+                if v11 and i.pci_id:
+                    d["pciID"] = i.pci_id
+                ifaces.append(d)
+            out["interfaces"] = ifaces
+        ips = []
+        for ip in self.ips:
+            d = {"address": str(ip.address)}
+            # Before 1.0.0 every IP entry must say which family it is.
+            if not v1:
+                d["version"] = str(ip.address.version)
+            if ip.gateway is not None:
+                d["gateway"] = str(ip.gateway)
+            if ip.interface is not None:
+                d["interface"] = ip.interface
+            ips.append(d)
+        if ips:
+            out["ips"] = ips
+        routes = []
+        for r in self.routes:
+            d = {"dst": str(r.dst)}
+            if r.gw is not None:
+                d["gw"] = str(r.gw)
+            if v11:
+                for key in _ROUTE_EXTRA:
+                    value = getattr(r, key)
+                    if value is not None:
+                        d[key] = value
+            routes.append(d)
+        if routes:
+            out["routes"] = routes
+        dns = self.dns.to_dict()
+        if dns:
+            out["dns"] = dns
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any, what: str = "result") -> Result:
+        """Parse a result of any supported version (an IPAM result or a prevResult)."""
+        if not isinstance(raw, dict):
+            raise CNIError(Code.DECODE, f"{what} is not a JSON object")
+        try:
+            interfaces = [
+                Interface(
+                    name=str(i["name"]),
+                    mac=str(i.get("mac") or ""),
+                    mtu=int(i.get("mtu") or 0),
+                    sandbox=str(i.get("sandbox") or ""),
+                    pci_id=str(i.get("pciID") or ""),
+                    socket_path=str(i.get("socketPath") or ""),
+                )
+                for i in raw.get("interfaces") or []
+            ]
+            ips = [
+                IPConfig(
+                    address=ipaddress.ip_interface(str(ip["address"])),
+                    gateway=ipaddress.ip_address(str(ip["gateway"])) if ip.get("gateway") else None,
+                    interface=int(ip["interface"]) if ip.get("interface") is not None else None,
+                )
+                for ip in raw.get("ips") or []
+            ]
+            routes = [
+                Route(
+                    dst=ipaddress.ip_network(str(r["dst"]), strict=False),
+                    gw=ipaddress.ip_address(str(r["gw"])) if r.get("gw") else None,
+                    **{k: int(r[k]) for k in _ROUTE_EXTRA if r.get(k) is not None},
+                )
+                for r in raw.get("routes") or []
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CNIError(Code.DECODE, f"cannot parse {what}", f"{type(exc).__name__}: {exc}") from exc
+        return cls(interfaces=interfaces, ips=ips, routes=routes, dns=DNS.from_dict(raw.get("dns")))
+
+
+# --- invocation ------------------------------------------------------------
+
+# libcni's rule for container IDs and network names.
+VALID_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+
+# Variables each command needs non-empty.  CNI_PATH is only needed when a
+# plugin is delegated to, so it is checked there, not here.
+REQUIRED_ENV: dict[str, tuple[str, ...]] = {
+    "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
+    "DEL": ("CNI_CONTAINERID", "CNI_IFNAME"),
+    "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
+    "GC": (),
+    "STATUS": (),
+}
+
+# Commands that appeared after 0.3.0.
+MIN_VERSION = {"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
+
+
+@dataclass(frozen=True)
+class CmdArgs:
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    args: Mapping[str, str]
+    path: tuple[str, ...]
+    stdin: bytes
+    conf: Mapping[str, Any]
+    cni_version: str
+    env: Mapping[str, str]
+
+
+Handler = Callable[[CmdArgs], Union[Result, None]]
+
+
+def validate_ifname(name: str) -> str | None:
+    """Why an interface name is unusable (as libcni checks it), or None."""
+    if not name:
+        return "is empty"
+    if len(name) > 15:
+        return "is longer than 15 characters"
+    if name in (".", ".."):
+        return "cannot be . or .."
+    if any(c in name for c in "/:") or any(c.isspace() for c in name):
+        return "cannot contain '/', ':' or whitespace"
+    return None
+
+
+def parse_cni_args(raw: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in filter(None, raw.split(";")):
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CNIError(Code.INVALID_ENV, "CNI_ARGS is malformed", f"{pair!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _env(env: Mapping[str, str], key: str) -> str:
+    # Runtimes set every variable, some to "" (libcni's GC and STATUS):
+    # empty means absent.
+    return env.get(key, "") or ""
+
+
+def _parse_invocation(env: Mapping[str, str], stdin: bytes) -> CmdArgs:
+    command = _env(env, "CNI_COMMAND")
+    if command not in REQUIRED_ENV:
+        raise CNIError(Code.INVALID_ENV, f"unknown CNI_COMMAND: {command}")
+    try:
+        conf = json.loads(stdin)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CNIError(Code.DECODE, "failed to decode the network configuration on stdin", str(exc)) from exc
+    if not isinstance(conf, dict):
+        raise CNIError(Code.DECODE, "the network configuration on stdin is not a JSON object")
+    version = conf.get("cniVersion")
+    if not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
+        raise CNIError(
+            Code.INCOMPATIBLE_VERSION,
+            "incompatible CNI versions",
+            f'config is {json.dumps(version)}, plugin supports {list(SUPPORTED_VERSIONS)}',
+        )
+    minimum = MIN_VERSION.get(command)
+    if minimum and not version_at_least(version, minimum):
+        raise CNIError(
+            Code.INCOMPATIBLE_VERSION,
+            f"config version {version} does not allow {command}",
+            f"{command} needs cniVersion {minimum} or later",
+        )
+    missing = [k for k in REQUIRED_ENV[command] if not _env(env, k)]
+    if missing:
+        raise CNIError(Code.INVALID_ENV, f"required env variables [{','.join(missing)}] missing")
+    container_id = _env(env, "CNI_CONTAINERID")
+    if container_id and not VALID_NAME.match(container_id):
+        raise CNIError(
+            Code.INVALID_ENV,
+            f"invalid CNI_CONTAINERID {container_id!r}",
+            "must start with a letter or digit and hold only letters, digits, '_', '.' and '-'",
+        )
+    ifname = _env(env, "CNI_IFNAME")
+    if ifname:
+        why = validate_ifname(ifname)
+        if why:
+            raise CNIError(Code.INVALID_ENV, f"invalid CNI_IFNAME {ifname!r}: it {why}")
+    name = conf.get("name")
+    if not isinstance(name, str) or not VALID_NAME.match(name):
+        raise CNIError(
+            Code.INVALID_CONFIG,
+            f"invalid network name {name!r}",
+            "must start with a letter or digit and hold only letters, digits, '_', '.' and '-'",
+        )
+    return CmdArgs(
+        command=command,
+        container_id=container_id,
+        netns=_env(env, "CNI_NETNS"),
+        ifname=ifname,
+        args=parse_cni_args(_env(env, "CNI_ARGS")),
+        path=tuple(p for p in _env(env, "CNI_PATH").split(":") if p),
+        stdin=stdin,
+        conf=conf,
+        cni_version=version,
+        env=dict(env),
+    )
+
+
+def _requested_version(stdin: bytes) -> str:
+    """The cniVersion a failed request asked for, to answer in; latest if unknown."""
+    try:
+        version = json.loads(stdin).get("cniVersion")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return LATEST_VERSION
+    return version if version in SUPPORTED_VERSIONS else LATEST_VERSION
+
+
+def _emit(stdout: IO[str], obj: Mapping[str, Any]) -> None:
+    stdout.write(json.dumps(obj, indent=2) + "\n")
+    stdout.flush()
+
+
+def dispatch(
+    handlers: Mapping[str, Handler],
+    env: Mapping[str, str],
+    stdin: bytes,
+    stdout: IO[str],
+    stderr: IO[str],
+    about: str,
+) -> int:
+    """Run one CNI invocation; return the process exit status."""
+    command = _env(env, "CNI_COMMAND")
+    if not command:
+        stderr.write(f"{about}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n")
+        return 0
+    if command == "VERSION":
+        _emit(stdout, {"cniVersion": _requested_version(stdin), "supportedVersions": list(SUPPORTED_VERSIONS)})
+        return 0
+    try:
+        cmd = _parse_invocation(env, stdin)
+        handler = handlers.get(cmd.command)
+        if handler is None:
+            raise CNIError(Code.INVALID_ENV, f"{cmd.command} is not implemented by this plugin")
+        result = handler(cmd)
+    except CNIError as err:
+        log.error("%s failed: %s", command, err)
+        _emit(stdout, err.to_dict(_requested_version(stdin)))
+        return 1
+    except Exception as exc:  # the runtime must get a CNI error object, never a traceback
+        log.exception("%s failed with an internal error", command)
+        internal = CNIError(Code.INTERNAL, "internal error", f"{type(exc).__name__}: {exc}")
+        _emit(stdout, internal.to_dict(_requested_version(stdin)))
+        return 1
+    if result is not None:
+        _emit(stdout, result.to_dict(cmd.cni_version))
+    return 0
