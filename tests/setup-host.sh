@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a Debian bookworm machine.
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup-host.sh: must run as root" >&2
+    exit 1
+fi
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export DEBIAN_FRONTEND=noninteractive
+apt_opts=(-y -q -o Dpkg::Use-Pty=0 --no-install-recommends)
+
+log() { echo "setup-host: $*"; }
+
+apt_updated=0
+apt_update_once() {
+    if [ "$apt_updated" -eq 0 ]; then
+        log "apt-get update"
+        apt-get update -qq
+        apt_updated=1
+    fi
+}
+
+# Packages the host tests and the VM rig use. kmod gives depmod/modinfo for
+# building the guest initramfs; xz-utils/zstd decompress Debian's modules.
+host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
+           ca-certificates python3-pip)
+missing=()
+for p in "${host_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
+        || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    apt_update_once
+    log "installing ${missing[*]}"
+    apt-get install "${apt_opts[@]}" "${missing[@]}" >/dev/null
+fi
+
+qemu_has_igb() {
+    command -v qemu-system-x86_64 >/dev/null \
+        && qemu-system-x86_64 -device help 2>/dev/null | grep -qw '"igb"'
+}
+
+# The first Debian archive URI of the machine (not the security archive), so
+# backports come from the same mirror the machine already trusts.
+debian_uri() {
+    local uri=""
+    if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+        uri=$(awk '
+            /^[[:space:]]*$/ { if (u != "" && s ~ /(^| )bookworm( |$)/) { print u; exit } u=""; s=""; next }
+            /^URIs:/    { u=$2 }
+            /^Suites:/  { s=$0; sub(/^Suites:[[:space:]]*/, "", s) }
+            END         { if (u != "" && s ~ /(^| )bookworm( |$)/) print u }
+        ' /etc/apt/sources.list.d/debian.sources | head -n1)
+    fi
+    if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+        uri=$(awk '$1 == "deb" && $3 == "bookworm" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { print $i; exit } }' \
+              /etc/apt/sources.list | head -n1)
+    fi
+    [ -n "$uri" ] || { echo "setup-host: cannot find the Debian bookworm archive URI in apt sources" >&2; return 1; }
+    echo "$uri"
+}
+
+# bookworm ships QEMU 7.2, which has no igb (82576) model; backports has >= 8.
+if ! qemu_has_igb; then
+    bp=/etc/apt/sources.list.d/bookworm-backports.sources
+    if [ ! -f "$bp" ]; then
+        uri=$(debian_uri)
+        log "adding bookworm-backports from $uri"
+        cat >"$bp" <<EOF
+Types: deb
+URIs: $uri
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+        apt_updated=0
+    fi
+    apt_update_once
+    log "installing qemu-system-x86 from bookworm-backports"
+    # seabios (bios.bin) and ipxe-qemu (NIC option ROMs) come in as hard
+    # dependencies; the igb model itself loads no option ROM.
+    apt-get install "${apt_opts[@]}" -t bookworm-backports qemu-system-x86 >/dev/null
+    qemu_has_igb || { echo "setup-host: installed qemu-system-x86_64 still has no -device igb" >&2; exit 1; }
+fi
+
+log "pip install -e '.[test]'"
+cd "$repo"
+pip_opts=(-q --disable-pip-version-check --root-user-action=ignore)
+# Debian's own python3 is marked externally managed (PEP 668); the tests run
+# as root against whatever python3 is first on PATH, so install into it.
+if python3 -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+    pip_opts+=(--break-system-packages)
+fi
+python3 -m pip install "${pip_opts[@]}" -e '.[test]'
+log "done"
