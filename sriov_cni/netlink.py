@@ -16,6 +16,7 @@ Two kinds of operations live here:
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import ipaddress
 import os
@@ -23,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from pyroute2 import IPRoute, NetlinkError as _PyNetlinkError
 from pyroute2 import netns as _netns
@@ -291,30 +292,72 @@ class Namespace:
         return out
 
     def set_sysctl(self, key: str, value: str) -> None:
-        """Write a per-namespace /proc/sys/net sysctl from inside this namespace."""
-        _in_netns(self.path, f"/proc/sys/net/{key}", value)
+        """Write a per-namespace sysctl under /proc/sys/net from inside this namespace."""
+
+        def write() -> None:
+            with open(f"/proc/sys/net/{key}", "w") as f:
+                f.write(value)
+
+        run_in_netns(self.path, write)
 
 
-def _in_netns(path: str | None, file: str, value: str) -> None:
-    # /proc/sys/net reflects the namespace of the process that opens the
-    # file, so the write happens in a short-lived child moved into the netns.
+_CLONE_NEWNS = 0x00020000
+_MS_REC = 0x4000
+_MS_SLAVE = 0x80000
+
+
+def _private_sysfs() -> None:
+    # sysfs shows the netdevs of the namespace that mounted it, so a fresh
+    # mount in a private mount namespace shows the pod's interfaces
+    # (what `ip netns exec` does).
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+        raise OSError(ctypes.get_errno(), "making / a slave mount")
+    libc.umount2(b"/sys", 2)  # MNT_DETACH; nothing mounted there is fine
+    if libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None) != 0:
+        raise OSError(ctypes.get_errno(), "mounting sysfs")
+
+
+def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: bool = False) -> None:
+    """Run ``func`` with the calling context inside the network namespace ``path``.
+
+    /proc/sys/net and (with ``own_sysfs``) /sys/class/net reflect the
+    namespace of the process that looks, so ``func`` runs in a short-lived
+    forked child that enters the namespace; this process never leaves its
+    own.  ``path`` None runs ``func`` here.  An OSError in ``func`` is
+    reported as NetlinkError carrying its errno.
+    """
     if path is None:
-        with open(file, "w") as f:
-            f.write(value)
+        func()
         return
+    read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        status = 0
+    if pid == 0:  # pragma: no cover - runs in the child
+        os.close(read_end)
+        code = 0
+        message = b""
         try:
             _netns.setns(path, flags=0)
-            with open(file, "w") as f:
-                f.write(value)
-        except OSError:
-            status = 1
-        os._exit(status)
+            if own_sysfs:
+                _private_sysfs()
+            func()
+        except OSError as exc:
+            code = exc.errno or errno.EIO
+            message = str(exc).encode()
+        except BaseException as exc:  # the child must always reach _exit
+            code = errno.EIO
+            message = repr(exc).encode()
+        os.write(write_end, message[:4000])
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as r:
+        reason = r.read().decode(errors="replace")
     _, status = os.waitpid(pid, 0)
-    if status != 0:
-        raise NetlinkError(f"cannot write {file} in {path}", errno.EIO)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise NetlinkError(f"in network namespace {path}: {reason or os.strerror(code)}", code)
 
 
 @contextmanager

@@ -1,0 +1,278 @@
+"""The per-node record of which VF belongs to which container.
+
+One JSON file per allocated VF, named after its PCI address, under
+``<dataDir>/vfs/``; one lock file, ``<dataDir>/lock``, taken with flock.
+Callers hold the lock only around short read-decide-write sections
+(choosing a VF and recording it, updating a record), never across IPAM or
+netlink moves, so concurrent ADDs neither collide nor queue behind each
+other's slow steps.
+
+Every write goes to a temporary file that is fsynced and renamed over the
+old one, so a crash at any point leaves each record either old or new,
+never torn.  Files are 0600, directories 0700, and no symlink is followed:
+the store runs as root and must not be steerable into overwriting other
+files.
+
+:class:`FileStore` and the in-memory :class:`MemoryStore` both implement
+:class:`Store`; the tests run one conformance suite against both.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ContextManager, Protocol
+
+import filelock
+
+from sriov_cni.cni import CNIError, Code
+
+DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
+
+# Long enough for many concurrent ADDs to pass through their short critical
+# sections; a holder stuck longer than this is a bug, and the runtime retries.
+LOCK_TIMEOUT = 30.0
+
+
+@dataclass
+class OriginalState:
+    """How a VF was before we touched it, so DEL can put it back exactly."""
+
+    admin_mac: str
+    vlan: int
+    qos: int
+    vlan_proto: int
+    spoofchk: bool | None
+    trust: bool | None
+    link_state: int | None
+    min_tx_rate: int
+    max_tx_rate: int
+    # Netdev side; empty/None for a VF on a DPDK driver.
+    netdev: str = ""
+    mtu: int | None = None
+    mac: str = ""
+    promisc: bool | None = None
+    altnames: list[str] = field(default_factory=list)
+    alias: str = ""
+
+
+@dataclass
+class Allocation:
+    vf_pci: str
+    pf_pci: str
+    pf_netdev: str
+    vf_index: int
+    network: str
+    container_id: str
+    ifname: str
+    netns: str
+    netns_inode: int | None
+    dpdk: bool = False
+    created: float = field(default_factory=time.time)
+    # None until the snapshot is recorded, which happens before any change.
+    original: OriginalState | None = None
+    # PF-side settings this allocation applied, as config key -> value.
+    applied: dict[str, Any] = field(default_factory=dict)
+
+    def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:
+        return (
+            self.container_id == container_id
+            and self.ifname == ifname
+            and (network is None or self.network == network)
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Allocation:
+        raw = json.loads(text)
+        original = raw.pop("original", None)
+        known = {f.name for f in fields(cls)}
+        alloc = cls(**{k: v for k, v in raw.items() if k in known})
+        if original is not None:
+            known_orig = {f.name for f in fields(OriginalState)}
+            alloc.original = OriginalState(**{k: v for k, v in original.items() if k in known_orig})
+        return alloc
+
+
+class Store(Protocol):
+    def locked(self) -> ContextManager[None]:
+        """Exclusive access to the whole store, node-wide."""
+        ...
+
+    def all(self) -> list[Allocation]: ...
+
+    def get(self, vf_pci: str) -> Allocation | None: ...
+
+    def put(self, alloc: Allocation) -> None: ...
+
+    def remove(self, vf_pci: str) -> None: ...
+
+
+def _io_error(what: str, path: Path, exc: OSError) -> CNIError:
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        reason = "no space left on device"
+    return CNIError(Code.IO_FAILURE, f"{what} {path}: {reason}")
+
+
+def _safe_dir(path: Path) -> None:
+    """Create ``path`` 0700 if missing; refuse a symlink in its place."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise _io_error("cannot create state directory", path, exc) from exc
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise _io_error("state directory is not a plain directory:", path, exc) from exc
+    os.close(fd)
+
+
+class FileStore:
+    def __init__(self, data_dir: str | Path = DEFAULT_DATA_DIR, lock_timeout: float = LOCK_TIMEOUT) -> None:
+        self.root = Path(data_dir)
+        self.vfs_dir = self.root / "vfs"
+        self._lock_timeout = lock_timeout
+        self._ready = False
+
+    def _prepare(self) -> None:
+        if not self._ready:
+            os.makedirs(self.root.parent, exist_ok=True)
+            _safe_dir(self.root)
+            _safe_dir(self.vfs_dir)
+            self._ready = True
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        self._prepare()
+        lock = filelock.UnixFileLock(str(self.root / "lock"), timeout=self._lock_timeout, mode=0o600)
+        try:
+            lock.acquire()
+        except filelock.Timeout as exc:
+            raise CNIError(
+                Code.TRY_AGAIN, f"the VF store {self.root} stayed locked for {self._lock_timeout:.0f} s"
+            ) from exc
+        except OSError as exc:
+            raise _io_error("cannot lock", self.root / "lock", exc) from exc
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _path(self, vf_pci: str) -> Path:
+        return self.vfs_dir / f"{vf_pci}.json"
+
+    def _read(self, path: Path) -> Allocation | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _io_error("cannot read", path, exc) from exc
+        with os.fdopen(fd) as f:
+            text = f.read()
+        try:
+            return Allocation.from_json(text)
+        except (ValueError, TypeError) as exc:
+            # Writes are atomic, so this is outside tampering.  Refusing is
+            # safer than guessing: a guess could hand the VF out twice.
+            raise CNIError(
+                Code.IO_FAILURE,
+                f"state file {path} is unreadable",
+                f"{exc}; check which container uses this VF, then remove the file",
+            ) from exc
+
+    def all(self) -> list[Allocation]:
+        self._prepare()
+        out = []
+        for name in sorted(os.listdir(self.vfs_dir)):
+            if name.endswith(".json"):
+                alloc = self._read(self.vfs_dir / name)
+                if alloc is not None:
+                    out.append(alloc)
+        return out
+
+    def get(self, vf_pci: str) -> Allocation | None:
+        self._prepare()
+        return self._read(self._path(vf_pci))
+
+    def put(self, alloc: Allocation) -> None:
+        self._prepare()
+        path = self._path(alloc.vf_pci)
+        tmp = self.vfs_dir / f".{alloc.vf_pci}.{os.getpid()}.tmp"
+        data = alloc.to_json().encode()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            dfd = os.open(self.vfs_dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise _io_error("cannot record allocation in", path, exc) from exc
+
+    def remove(self, vf_pci: str) -> None:
+        self._prepare()
+        path = self._path(vf_pci)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _io_error("cannot remove", path, exc) from exc
+
+
+class MemoryStore:
+    """In-memory :class:`Store` for unit tests."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, str] = {}
+        self._lock = threading.RLock()
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def all(self) -> list[Allocation]:
+        return [Allocation.from_json(self._records[k]) for k in sorted(self._records)]
+
+    def get(self, vf_pci: str) -> Allocation | None:
+        text = self._records.get(vf_pci)
+        return Allocation.from_json(text) if text is not None else None
+
+    def put(self, alloc: Allocation) -> None:
+        # Stored serialized, like the file store, so callers never share
+        # mutable records with the store.
+        self._records[alloc.vf_pci] = alloc.to_json()
+
+    def remove(self, vf_pci: str) -> None:
+        self._records.pop(vf_pci, None)
+
+
+def _conforms(file_store: FileStore, memory_store: MemoryStore) -> tuple[Store, Store]:
+    # Checked by mypy: both implementations satisfy the protocol.
+    return file_store, memory_store
