@@ -1,0 +1,164 @@
+"""Choosing a VF for a container, race-free, and recording the choice.
+
+A VF is *free* when the store holds no allocation for it and it is usable:
+its netdev sits in the host network namespace, or it is bound to a DPDK
+driver.  An allocation whose network namespace is gone is *stale*: the
+container died without a DEL, so the VF may be reclaimed after it is put
+back the way it was.
+
+The choice and the record happen under the store's lock, so two ADDs can
+never take the same VF (the failure of the first self-allocating SR-IOV
+plugins, which scanned sysfs and moved the VF with nothing held).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sriov_cni import netlink, sysfs
+from sriov_cni.cni import CNIError, Code
+from sriov_cni.store import Allocation, Store
+
+
+class VfState(enum.Enum):
+    FREE = "free"
+    ALLOCATED = "allocated"
+    STALE = "stale"
+    # Not ours and not usable: its netdev is in some other namespace, or it
+    # has no driver.
+    IN_USE = "in use"
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """One ``pfNames`` entry: a PF (netdev name or PCI address) and optional VF indexes."""
+
+    pf: str
+    indexes: tuple[int, ...] | None  # None: every VF of the PF
+
+    def __str__(self) -> str:
+        if self.indexes is None:
+            return self.pf
+        return f"{self.pf}#{','.join(str(i) for i in self.indexes)}"
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_pool_entry(entry: str) -> PoolEntry:
+    """Parse ``"ens1f0"``, ``"ens1f0#0-3"`` or ``"0000:af:00.0#0-3,7"``."""
+    pf, sep, spec = entry.partition("#")
+    if not pf:
+        raise ValueError(f"{entry!r} names no PF")
+    if not sep:
+        return PoolEntry(pf, None)
+    indexes: list[int] = []
+    for part in spec.split(","):
+        m = _RANGE.match(part.strip())
+        if not m:
+            raise ValueError(f"{entry!r}: {part!r} is not a VF index or range like 0-3")
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) is not None else first
+        if last < first:
+            raise ValueError(f"{entry!r}: range {part!r} ends before it starts")
+        indexes.extend(range(first, last + 1))
+    return PoolEntry(pf, tuple(sorted(set(indexes))))
+
+
+def netns_alive(alloc: Allocation) -> bool:
+    """Whether the allocation's network namespace still exists (and is the same one)."""
+    inode = netlink.netns_inode(alloc.netns)
+    if inode is None:
+        return False
+    return alloc.netns_inode is None or inode == alloc.netns_inode
+
+
+def vf_state(vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
+    """Classify one VF; ``in_host`` says whether a netdev name exists in the host namespace."""
+    if alloc is not None:
+        return VfState.ALLOCATED if netns_alive(alloc) else VfState.STALE
+    if sysfs.driver(vf_pci) in sysfs.DPDK_DRIVERS:
+        return VfState.FREE
+    # sysfs lists a VF's netdev only while it is in the host namespace; the
+    # netlink look-up confirms it (and keeps a test tree of sysfs honest).
+    names = sysfs.netdevs(vf_pci)
+    if names and in_host(names[0]):
+        return VfState.FREE
+    return VfState.IN_USE
+
+
+def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
+    """Every VF the pool names, in order, each once; bad entries are config errors."""
+    out: list[sysfs.VF] = []
+    seen: set[str] = set()
+    for entry in entries:
+        try:
+            pf = sysfs.resolve_pf(entry.pf)
+            count = sysfs.numvfs(pf.pci)
+        except sysfs.SysfsError as exc:
+            raise CNIError(Code.INVALID_CONFIG, f"pfNames entry {str(entry)!r}: {exc}") from exc
+        indexes = entry.indexes if entry.indexes is not None else tuple(range(count))
+        if indexes and indexes[-1] >= count:
+            raise CNIError(
+                Code.INVALID_CONFIG,
+                f"pfNames entry {str(entry)!r} asks for VF {indexes[-1]}, but {entry.pf} has sriov_numvfs={count}",
+            )
+        vfs = sysfs.vf_pcis(pf.pci)
+        for index in indexes:
+            pci = vfs.get(index)
+            if pci is None:
+                raise CNIError(Code.INVALID_CONFIG, f"{entry.pf} has no VF {index} in sysfs (virtfn{index} missing)")
+            if pci not in seen:
+                seen.add(pci)
+                out.append(sysfs.VF(pci=pci, index=index, pf=pf))
+    return out
+
+
+def reserve(
+    store: Store,
+    candidates: list[sysfs.VF],
+    make: Callable[[sysfs.VF], Allocation],
+    in_host: Callable[[str], bool],
+    explicit: bool,
+) -> tuple[Allocation, Allocation | None]:
+    """Take the first free VF among ``candidates`` and record it.
+
+    Returns the new allocation and, when a stale one was reclaimed, the stale
+    record: the caller must put that VF back as it was before using it.
+    ``explicit`` means the caller named the VF (deviceID), so failure messages
+    speak of that VF rather than of a pool.
+    """
+    with store.locked():
+        stale: tuple[sysfs.VF, Allocation] | None = None
+        owners: list[str] = []
+        for vf in candidates:
+            alloc = store.get(vf.pci)
+            state = vf_state(vf.pci, alloc, in_host)
+            if state is VfState.FREE:
+                new = make(vf)
+                store.put(new)
+                return new, None
+            if state is VfState.STALE and alloc is not None and stale is None:
+                stale = (vf, alloc)
+            elif state is VfState.ALLOCATED and alloc is not None:
+                owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
+            else:
+                owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
+        if stale is not None:
+            vf, old = stale
+            new = make(vf)
+            # The VF is still dirty from the dead container: its original
+            # state is the stale record's, not what we would snapshot now.
+            new.original = old.original
+            store.put(new)
+            return new, old
+    if explicit:
+        raise CNIError(Code.NO_FREE_VF, f"VF {owners[0]} is not free" if owners else "VF is not free")
+    raise CNIError(
+        Code.NO_FREE_VF,
+        f"no free VF in the pool ({len(candidates)} VFs, all taken)",
+        "; ".join(owners),
+    )
