@@ -1,0 +1,221 @@
+"""Handing out, finding and releasing addresses with host-local's semantics.
+
+Allocation cost must not grow with the pool's fill level, so an ADD never
+lists the directory up front as host-local does: it probes candidates with
+exclusive creates from the round-robin position.  Only after PROBE_LIMIT
+misses does it list the directory once, and keeps probing from there
+skipping what the listing showed taken.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+from sriov_cni.cni import CNIError, Code, IPAddress
+
+from .config import IPAMConfig, Range, RangeSet, Requested
+from .store import Owner, Store
+
+log = logging.getLogger("sriov_cni.ipam")
+
+# A failed probe costs ~7 us and listing a 65k-entry directory ~50 ms, so
+# after this many misses the listing is at most about as costly again as the
+# probing already done.
+PROBE_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class Allocation:
+    ip: IPAddress
+    range: Range
+
+
+def candidates(rset: RangeSet, last: IPAddress | None) -> Iterator[Allocation]:
+    """Every address ``rset`` can hand out, once each, in round-robin order.
+
+    Starts just after ``last`` when it lies in the set (host-local's
+    last_reserved_ip), else at the first range's start; walks to the end of
+    each range, on through the following ranges, wraps, and ends with
+    ``last`` itself.
+    """
+    at = next((i for i, r in enumerate(rset.ranges) if last is not None and r.contains(last)), None)
+    if at is None or last is None:
+        segments = [(r, int(r.start), int(r.end)) for r in rset.ranges]
+    else:
+        here = rset.ranges[at]
+        others = rset.ranges[at + 1 :] + rset.ranges[:at]
+        segments = [
+            (here, int(last) + 1, int(here.end)),
+            *((r, int(r.start), int(r.end)) for r in others),
+            (here, int(here.start), int(last)),
+        ]
+    for r, low, high in segments:
+        skipped = {int(ip) for ip in r.skipped}
+        make = type(r.start)
+        for n in range(low, high + 1):
+            if n not in skipped:
+                yield Allocation(make(n), r)
+
+
+def _verified_hint(store: Store, owner: Owner) -> list[IPAddress]:
+    # host-local may have released (and even re-issued) a hinted address
+    # without touching the hint, so only the address file is authoritative.
+    return [ip for ip in store.hint(owner) if store.owner_of(ip) == owner]
+
+
+def _held(store: Store, owner: Owner) -> list[IPAddress]:
+    """What ``owner`` holds: the hint if it still holds, else a full scan.
+
+    The scan finds reservations host-local made, which our hint never saw;
+    like host-local, it falls back to legacy ID-only files when no file
+    names the interface.
+    """
+    ips = _verified_hint(store, owner)
+    if ips:
+        return ips
+    claimed = [(ip, held_by) for ip, held_by in store.reservations() if held_by.is_claimed_by(owner)]
+    exact = [ip for ip, held_by in claimed if held_by == owner]
+    return exact or [ip for ip, _ in claimed]
+
+
+def _reserve_requested(store: Store, rset: RangeSet, owner: Owner, want: Requested) -> Allocation:
+    if not store.reserve(want.address, owner):
+        holder = store.owner_of(want.address)
+        if holder != owner:
+            by = f" by container {holder.container_id} interface {holder.ifname}" if holder else ""
+            raise CNIError(Code.INVALID_CONFIG, f"{want.field} {want.address} is already reserved{by}")
+    store.set_last_reserved(rset.index, want.address)
+    return Allocation(want.address, want.range)
+
+
+def _reserve_next(store: Store, rset: RangeSet, owner: Owner) -> Allocation:
+    order = candidates(rset, store.last_reserved(rset.index))
+    found = next((a for a in itertools.islice(order, PROBE_LIMIT) if store.reserve(a.ip, owner)), None)
+    if found is None:
+        taken = store.reserved()
+        found = next((a for a in order if a.ip not in taken and store.reserve(a.ip, owner)), None)
+    if found is None:
+        raise CNIError(
+            Code.NOT_AVAILABLE,
+            f"no free addresses left in range set {rset.field}",
+            "; ".join(str(r) for r in rset.ranges),
+        )
+    store.set_last_reserved(rset.index, found.ip)
+    return found
+
+
+def allocate(store: Store, cfg: IPAMConfig, owner: Owner, requested: dict[int, Requested]) -> list[Allocation]:
+    """One address per range set for ``owner``; a repeated ADD gets the same ones."""
+    with store.locked():
+        held = {
+            rset.index: Allocation(ip, r)
+            for ip in _verified_hint(store, owner)
+            for rset in cfg.range_sets
+            if (r := rset.range_for(ip)) is not None
+        }
+        out: list[Allocation] = []
+        fresh: list[IPAddress] = []
+        try:
+            for rset in cfg.range_sets:
+                want = requested.get(rset.index)
+                have = held.get(rset.index)
+                if have is not None and want is not None and want.address != have.ip:
+                    raise CNIError(
+                        Code.INVALID_CONFIG,
+                        f"{want.field} {want.address} conflicts with {have.ip}, which container "
+                        f"{owner.container_id} interface {owner.ifname} already holds in {rset.field}",
+                    )
+                if have is None:
+                    have = _reserve_requested(store, rset, owner, want) if want else _reserve_next(store, rset, owner)
+                    fresh.append(have.ip)
+                out.append(have)
+            if fresh:
+                store.set_hint(owner, [a.ip for a in out])
+        except BaseException:
+            # Nothing of a failed ADD may stay reserved.
+            for ip in fresh:
+                try:
+                    store.release(ip)
+                except OSError as exc:
+                    log.error("cannot roll back the reservation of %s: %s", ip, exc)
+            raise
+    return out
+
+
+def release(store: Store, owner: Owner) -> None:
+    """Release everything ``owner`` holds; holding nothing is success."""
+    if not store.exists():
+        return
+    with store.locked():
+        failed: list[tuple[IPAddress, OSError]] = []
+        for ip in _held(store, owner):
+            try:
+                store.release(ip)
+            except OSError as exc:
+                failed.append((ip, exc))
+        # Keep the hint pointing at what could not be released, so a retried
+        # DEL finds it without a scan.
+        store.set_hint(owner, [ip for ip, _ in failed])
+    if failed:
+        raise CNIError(
+            Code.IO_FAILURE,
+            f"cannot release {', '.join(str(ip) for ip, _ in failed)}",
+            "; ".join(f"{exc.filename}: {exc.strerror}" for _, exc in failed),
+        )
+
+
+def check(store: Store, cfg: IPAMConfig, owner: Owner) -> None:
+    """Fail unless ``owner`` holds an address in every range set."""
+    held: list[IPAddress] = []
+    if store.exists():
+        with store.locked():
+            held = _held(store, owner)
+    for rset in cfg.range_sets:
+        if not any(rset.range_for(ip) for ip in held):
+            raise CNIError(
+                Code.IPAM,
+                f"no address reserved in {rset.field} for container {owner.container_id} interface {owner.ifname}",
+            )
+
+
+def collect(store: Store, valid: set[Owner]) -> None:
+    """GC: release every reservation whose owner is not in ``valid``."""
+    if not store.exists():
+        return
+    valid_ids = {o.container_id for o in valid}
+    failed: list[str] = []
+    with store.locked():
+        for ip, held_by in store.reservations():
+            keep = held_by in valid if held_by.ifname is not None else held_by.container_id in valid_ids
+            if keep:
+                continue
+            try:
+                store.release(ip)
+            except OSError as exc:
+                # The spec asks GC to carry on and report at the end.
+                failed.append(f"{ip}: {exc.strerror}")
+        for hinted in store.hinted():
+            if hinted not in valid:
+                try:
+                    store.set_hint(hinted, [])
+                except OSError as exc:
+                    failed.append(f"{exc.filename}: {exc.strerror}")
+    if failed:
+        raise CNIError(Code.IO_FAILURE, f"GC could not release {len(failed)} entries", "; ".join(failed))
+
+
+def status(store: Store, cfg: IPAMConfig) -> None:
+    """Fail with NOT_AVAILABLE when some range set has no address left."""
+    taken = store.reserved()
+    for rset in cfg.range_sets:
+        capacity = rset.capacity()
+        used = sum(1 for ip in taken if rset.can_hand_out(ip))
+        if used >= capacity:
+            raise CNIError(
+                Code.NOT_AVAILABLE,
+                f"range set {rset.field} is exhausted: all {capacity} addresses are reserved",
+                "; ".join(str(r) for r in rset.ranges),
+            )

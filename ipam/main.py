@@ -1,0 +1,114 @@
+"""CNI entry points of the IPAM: a handler per command.
+
+The ``sriov`` plugin calls ``HANDLERS[command](args)`` in-process with the
+CmdArgs it received; the ``sriov-ipam`` executable runs the same table
+through ``sriov_cni.cni.dispatch``.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import sys
+from typing import Any
+
+from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, IPConfig, Result, dispatch
+
+from . import allocator, config
+from .store import DiskStore, Owner
+
+ABOUT = "sriov-ipam: host-local-compatible IP address management for SR-IOV networks"
+
+
+def _owner(args: CmdArgs) -> Owner:
+    return Owner(args.container_id, args.ifname)
+
+
+def _store(conf: Any) -> DiskStore:
+    data_dir, network = config.store_location(conf)
+    return DiskStore(data_dir, network)
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    cfg = config.load(args.conf)
+    requested = config.requested_ips(args, cfg)
+    allocations = allocator.allocate(_store(args.conf), cfg, _owner(args), requested)
+    # The abbreviated IPAM result: the calling plugin adds interfaces and
+    # the ips[].interface index.
+    return Result(
+        ips=[
+            IPConfig(
+                address=ipaddress.ip_interface(f"{a.ip}/{a.range.subnet.prefixlen}"),
+                gateway=a.range.gateway,
+            )
+            for a in allocations
+        ],
+        routes=list(cfg.routes),
+        dns=cfg.dns,
+    )
+
+
+def cmd_del(args: CmdArgs) -> None:
+    allocator.release(_store(args.conf), _owner(args))
+
+
+def cmd_check(args: CmdArgs) -> None:
+    cfg = config.load(args.conf)
+    allocator.check(_store(args.conf), cfg, _owner(args))
+
+
+def _valid_attachments(conf: Any) -> set[Owner]:
+    # libcni sends the legacy key too; a missing list means no attachment
+    # is valid (what cnitool gc sends after deleting every cached one).
+    key = "cni.dev/valid-attachments" if "cni.dev/valid-attachments" in conf else "cni.dev/attachments"
+    raw = conf.get(key, [])
+    if not isinstance(raw, list):
+        raise CNIError(Code.INVALID_CONFIG, f"{key} must be a list of {{containerID, ifname}} objects")
+    out = set()
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise CNIError(Code.INVALID_CONFIG, f"{key}[{i}] must be an object with containerID and ifname")
+        for field in ("containerID", "ifname"):
+            if not isinstance(item.get(field), str) or not item[field]:
+                raise CNIError(Code.INVALID_CONFIG, f"{key}[{i}].{field} must be a non-empty string")
+        out.add(Owner(item["containerID"], item["ifname"]))
+    return out
+
+
+def cmd_gc(args: CmdArgs) -> None:
+    allocator.collect(_store(args.conf), _valid_attachments(args.conf))
+
+
+def cmd_status(args: CmdArgs) -> None:
+    allocator.status(_store(args.conf), config.load(args.conf))
+
+
+def _reporting_io_errors(handler: Handler) -> Handler:
+    """Turn an OSError into the CNI I/O error naming the path, not a traceback."""
+
+    @functools.wraps(handler)
+    def wrapper(args: CmdArgs) -> Result | None:
+        try:
+            return handler(args)
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise CNIError(Code.IO_FAILURE, f"{where}{exc.strerror or exc}") from exc
+
+    return wrapper
+
+
+HANDLERS: dict[str, Handler] = {
+    name: _reporting_io_errors(handler)
+    for name, handler in (
+        ("ADD", cmd_add),
+        ("DEL", cmd_del),
+        ("CHECK", cmd_check),
+        ("GC", cmd_gc),
+        ("STATUS", cmd_status),
+    )
+}
+
+
+def main() -> None:
+    sys.exit(dispatch(HANDLERS, os.environ, sys.stdin.buffer.read(), sys.stdout, sys.stderr, ABOUT))
