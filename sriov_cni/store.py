@@ -78,8 +78,12 @@ class Allocation:
     created: float = field(default_factory=time.time)
     # None until the snapshot is recorded, which happens before any change.
     original: OriginalState | None = None
-    # PF-side settings this allocation applied, as config key -> value.
+    # PF-side settings this allocation applies, as config key -> value, in
+    # the order they are applied (restored in reverse).
     applied: dict[str, Any] = field(default_factory=dict)
+    # Set before the netdev is moved into the pod: only then may a restore
+    # take an interface out of the pod's namespace.
+    in_pod: bool = False
 
     def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:
         return (
@@ -89,7 +93,8 @@ class Allocation:
         )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        # Key order matters (``applied`` is restored in reverse), so no sorting.
+        return json.dumps(asdict(self), indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Allocation:

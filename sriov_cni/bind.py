@@ -1,0 +1,302 @@
+"""Putting a VF into a pod and giving it back exactly as it was found.
+
+ADD records the VF's original state and the settings it is about to make
+before changing anything, applies the PF-side settings, then moves the
+netdev through a throw-away namespace into the pod.  Everything ADD did can
+be undone from that record alone, so DEL, a failed ADD, GC and the
+reclaiming of a stale allocation all go through :func:`restore`, in the one
+order drivers accept: PF side first, then the netdev.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sriov_cni import netlink, sysfs
+from sriov_cni.cni import CNIError, Code, log
+from sriov_cni.config import NetConf
+from sriov_cni.netlink import LinkInfo, Namespace, VfControl
+from sriov_cni.store import Allocation, OriginalState
+
+# Some drivers (i40e/iavf) apply VF MACs asynchronously and answer EBUSY
+# meanwhile, so MAC changes are read back and retried for up to 2 s.
+MAC_ATTEMPTS = 20
+MAC_RETRY_DELAY = 0.1
+
+
+def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation) -> OriginalState:
+    """The VF's state before this allocation touches it."""
+    info = vfc.vfs(alloc.pf_netdev).get(alloc.vf_index)
+    if info is None:
+        raise CNIError(Code.DEVICE, f"PF {alloc.pf_netdev} reports no VF {alloc.vf_index}")
+    state = OriginalState(
+        admin_mac=info.mac,
+        vlan=info.vlan,
+        qos=info.qos,
+        vlan_proto=info.vlan_proto,
+        spoofchk=info.spoofchk,
+        trust=info.trust,
+        link_state=info.link_state,
+        min_tx_rate=info.min_tx_rate,
+        max_tx_rate=info.max_tx_rate,
+    )
+    if not alloc.dpdk:
+        names = sysfs.netdevs(alloc.vf_pci)
+        link = host.find(names[0]) if names else None
+        if link is None:
+            raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} has no netdev in the host network namespace")
+        state.netdev = link.name
+        state.mtu = link.mtu
+        state.mac = link.mac
+        state.promisc = link.promisc
+        state.altnames = list(link.altnames)
+        state.alias = link.alias
+    return state
+
+
+def _set_admin_mac(vfc: VfControl, pf: str, vf: int, mac: str) -> None:
+    for _ in range(MAC_ATTEMPTS):
+        try:
+            vfc.set_mac(pf, vf, mac)
+        except netlink.Busy:
+            time.sleep(MAC_RETRY_DELAY)
+            continue
+        info = vfc.vfs(pf).get(vf)
+        if info is not None and info.mac == mac:
+            return
+        time.sleep(MAC_RETRY_DELAY)
+    raise CNIError(Code.DEVICE, f"PF {pf} did not take admin MAC {mac} for VF {vf}")
+
+
+def _pf_setters(vfc: VfControl, alloc: Allocation) -> dict[str, Callable[[Any], None]]:
+    pf, vf = alloc.pf_netdev, alloc.vf_index
+    return {
+        "vlan": lambda v: vfc.set_vlan(pf, vf, v[0], v[1], v[2]),
+        "mac": lambda v: _set_admin_mac(vfc, pf, vf, v),
+        "rate": lambda v: vfc.set_rate(pf, vf, v[0], v[1]),
+        "spoofchk": lambda v: vfc.set_spoofchk(pf, vf, v),
+        "trust": lambda v: vfc.set_trust(pf, vf, v),
+        "link_state": lambda v: vfc.set_link_state(pf, vf, v),
+    }
+
+
+def _original_values(orig: OriginalState) -> dict[str, Any]:
+    return {
+        "vlan": [orig.vlan, orig.qos, orig.vlan_proto],
+        "mac": orig.admin_mac,
+        "rate": [orig.min_tx_rate, orig.max_tx_rate],
+        "spoofchk": orig.spoofchk,
+        "trust": orig.trust,
+        "link_state": orig.link_state,
+    }
+
+
+def wanted_pf_settings(conf: NetConf, orig: OriginalState) -> dict[str, Any]:
+    """PF-side settings the config asks for, in the order they are applied."""
+    wanted: dict[str, Any] = {}
+    if conf.vlan is not None:
+        wanted["vlan"] = [conf.vlan, conf.vlan_qos or 0, conf.vlan_proto or netlink.VLAN_PROTO_8021Q]
+    if conf.mac is not None:
+        wanted["mac"] = conf.mac
+    if conf.min_tx_rate is not None or conf.max_tx_rate is not None:
+        # One request carries both limits; keep the one not configured.
+        wanted["rate"] = [
+            conf.min_tx_rate if conf.min_tx_rate is not None else orig.min_tx_rate,
+            conf.max_tx_rate if conf.max_tx_rate is not None else orig.max_tx_rate,
+        ]
+    if conf.spoofchk is not None:
+        wanted["spoofchk"] = conf.spoofchk
+    if conf.trust is not None:
+        wanted["trust"] = conf.trust
+    if conf.link_state is not None:
+        wanted["link_state"] = conf.link_state
+    return wanted
+
+
+def apply_pf_settings(vfc: VfControl, alloc: Allocation) -> None:
+    """Apply ``alloc.applied`` (recorded before this call) in order.
+
+    On failure the settings that were never applied are dropped from
+    ``alloc.applied``, so restoring does not try to undo them (which would
+    fail again on a driver that cannot do them at all).
+    """
+    setters = _pf_setters(vfc, alloc)
+    keys = list(alloc.applied)
+    for n, key in enumerate(keys):
+        try:
+            setters[key](alloc.applied[key])
+        except (netlink.NetlinkError, CNIError) as exc:
+            for skipped in keys[n:]:
+                del alloc.applied[skipped]
+            if isinstance(exc, netlink.NotSupported):
+                raise CNIError(
+                    Code.DEVICE,
+                    f"the driver of PF {alloc.pf_netdev} does not support setting {key} on a VF",
+                    f"{exc}; remove {key} from the network configuration",
+                ) from exc
+            if isinstance(exc, CNIError):
+                raise
+            raise CNIError(Code.DEVICE, f"cannot set {key} on VF {alloc.vf_pci}", str(exc)) from exc
+
+
+def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
+    """Put back every PF-side setting the allocation changed; returns failures."""
+    if alloc.original is None:
+        return []
+    setters = _pf_setters(vfc, alloc)
+    original = _original_values(alloc.original)
+    failures = []
+    # Reverse order of application: trust goes back after the MAC, because
+    # some drivers refuse MAC changes on an untrusted VF.
+    for key in reversed(list(alloc.applied)):
+        if original.get(key) is None:
+            continue
+        try:
+            setters[key](original[key])
+        except (netlink.NetlinkError, CNIError) as exc:
+            failures.append(f"{key}: {exc}")
+    return failures
+
+
+def _hop(src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None) -> None:
+    """Move link ``name`` from namespace ``src`` to ``dst`` as ``new_name``.
+
+    The rename happens in a throw-away namespace: renaming in the host
+    races with udev and NetworkManager, and renaming in the pod can collide
+    with the pod's own interfaces.  ``altnames`` None drops the link's
+    altnames (they could collide in the pod); a tuple re-adds those names.
+    ``None`` as a namespace means this process's own.
+    """
+    own = netlink.own_netns_path()
+    with netlink.temp_netns() as tmp:
+        with netlink.namespace(src) as ns:
+            link = ns.find(name)
+            if link is None:
+                raise netlink.LinkNotFound(f"{name} not found in {src or 'the host network namespace'}")
+            ns.move(link.index, tmp)
+        try:
+            with netlink.namespace(tmp) as t:
+                moved = t.find(name)
+                assert moved is not None
+                if new_name != name:
+                    t.rename(moved.index, new_name)
+                if altnames is None:
+                    t.del_altnames(moved.index, moved.altnames)
+                else:
+                    t.add_altnames(moved.index, tuple(a for a in altnames if a not in moved.altnames))
+                t.move(moved.index, dst or own)
+        except BaseException:
+            # The throw-away namespace is about to go, and a virtual device
+            # would go with it: send the link back where it came from.
+            with netlink.namespace(tmp) as t:
+                for candidate in (new_name, name):
+                    back = t.find(candidate)
+                    if back is not None:
+                        if candidate != name:
+                            t.rename(back.index, name)
+                        t.move(back.index, src or own)
+                        break
+            raise
+
+
+def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInfo:
+    """Move the VF netdev into the pod as ``ifname``, set its MAC, bring it up.
+
+    On failure the netdev may be in the pod; :func:`restore` brings it back.
+    """
+    assert alloc.original is not None and alloc.in_pod
+    _hop(None, alloc.original.netdev, netns, ifname, None)
+    with netlink.namespace(netns) as pod:
+        link = pod.find(ifname)
+        if link is None:
+            raise CNIError(Code.DEVICE, f"{ifname} vanished from {netns} right after the move")
+        if conf.mac is not None:
+            _set_effective_mac(pod, link.index, conf.mac)
+        pod.set_up(link.index, True)
+        return pod.get(link.index)
+
+
+def _set_effective_mac(ns: Namespace, index: int, mac: str) -> None:
+    # After an admin MAC change the VF driver may still be resetting; the
+    # netdev can show the new MAC by itself or refuse briefly.
+    for _ in range(MAC_ATTEMPTS):
+        if ns.get(index).mac == mac:
+            return
+        try:
+            ns.set_mac(index, mac)
+        except (netlink.Busy, netlink.InvalidArgument, netlink.NetlinkError) as exc:
+            log.debug("setting MAC %s: %s; retrying", mac, exc)
+        time.sleep(MAC_RETRY_DELAY)
+    if ns.get(index).mac != mac:
+        raise CNIError(Code.DEVICE, f"the VF netdev did not take MAC {mac}")
+
+
+def _is_vf(link: LinkInfo, alloc: Allocation) -> bool:
+    # Kernels that report the parent device let us make sure the interface
+    # is this VF and not another one that took the same name.
+    return not link.parent_dev or link.parent_dev == alloc.vf_pci
+
+
+def _find_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) -> LinkInfo | None:
+    link = host.find(orig.netdev)
+    if link is not None:
+        return link
+    # When a pod's namespace is destroyed the kernel hands a physical netdev
+    # back to the host under its pod-side name; sysfs knows it by PCI address.
+    for name in sysfs.netdevs(alloc.vf_pci):
+        link = host.find(name)
+        if link is not None:
+            return link
+    return None
+
+
+def restore_netdev(alloc: Allocation) -> None:
+    """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames."""
+    orig = alloc.original
+    if orig is None or alloc.dpdk or not orig.netdev:
+        return
+    in_pod = False
+    if alloc.in_pod:
+        try:
+            with netlink.namespace(alloc.netns) as pod:
+                link = pod.find(alloc.ifname)
+                if link is not None and _is_vf(link, alloc):
+                    pod.set_up(link.index, False)
+                    in_pod = True
+        except netlink.NetnsNotFound:
+            pass
+    if in_pod:
+        _hop(alloc.netns, alloc.ifname, None, orig.netdev, tuple(orig.altnames))
+    with netlink.namespace() as host:
+        link = _find_home_link(host, alloc, orig)
+        if link is None:
+            log.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
+            return
+        if link.up:
+            host.set_up(link.index, False)
+        if link.name != orig.netdev:
+            host.rename(link.index, orig.netdev)
+            host.add_altnames(link.index, tuple(a for a in orig.altnames if a not in link.altnames))
+        if orig.mac and link.mac != orig.mac:
+            _set_effective_mac(host, link.index, orig.mac)
+        if orig.mtu and link.mtu != orig.mtu:
+            host.set_mtu(link.index, orig.mtu)
+        if orig.promisc is not None and link.promisc != orig.promisc:
+            host.set_promisc(link.index, orig.promisc)
+        if link.alias != orig.alias:
+            host.set_alias(link.index, orig.alias)
+
+
+def restore(vfc: VfControl, alloc: Allocation) -> None:
+    """Give the VF back as it was found; raises CNIError listing what could not be restored."""
+    # PF side first: some drivers refuse to reset a VF's MAC through its
+    # netdev while the PF still holds an untrusted admin MAC for it.
+    failures = restore_pf_settings(vfc, alloc)
+    try:
+        restore_netdev(alloc)
+    except (netlink.NetlinkError, CNIError, sysfs.SysfsError) as exc:
+        failures.append(f"netdev: {exc}")
+    if failures:
+        raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} could not be fully restored", "; ".join(failures))

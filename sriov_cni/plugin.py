@@ -1,0 +1,421 @@
+"""The ``sriov`` CNI plugin: ADD, DEL, CHECK, GC and STATUS.
+
+Data flows stdin → :mod:`config` → :mod:`allocate` → :mod:`bind` → result.
+:func:`run` is the injectable entry (environment, stdin, stdout and the
+device/store dependencies as arguments); :func:`main` wires it to the
+process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+from sriov_cni import __version__, allocate, bind, config, delegate, log, netlink, sysfs
+from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
+from sriov_cni.cni import log as logger
+from sriov_cni.config import NetConf
+from sriov_cni.store import Allocation, FileStore, Store
+
+ABOUT = f"sriov CNI plugin {__version__}"
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What the commands act on; tests substitute the PF-side VF control."""
+
+    vf_control: Callable[[], netlink.VfControl] = netlink.KernelVfControl
+    store: Callable[[str], Store] = FileStore
+
+
+# --- records -----------------------------------------------------------------
+
+
+def _owned(store: Store, alloc: Allocation) -> bool:
+    current = store.get(alloc.vf_pci)
+    return current is not None and current.owned_by(alloc.container_id, alloc.ifname, alloc.network)
+
+
+def _save(store: Store, alloc: Allocation) -> None:
+    with store.locked():
+        if not _owned(store, alloc):
+            raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} was taken over while this ADD ran")
+        store.put(alloc)
+
+
+def _forget(store: Store, alloc: Allocation) -> None:
+    with store.locked():
+        if _owned(store, alloc):
+            store.remove(alloc.vf_pci)
+
+
+def _find(store: Store, container_id: str, ifname: str, network: str) -> Allocation | None:
+    for alloc in store.all():
+        if alloc.owned_by(container_id, ifname, network):
+            return alloc
+    return None
+
+
+def _ipam_type(ipam: Mapping[str, Any] | None) -> str | None:
+    return str(ipam["type"]) if ipam else None
+
+
+# --- ADD -----------------------------------------------------------------------
+
+
+def _configure_ips(netns: str, ifname: str, result: Result) -> None:
+    """Addresses and routes inside the pod, as CNI's ConfigureIface does."""
+    with netlink.namespace(netns) as pod:
+        link = pod.find(ifname)
+        if link is None:
+            raise CNIError(Code.DEVICE, f"{ifname} is not in {netns}")
+        if any(ip.address.version == 6 for ip in result.ips):
+            pod.set_sysctl(f"ipv6/conf/{ifname}/disable_ipv6", "0")
+        gateways: dict[int, IPAddress] = {}
+        for ip in result.ips:
+            pod.add_address(link.index, ip.address)
+            if ip.gateway is not None:
+                gateways.setdefault(ip.address.version, ip.gateway)
+        for route in result.routes:
+            gw = route.gw if route.gw is not None else gateways.get(route.dst.version)
+            pod.add_route(
+                link.index,
+                route.dst,
+                gw,
+                priority=route.priority,
+                table=route.table,
+                scope=route.scope,
+                mtu=route.mtu,
+                advmss=route.advmss,
+            )
+
+
+def _result(conf: NetConf, iface: Interface, ipam_result: Result | None) -> Result:
+    result = conf.prev_result or Result()
+    index = len(result.interfaces)
+    result.interfaces.append(iface)
+    if ipam_result is not None:
+        result.ips += [IPConfig(ip.address, ip.gateway, index) for ip in ipam_result.ips]
+        result.routes += ipam_result.routes
+        if ipam_result.dns.to_dict():
+            result.dns = ipam_result.dns
+    if not result.dns.to_dict():
+        result.dns = conf.dns
+    return result
+
+
+def _candidates(conf: NetConf) -> list[sysfs.VF]:
+    if conf.device_id is not None:
+        try:
+            return [sysfs.resolve_vf(conf.device_id)]
+        except sysfs.SysfsError as exc:
+            raise CNIError(Code.INVALID_CONFIG, f"deviceID {conf.device_id}: {exc}") from exc
+    return allocate.pool_vfs(conf.pool)
+
+
+def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation) -> None:
+    """Put back a VF whose container died without DEL, and free its address."""
+    logger.info(
+        "reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns
+    )
+    bind.restore(vfc, stale)
+    ipam_type = _ipam_type(conf.ipam)
+    if ipam_type and stale.network == conf.name:
+        env = dict(cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
+        dead = CmdArgs(
+            "DEL", stale.container_id, "", stale.ifname, cmd.args, cmd.path, cmd.stdin, cmd.conf, cmd.cni_version, env
+        )
+        try:
+            delegate.run_ipam("DEL", dead, ipam_type)
+        except CNIError as exc:
+            logger.warning("releasing the address of dead container %s: %s", stale.container_id, exc)
+
+
+def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
+    conf = config.load(cmd)
+    log.configure(conf.log_level, conf.log_file, cmd.container_id, cmd.netns, cmd.ifname)
+    netns_inode = netlink.netns_inode(cmd.netns)
+    if netns_inode is None:
+        raise CNIError(Code.INVALID_NETNS, f"network namespace {cmd.netns} does not exist")
+    store = deps.store(conf.data_dir)
+    existing = _find(store, cmd.container_id, cmd.ifname, conf.name)
+    if existing is not None:
+        raise CNIError(
+            Code.INVALID_CONFIG,
+            f"container {cmd.container_id} already has {cmd.ifname} on network {conf.name} (VF {existing.vf_pci})",
+            "DEL it first",
+        )
+    if not conf.device_id or sysfs.driver(conf.device_id) not in sysfs.DPDK_DRIVERS:
+        with netlink.namespace(cmd.netns) as pod:
+            if pod.find(cmd.ifname) is not None:
+                raise CNIError(Code.INVALID_CONFIG, f"interface {cmd.ifname} already exists in {cmd.netns}")
+    candidates = _candidates(conf)
+    vfc = deps.vf_control()
+
+    def make(vf: sysfs.VF) -> Allocation:
+        if not vf.pf.netdev:
+            raise CNIError(Code.DEVICE, f"PF {vf.pf.pci} of VF {vf.pci} has no netdev to configure VFs through")
+        return Allocation(
+            vf_pci=vf.pci,
+            pf_pci=vf.pf.pci,
+            pf_netdev=vf.pf.netdev,
+            vf_index=vf.index,
+            network=conf.name,
+            container_id=cmd.container_id,
+            ifname=cmd.ifname,
+            netns=cmd.netns,
+            netns_inode=netns_inode,
+            dpdk=sysfs.driver(vf.pci) in sysfs.DPDK_DRIVERS,
+        )
+
+    with netlink.namespace() as host:
+        alloc, stale = allocate.reserve(
+            store, candidates, make, lambda name: host.find(name) is not None, conf.device_id is not None
+        )
+        logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
+        ipam_type = _ipam_type(conf.ipam)
+        ipam_added = False
+        try:
+            if stale is not None:
+                _reclaim(cmd, conf, vfc, stale)
+            if alloc.original is None:
+                alloc.original = bind.snapshot(vfc, host, alloc)
+            # Record what is about to change before changing it: after a
+            # crash at any later point the record still restores everything.
+            alloc.applied = bind.wanted_pf_settings(conf, alloc.original)
+            _save(store, alloc)
+            bind.apply_pf_settings(vfc, alloc)
+            if alloc.dpdk:
+                zero = "00:00:00:00:00:00"
+                mac = conf.mac or (alloc.original.admin_mac if alloc.original.admin_mac != zero else "")
+                iface = Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
+            else:
+                alloc.in_pod = True
+                _save(store, alloc)
+                link = bind.attach(alloc, conf, cmd.netns, cmd.ifname)
+                iface = Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci)
+            ipam_result = None
+            if ipam_type:
+                ipam_result = delegate.run_ipam("ADD", cmd, ipam_type)
+                ipam_added = True
+                assert ipam_result is not None
+                if not ipam_result.ips:
+                    raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} returned no IP address")
+                if not alloc.dpdk:
+                    _configure_ips(cmd.netns, cmd.ifname, ipam_result)
+            return _result(conf, iface, ipam_result)
+        except BaseException:
+            _roll_back(cmd, vfc, store, alloc, ipam_type if ipam_added else None)
+            raise
+
+
+def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, store: Store, alloc: Allocation, ipam_type: str | None) -> None:
+    if ipam_type:
+        try:
+            delegate.run_ipam("DEL", cmd, ipam_type)
+        except CNIError as exc:
+            logger.error("rollback: releasing the address: %s", exc)
+    try:
+        bind.restore(vfc, alloc)
+    except CNIError as exc:
+        # Keep the record: the runtime's DEL after this failed ADD retries.
+        logger.error("rollback: %s", exc)
+        return
+    _forget(store, alloc)
+
+
+# --- DEL, GC -------------------------------------------------------------------
+
+
+def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
+    bind.restore(vfc, alloc)
+    _forget(store, alloc)
+    logger.info("released VF %s", alloc.vf_pci)
+
+
+def _raise_collected(what: str, errors: list[CNIError]) -> None:
+    if errors:
+        raise CNIError(errors[0].code, f"{what} incomplete: {errors[0].msg}", "; ".join(str(e) for e in errors))
+
+
+def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
+    # Best effort: only what DEL needs is read, so a config that ADD
+    # rejected still cleans up, and every step runs even if one fails.
+    data_dir, level, log_file, ipam = config.load_common(cmd)
+    log.configure(level, log_file, cmd.container_id, cmd.netns, cmd.ifname)
+    errors: list[CNIError] = []
+    ipam_type = _ipam_type(ipam)
+    if ipam_type:
+        try:
+            delegate.run_ipam("DEL", cmd, ipam_type)
+        except CNIError as exc:
+            errors.append(exc)
+    store = deps.store(data_dir)
+    alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
+    if alloc is None:
+        logger.info("no VF is allocated to this attachment; nothing to release")
+    else:
+        try:
+            _release(deps.vf_control(), store, alloc)
+        except CNIError as exc:
+            errors.append(exc)
+    _raise_collected("DEL", errors)
+
+
+def _valid_attachments(conf: Mapping[str, Any]) -> set[tuple[str, str]]:
+    raw = conf.get("cni.dev/valid-attachments", conf.get("cni.dev/attachments")) or []
+    if not isinstance(raw, list):
+        raise CNIError(Code.INVALID_CONFIG, "cni.dev/valid-attachments must be a list")
+    valid = set()
+    for entry in raw:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("containerID"), str):
+            raise CNIError(Code.INVALID_CONFIG, f"cni.dev/valid-attachments entry {entry!r} lacks containerID")
+        valid.add((entry["containerID"], str(entry.get("ifname") or "")))
+    return valid
+
+
+def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
+    data_dir, level, log_file, ipam = config.load_common(cmd)
+    log.configure(level, log_file, "-", "-", "-")
+    valid = _valid_attachments(cmd.conf)
+    store = deps.store(data_dir)
+    vfc = deps.vf_control()
+    errors: list[CNIError] = []
+    for alloc in store.all():
+        if alloc.network == cmd.conf["name"] and (alloc.container_id, alloc.ifname) not in valid:
+            try:
+                _release(vfc, store, alloc)
+            except CNIError as exc:
+                errors.append(exc)
+    ipam_type = _ipam_type(ipam)
+    if ipam_type:
+        try:
+            delegate.run_ipam("GC", cmd, ipam_type)
+        except CNIError as exc:
+            errors.append(exc)
+    _raise_collected("GC", errors)
+
+
+# --- CHECK, STATUS -------------------------------------------------------------------
+
+
+def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
+    conf = config.load(cmd)
+    log.configure(conf.log_level, conf.log_file, cmd.container_id, cmd.netns, cmd.ifname)
+    prev = conf.prev_result
+    if prev is None:
+        raise CNIError(Code.INVALID_CONFIG, "CHECK needs prevResult")
+    alloc = _find(deps.store(conf.data_dir), cmd.container_id, cmd.ifname, conf.name)
+    if alloc is None:
+        raise CNIError(Code.DEVICE, f"no VF is recorded for {cmd.ifname} of container {cmd.container_id}")
+    index = next(
+        (i for i, itf in enumerate(prev.interfaces) if itf.name == cmd.ifname and itf.sandbox == cmd.netns), None
+    )
+    if index is None:
+        raise CNIError(Code.INVALID_CONFIG, f"prevResult has no interface {cmd.ifname} in {cmd.netns}")
+    expected = prev.interfaces[index]
+    problems: list[str] = []
+    if not alloc.dpdk:
+        with netlink.namespace(cmd.netns) as pod:
+            link = pod.find(cmd.ifname)
+            if link is None:
+                raise CNIError(Code.DEVICE, f"{cmd.ifname} is missing from {cmd.netns}")
+            if expected.mac and link.mac != expected.mac.lower():
+                problems.append(f"MAC is {link.mac}, expected {expected.mac}")
+            if expected.mtu and link.mtu != expected.mtu:
+                problems.append(f"MTU is {link.mtu}, expected {expected.mtu}")
+            if not link.up:
+                problems.append("link is down")
+            have = set(pod.addresses(link.index))
+            for ip in prev.ips:
+                if ip.interface == index and ip.address not in have:
+                    problems.append(f"address {ip.address} is missing")
+            routes = set(pod.routes(link.index))
+            for route in prev.routes:
+                if not any(dst == route.dst and (route.gw is None or gw == route.gw) for dst, gw in routes):
+                    problems.append(f"route {route.dst} via {route.gw or 'link'} is missing")
+    info = deps.vf_control().vfs(alloc.pf_netdev).get(alloc.vf_index)
+    if info is None:
+        problems.append(f"PF {alloc.pf_netdev} no longer has VF {alloc.vf_index}")
+    else:
+        actual = {
+            "vlan": [info.vlan, info.qos, info.vlan_proto],
+            "mac": info.mac,
+            "rate": [info.min_tx_rate, info.max_tx_rate],
+            "spoofchk": info.spoofchk,
+            "trust": info.trust,
+            "link_state": info.link_state,
+        }
+        for key, value in alloc.applied.items():
+            if actual[key] is not None and actual[key] != value:
+                problems.append(f"VF {key} is {actual[key]}, expected {value}")
+    if problems:
+        raise CNIError(Code.DEVICE, f"{cmd.ifname} in {cmd.netns} does not match", "; ".join(problems))
+    ipam_type = _ipam_type(conf.ipam)
+    if ipam_type:
+        delegate.run_ipam("CHECK", cmd, ipam_type)
+
+
+def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
+    conf = config.load(cmd)
+    log.configure(conf.log_level, conf.log_file, "-", "-", "-")
+    if conf.pool and conf.device_id is None:
+        try:
+            vfs = allocate.pool_vfs(conf.pool)
+        except CNIError as exc:
+            raise CNIError(Code.NOT_AVAILABLE, "the VF pool is unusable", exc.msg) from exc
+        store = deps.store(conf.data_dir)
+        with netlink.namespace() as host:
+            states = [
+                allocate.vf_state(vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None) for vf in vfs
+            ]
+        usable = sum(s in (allocate.VfState.FREE, allocate.VfState.STALE) for s in states)
+        if usable == 0:
+            raise CNIError(
+                Code.NOT_AVAILABLE,
+                f"no free VF in the pool {', '.join(str(e) for e in conf.pool)}",
+                f"{len(vfs)} VFs, all allocated or in use",
+            )
+    ipam_type = _ipam_type(conf.ipam)
+    if ipam_type:
+        delegate.run_ipam("STATUS", cmd, ipam_type)
+
+
+# --- entry points --------------------------------------------------------------
+
+
+def _device_errors(fn: Callable[[CmdArgs, Deps], Result | None], deps: Deps) -> Handler:
+    @functools.wraps(fn)
+    def handler(cmd: CmdArgs) -> Result | None:
+        try:
+            return fn(cmd, deps)
+        except netlink.NetnsNotFound as exc:
+            raise CNIError(Code.INVALID_NETNS, str(exc)) from exc
+        except (netlink.NetlinkError, sysfs.SysfsError) as exc:
+            raise CNIError(Code.DEVICE, str(exc)) from exc
+
+    return handler
+
+
+COMMANDS: dict[str, Callable[[CmdArgs, Deps], Result | None]] = {
+    "ADD": cmd_add,
+    "DEL": cmd_del,
+    "CHECK": cmd_check,
+    "GC": cmd_gc,
+    "STATUS": cmd_status,
+}
+
+
+def run(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], deps: Deps = Deps()) -> int:
+    handlers = {name: _device_errors(fn, deps) for name, fn in COMMANDS.items()}
+    return dispatch(handlers, env, stdin, stdout, stderr, ABOUT)
+
+
+def main() -> None:
+    log.configure("info", None, os.environ.get("CNI_CONTAINERID", "-"), os.environ.get("CNI_NETNS", "-"),
+                  os.environ.get("CNI_IFNAME", "-"))
+    sys.exit(run(os.environ, sys.stdin.buffer.read(), sys.stdout, sys.stderr))
