@@ -415,7 +415,13 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], 
     return dispatch(handlers, env, stdin, stdout, stderr, ABOUT)
 
 
+def configure_logging_from_env(env: Mapping[str, str]) -> None:
+    """Logging until the config says otherwise (it names logLevel and logFile)."""
+    log.configure(
+        "info", None, env.get("CNI_CONTAINERID", "-"), env.get("CNI_NETNS", "-"), env.get("CNI_IFNAME", "-")
+    )
+
+
 def main() -> None:
-    log.configure("info", None, os.environ.get("CNI_CONTAINERID", "-"), os.environ.get("CNI_NETNS", "-"),
-                  os.environ.get("CNI_IFNAME", "-"))
+    configure_logging_from_env(os.environ)
     sys.exit(run(os.environ, sys.stdin.buffer.read(), sys.stdout, sys.stderr))

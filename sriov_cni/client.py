@@ -1,0 +1,99 @@
+"""The ``sriov`` executable: hand the call to the warm helper, or run it here.
+
+This module imports only the standard library, so the executable can start
+Python without site-packages (``-S``) and still be fast.  When the helper
+(:mod:`sriov_cni.server`) answers, it runs the call in a warm forked process
+with our stdin, stdout and stderr; otherwise, or when the helper is of
+another version, the same plugin code runs in this process.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import struct
+import sys
+
+from sriov_cni import __version__
+
+SOCKET_ENV = "SRIOV_CNI_HELPER_SOCKET"
+DEFAULT_SOCKET = "/run/sriov-cni/plugin.sock"
+FALLBACK = 255
+
+
+def via_helper(path: str) -> int | None:
+    """The plugin's exit status as run by the helper; None when it did not run it."""
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    with conn:
+        try:
+            conn.connect(path)
+        except OSError:
+            return None
+        header = json.dumps({"version": __version__, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+        fds = array.array("i", [0, 1, 2])
+        try:
+            conn.sendmsg(
+                [struct.pack("!I", len(header))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())]
+            )
+            conn.sendall(header)
+            answer = conn.recv(1)
+        except OSError:
+            answer = b""
+    if not answer:
+        # The helper took the call and died without an answer: the plugin
+        # may have run, so running it again here could double an ADD.
+        sys.stdout.write(
+            json.dumps({"cniVersion": "1.0.0", "code": 999, "msg": "the sriov-cni helper ended without an answer"})
+            + "\n"
+        )
+        return 1
+    return None if answer[0] == FALLBACK else answer[0]
+
+
+def in_process() -> None:
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+    from sriov_cni import plugin
+
+    plugin.main()
+
+
+def main() -> None:
+    status = via_helper(os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+    if status is None:
+        in_process()
+    sys.exit(status)
+
+
+def install(dest: str) -> list[str]:
+    """Write CNI executables into ``dest`` (e.g. /opt/cni/bin) for this Python and package.
+
+    ``sriov`` starts the interpreter with ``-S``: site-packages are loaded
+    only when the call runs in process, not when the helper serves it.
+    """
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    scripts = {
+        "sriov": (f"#!{sys.executable} -S\n", "sriov_cni.client"),
+        "sriov-ipam": (f"#!{sys.executable}\n", "ipam.main"),
+    }
+    written = []
+    os.makedirs(dest, exist_ok=True)
+    for name, (shebang, module) in scripts.items():
+        path = os.path.join(dest, name)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(
+                f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
+                f"from {module} import main\nmain()\n"
+            )
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, path)
+        written.append(path)
+    return written
