@@ -159,3 +159,19 @@ def write(path: Path, value: str) -> None:
     finally:
         os.close(fd)
 
+
+
+def physfn(vf_pci: str) -> str | None:
+    """The PF of a VF, from its ``physfn`` link alone (one readlink)."""
+    return _link_name(pci_dir(vf_pci) / "physfn")
+
+
+def netdev_link(name: str) -> tuple[int, bool]:
+    """A host netdev's MTU and administrative up flag, as sysfs shows them."""
+    base = SYS / "class" / "net" / name
+    try:
+        mtu = int((base / "mtu").read_text())
+        flags = int((base / "flags").read_text(), 16)
+    except (OSError, ValueError) as exc:
+        raise SysfsError(f"cannot read link state of {name}: {exc}") from exc
+    return mtu, bool(flags & 0x1)  # IFF_UP

@@ -1,0 +1,276 @@
+"""``sriov-cni setup``: turn a node config into steps, and run or print them.
+
+Planning reads sysfs and the plugin's store only; every change happens in a
+step's ``run``, so ``--dry-run`` prints the same plan that a real run
+executes.  A step with nothing to do is reported as unchanged and has no
+``run``, which is what makes a second run write nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from sriov_cni import cpulist, irqbalance, netlink, sysfs, tuning, vfs
+from sriov_cni.nodeconfig import NodeConfig, PfSpec, TuningSpec
+from sriov_cni.nodestatus import read_allocations
+from sriov_cni.store import Allocation
+
+
+class SetupError(Exception):
+    pass
+
+
+class Links(Protocol):
+    """The link changes setup makes on PFs (netlink on a real node)."""
+
+    def set_up(self, netdev: str) -> None: ...
+
+    def set_mtu(self, netdev: str, mtu: int) -> None: ...
+
+
+class NetlinkLinks:
+    def _index(self, ns: netlink.Namespace, netdev: str) -> int:
+        link = ns.find(netdev)
+        if link is None:
+            raise SetupError(f"{netdev}: no such network device")
+        return link.index
+
+    def set_up(self, netdev: str) -> None:
+        with netlink.namespace() as ns:
+            ns.set_up(self._index(ns, netdev), True)
+
+    def set_mtu(self, netdev: str, mtu: int) -> None:
+        with netlink.namespace() as ns:
+            ns.set_mtu(self._index(ns, netdev), mtu)
+
+
+@dataclass
+class Step:
+    target: str  # which PF, as "eth0 (0000:01:00.0)"
+    what: str
+    run: Callable[[], str] | None = None  # None: already as asked
+    details: list[str] = field(default_factory=list)  # shown by --dry-run
+
+
+@dataclass
+class Plan:
+    steps: list[Step]
+    state: dict[str, Any]  # what the state file will say after the run
+    tuned: list[sysfs.PF]  # PFs with a tuning policy, for the irqbalance check
+
+
+def _policy(pf: sysfs.PF, spec: TuningSpec) -> tuning.Policy:
+    irq_cpus = tuning.choose_irq_cpus(pf.pci, spec.irq_cpus, spec.exclude_cpus)
+    rps_cpus: list[int] = []
+    if spec.rps:
+        # The kernel rejects an RPS mask of isolated CPUs only (EINVAL).
+        rps_cpus = sorted(set(spec.rps_cpus or irq_cpus) - set(tuning.isolated_cpus()))
+        if not rps_cpus:
+            raise tuning.TuningError("rpsCpus leaves no CPU once isolated CPUs are removed")
+    return tuning.Policy(irq_cpus=irq_cpus, rps_cpus=rps_cpus, rfs_flow_entries=spec.rfs_flow_entries, xps=spec.xps)
+
+
+def _describe(policy: tuning.Policy) -> str:
+    parts = [f"queue IRQs round robin over CPUs {cpulist.format_list(policy.irq_cpus)}"]
+    if policy.rps_cpus:
+        parts.append(f"RPS on {cpulist.format_list(policy.rps_cpus)}")
+    if policy.rfs_flow_entries:
+        parts.append(f"RFS {policy.rfs_flow_entries} flows")
+    if policy.xps:
+        parts.append("XPS")
+    return ", ".join(parts)
+
+
+def _run_tuning(pf: sysfs.PF, policy: tuning.Policy, pinned: dict[str, int]) -> str:
+    pins = tuning.pin_device(pf.pci, policy.irq_cpus, 0)
+    failed = [p for p in pins if p.result == "failed"]
+    if failed:
+        p = failed[0]
+        raise SetupError(f"{pf.netdev}: pinning IRQ {p.irq.irq} ({p.irq.name}) to CPU {p.cpu}: {p.detail}")
+    pinned.update({str(p.irq.irq): p.cpu for p in pins if p.result != "skipped"})
+    if not pins:
+        return "no queue IRQs found (nothing to pin)"
+    counts = {r: sum(p.result == r for p in pins) for r in ("pinned", "unchanged", "skipped")}
+    summary = ", ".join(f"{n} IRQs {r}" for r, n in counts.items() if n)
+    if counts["skipped"]:
+        summary += " (kernel-managed IRQs refuse user affinity)"
+    if pf.netdev and (policy.rps_cpus or policy.xps):
+        try:
+            writes = tuning.apply_queues(pf.netdev, policy, tuning.tx_cpus(pins))
+        except (tuning.TuningError, sysfs.SysfsError) as exc:
+            raise SetupError(f"{pf.netdev}: RPS/XPS: {exc}") from exc
+        summary += f", queue maps {'unchanged' if not writes else f'{writes} written'}"
+    return summary
+
+
+def _pf_steps(index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], links: Links) -> tuple[list[Step], dict[str, Any]]:
+    where = f"pfs[{index}]"
+    target = f"{pf.netdev or spec.pf} ({pf.pci})"
+    if sysfs.driver(pf.pci) is None:
+        raise SetupError(f"{where}.pf: {spec.pf} has no driver bound: {vfs.explain(errno.ENOENT)}")
+    total = sysfs.totalvfs(pf.pci)
+    if spec.num_vfs > total:
+        raise SetupError(f"{where}.numVfs: {spec.num_vfs} is more than {spec.pf} supports (sriov_totalvfs {total})")
+    current = sysfs.numvfs(pf.pci)
+    steps: list[Step] = []
+    if current == spec.num_vfs:
+        steps.append(Step(target, f"sriov_numvfs {current}"))
+    else:
+        owners = [a for a in allocations if a.pf_pci == pf.pci]
+        if current and owners:
+            who = "; ".join(f"VF {a.vf_index} ({a.network}, container {a.container_id}, {a.ifname})" for a in owners)
+            raise SetupError(
+                f"refusing to change {spec.pf} from {current} to {spec.num_vfs} VFs: the change goes through 0 "
+                f"and would destroy allocated VFs: {who}"
+            )
+        want_netdevs = spec.vf_driver == "kernel"
+
+        def create() -> str:
+            try:
+                enabled = vfs.set_numvfs(pf.pci, spec.num_vfs, want_netdevs)
+            except vfs.VfError as exc:
+                raise SetupError(str(exc)) from exc
+            if enabled != spec.num_vfs:
+                raise SetupError(f"{spec.pf}: asked for {spec.num_vfs} VFs, the driver enabled {enabled}")
+            return "done"
+
+        steps.append(Step(target, f"sriov_numvfs {current} -> {spec.num_vfs}", create))
+    if spec.vf_driver == "vfio-pci" and spec.num_vfs:
+        unbound = current != spec.num_vfs or any(
+            sysfs.driver(vf) != "vfio-pci" for vf in sysfs.vf_pcis(pf.pci).values()
+        )
+
+        def bind() -> str:
+            try:
+                n = sum(vfs.bind_vfio(vf) for vf in sysfs.vf_pcis(pf.pci).values())
+            except vfs.VfError as exc:
+                raise SetupError(str(exc)) from exc
+            return f"{n} VFs rebound"
+
+        steps.append(Step(target, "VFs on vfio-pci", bind if unbound else None))
+    if pf.netdev is None:
+        if spec.mtu is not None or spec.tuning is not None:
+            raise SetupError(f"{where}: {spec.pf} has no netdev, so mtu and tuning cannot apply")
+    else:
+        netdev = pf.netdev
+        mtu, up = sysfs.netdev_link(netdev)
+        if spec.mtu is not None:
+            if mtu >= spec.mtu:
+                steps.append(Step(target, f"MTU {mtu} (>= {spec.mtu})"))
+            else:
+                wanted = spec.mtu
+
+                def raise_mtu() -> str:
+                    links.set_mtu(netdev, wanted)
+                    return "done"
+
+                steps.append(Step(target, f"MTU {mtu} -> {wanted}", raise_mtu))
+        if up:
+            steps.append(Step(target, "link up"))
+        else:
+
+            def bring_up() -> str:
+                links.set_up(netdev)
+                return "done"
+
+            steps.append(Step(target, "link down -> up", bring_up))
+    record: dict[str, Any] = {
+        "netdev": pf.netdev,
+        "numVfs": spec.num_vfs,
+        "vfDriver": spec.vf_driver,
+        "tuning": None,
+        "pins": {},
+    }
+    if spec.tuning is not None:
+        try:
+            policy = _policy(pf, spec.tuning)
+        except tuning.TuningError as exc:
+            raise SetupError(f"{where}.tuning: {exc}") from exc
+        record["tuning"] = tuning.policy_json(policy)
+        pinned: dict[str, int] = record["pins"]
+        # Pins as the IRQs are now; a VF count change or link up re-requests
+        # them, and the run pins whatever exists at that point.
+        details = [
+            f"IRQ {q.irq} ({q.name}) -> CPU {cpu}"
+            for q, cpu in tuning.plan_pins(tuning.queue_irqs(pf.pci), policy.irq_cpus, 0)
+        ]
+        steps.append(Step(target, _describe(policy), lambda: _run_tuning(pf, policy, pinned), details))
+    return steps, record
+
+
+def plan(config: NodeConfig, data_dir: Path, links: Links) -> Plan:
+    allocations = read_allocations(data_dir)
+    steps: list[Step] = []
+    pfs: dict[str, Any] = {}
+    tuned: list[sysfs.PF] = []
+    rfs = 0
+    for index, spec in enumerate(config.pfs):
+        try:
+            pf = sysfs.resolve_pf(spec.pf)
+        except sysfs.SysfsError as exc:
+            raise SetupError(f"pfs[{index}].pf: {exc}") from exc
+        if pf.pci in pfs:
+            raise SetupError(f"pfs[{index}].pf: {spec.pf} is {pf.pci}, which an earlier entry already configures")
+        pf_steps, record = _pf_steps(index, spec, pf, allocations, links)
+        steps += pf_steps
+        pfs[pf.pci] = record
+        if spec.tuning is not None:
+            tuned.append(pf)
+            rfs = max(rfs, spec.tuning.rfs_flow_entries)
+    if rfs:
+        # One table for the whole host, sized for the biggest request.
+        want = cpulist.next_pow2(rfs)
+        current = sysfs.read_int(sysfs.PROC / "sys" / "net" / "core" / "rps_sock_flow_entries")
+        if current >= want:
+            steps.append(Step("host", f"rps_sock_flow_entries {current} (>= {want})"))
+        else:
+            steps.append(Step("host", f"rps_sock_flow_entries {current} -> {want}", lambda: _flow_entries(rfs)))
+    return Plan(steps=steps, state={"pfs": pfs}, tuned=tuned)
+
+
+def _flow_entries(entries: int) -> str:
+    try:
+        tuning.raise_sock_flow_entries(entries)
+    except sysfs.SysfsError as exc:
+        raise SetupError(f"rps_sock_flow_entries: {exc}") from exc
+    return "done"
+
+
+def execute(plan_: Plan, state_file: Path, echo: Callable[[str], None]) -> None:
+    """Run every step, one progress line each, then record what was applied."""
+    for step in plan_.steps:
+        result = step.run() if step.run is not None else "unchanged"
+        echo(f"{step.target}: {step.what}: {result}")
+    try:
+        old = tuning.read_state(state_file)
+    except tuning.TuningError:
+        old = None
+    new = {"version": tuning.STATE_VERSION, **plan_.state}
+    if old == new:
+        echo(f"state {state_file}: unchanged")
+    else:
+        try:
+            tuning.write_state(state_file, plan_.state)
+        except OSError as exc:
+            raise SetupError(f"cannot write {state_file}: {exc.strerror or exc}") from exc
+        echo(f"state {state_file}: written")
+    running = irqbalance.pids() if plan_.tuned else []
+    if running:
+        irqs = sorted(int(irq) for record in plan_.state["pfs"].values() for irq in record["pins"])
+        echo(f"warning: {irqbalance.advice(running, irqs)}")
+
+
+def show(plan_: Plan, echo: Callable[[str], None]) -> None:
+    """The plan for ``--dry-run``: what each step would do, changing nothing."""
+    echo("dry run: nothing is changed")
+    for step in plan_.steps:
+        echo(f"{step.target}: {step.what}: {'would change' if step.run is not None else 'unchanged'}")
+        for line in step.details:
+            echo(f"  {line}")
+    if plan_.tuned and irqbalance.pids():
+        echo("warning: irqbalance is running and would undo the IRQ pins (see setup --help)")
+

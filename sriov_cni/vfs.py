@@ -1,0 +1,129 @@
+"""Creating VFs through ``sriov_numvfs`` and binding them to their driver.
+
+The kernel refuses to change a non-zero VF count directly (EBUSY), so a
+change goes through 0.  Its errors are terse errnos; :func:`explain` turns
+them into what the operator has to do.  Drivers may enable fewer VFs than
+asked with only a kernel log warning, so the count is read back.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+
+from sriov_cni import sysfs
+
+# Some drivers block in the sriov_numvfs write (i40e "other operation is
+# pending"); the write runs in a thread so a stuck driver becomes an error
+# instead of a hung boot.
+WRITE_TIMEOUT = 120.0
+# How long VFs may take to show up with their netdevs after the write.
+APPEAR_TIMEOUT = 60.0
+_POLL = 0.02
+
+_EXPLAIN = {
+    errno.ERANGE: "more VFs than the device supports (see sriov_totalvfs)",
+    errno.EBUSY: "VFs are already present; the count has to go through 0 first",
+    errno.ENOSPC: "no MSI-X interrupt vectors left for the VFs (too many vectors used by the PF and other drivers)",
+    errno.ENOMEM: "no room for the VFs' PCI resources: SR-IOV is disabled in the firmware/BIOS, "
+    "or boot with pci=realloc",
+    errno.ENOENT: "the PF has no driver, or its driver cannot create VFs through sysfs",
+}
+
+
+class VfError(Exception):
+    pass
+
+
+def explain(code: int) -> str:
+    return _EXPLAIN.get(code, os.strerror(code))
+
+
+def _numvfs_path(pf_pci: str) -> Path:
+    return sysfs.pci_dir(pf_pci) / "sriov_numvfs"
+
+
+def _write_count(pf_pci: str, count: int, timeout: float) -> None:
+    failure: list[sysfs.SysfsError] = []
+
+    def write() -> None:
+        try:
+            sysfs.write(_numvfs_path(pf_pci), str(count))
+        except sysfs.SysfsError as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=write, name=f"sriov_numvfs {pf_pci}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise VfError(f"{pf_pci}: writing {count} to sriov_numvfs did not return within {timeout:.0f} s; the PF driver is stuck")
+    if failure:
+        raise VfError(f"{pf_pci}: cannot set sriov_numvfs to {count}: {explain(failure[0].errno)}")
+
+
+def _present(pf_pci: str, count: int, want_netdevs: bool) -> bool:
+    vfs = sysfs.vf_pcis(pf_pci)
+    if len(vfs) < count:
+        return False
+    for index in range(count):
+        vf = vfs.get(index)
+        if vf is None or not (sysfs.pci_dir(vf) / "physfn").exists():
+            return False
+        if want_netdevs and not sysfs.netdevs(vf):
+            return False
+    return True
+
+
+def wait_for_vfs(pf_pci: str, count: int, want_netdevs: bool, timeout: float = APPEAR_TIMEOUT) -> None:
+    """Wait until VFs 0..count-1 exist (and, for kernel drivers, have their netdevs)."""
+    deadline = time.monotonic() + timeout
+    while not _present(pf_pci, count, want_netdevs):
+        if time.monotonic() >= deadline:
+            missing = [
+                f"VF {i}" for i, vf in sysfs.vf_pcis(pf_pci).items() if i < count and not sysfs.netdevs(vf)
+            ]
+            what = f" ({', '.join(missing)} without netdev; is the VF driver loaded?)" if missing else ""
+            raise VfError(f"{pf_pci}: {count} VFs did not appear within {timeout:.0f} s{what}")
+        time.sleep(_POLL)
+
+
+def set_numvfs(pf_pci: str, count: int, want_netdevs: bool, timeout: float = WRITE_TIMEOUT) -> int:
+    """Set the VF count (through 0 when VFs exist) and return what the driver enabled."""
+    if sysfs.numvfs(pf_pci) != 0:
+        _write_count(pf_pci, 0, timeout)
+    if count:
+        _write_count(pf_pci, count, timeout)
+    enabled = sysfs.numvfs(pf_pci)
+    if enabled:
+        wait_for_vfs(pf_pci, enabled, want_netdevs)
+    return enabled
+
+
+def bind_vfio(vf_pci: str) -> bool:
+    """Bind a VF to vfio-pci for DPDK; False when it already was.
+
+    driver_override makes the bind stick to vfio-pci only; it is cleared
+    afterwards so a later rebind to the kernel driver is not blocked.
+    """
+    current = sysfs.driver(vf_pci)
+    if current == "vfio-pci":
+        return False
+    vfio = sysfs.SYS / "bus" / "pci" / "drivers" / "vfio-pci"
+    if not vfio.is_dir():
+        raise VfError("vfio-pci driver is not loaded (modprobe vfio-pci)")
+    if not (sysfs.pci_dir(vf_pci) / "iommu_group").exists():
+        raise VfError(f"{vf_pci} has no IOMMU group: enable VT-d/AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt")
+    try:
+        if current is not None:
+            sysfs.write(sysfs.SYS / "bus" / "pci" / "drivers" / current / "unbind", vf_pci)
+        sysfs.write(sysfs.pci_dir(vf_pci) / "driver_override", "vfio-pci")
+        sysfs.write(vfio / "bind", vf_pci)
+        sysfs.write(sysfs.pci_dir(vf_pci) / "driver_override", "\n")
+    except sysfs.SysfsError as exc:
+        raise VfError(f"binding {vf_pci} to vfio-pci: {exc}") from exc
+    if sysfs.driver(vf_pci) != "vfio-pci":
+        raise VfError(f"{vf_pci} is still on {sysfs.driver(vf_pci) or 'no driver'} after binding to vfio-pci")
+    return True

@@ -1,0 +1,243 @@
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import FakeLinks, Tree
+from sriov_cni import nodeconfig, nodesetup, sysfs
+from sriov_cni.store import Allocation, FileStore
+
+CONFIG = """
+pfs:
+  - pf: eth0
+    numVfs: 3
+    mtu: 9000
+    tuning: {rps: true, rfsFlowEntries: 32768, xps: true}
+"""
+
+
+def run(text: str, tmp_path: Path, links: FakeLinks, dry: bool = False) -> list[str]:
+    out: list[str] = []
+    plan = nodesetup.plan(nodeconfig.parse(text), tmp_path / "data", links)
+    if dry:
+        nodesetup.show(plan, out.append)
+    else:
+        nodesetup.execute(plan, tmp_path / "run" / "node.json", out.append)
+    return out
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
+    tree.igb(queues=2, up=False)
+    out = run(CONFIG, tmp_path, links, dry=True)
+    assert out == [
+        "dry run: nothing is changed",
+        "eth0 (0000:01:00.0): sriov_numvfs 0 -> 3: would change",
+        "eth0 (0000:01:00.0): MTU 1500 -> 9000: would change",
+        "eth0 (0000:01:00.0): link down -> up: would change",
+        "eth0 (0000:01:00.0): queue IRQs round robin over CPUs 0-7, RPS on 0-7, RFS 32768 flows, XPS: would change",
+        "  IRQ 31 (eth0-TxRx-0) -> CPU 0",
+        "  IRQ 32 (eth0-TxRx-1) -> CPU 1",
+        "host: rps_sock_flow_entries 0 -> 32768: would change",
+    ]
+    assert writes == [] and links.calls == []
+    assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
+
+
+def test_run_applies_then_second_run_writes_nothing(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
+    tree.igb(vfs=3, queues=2, up=False)
+    out = run(CONFIG, tmp_path, links)
+    assert out[0] == "eth0 (0000:01:00.0): sriov_numvfs 3: unchanged"
+    assert links.calls == [("mtu", "eth0", 9000), ("up", "eth0", None)]
+    assert tree.affinity(31) == "0" and tree.affinity(32) == "1"
+    assert tree.affinity(30) == "0-7"  # the misc vector is left alone
+    q = "class/net/eth0/queues"
+    assert tree.read(f"{q}/rx-0/rps_cpus") == "000000ff"
+    assert tree.read(f"{q}/rx-1/rps_flow_cnt") == "16384"  # 32768 over 2 queues
+    assert tree.read(f"{q}/tx-1/xps_cpus") == "00000002"  # tx-1 follows IRQ 32 to CPU 1
+    assert (tree.proc / "sys/net/core/rps_sock_flow_entries").read_text().strip() == "32768"
+    state = json.loads((tmp_path / "run" / "node.json").read_text())
+    assert state["pfs"]["0000:01:00.0"]["tuning"] == {
+        "irq_cpus": list(range(8)), "rps_cpus": list(range(8)), "rfs_flow_entries": 32768, "xps": True,
+    }
+    assert state["pfs"]["0000:01:00.0"]["pins"] == {"31": 0, "32": 1}
+
+    writes.clear()
+    links.calls.clear()
+    again = run(CONFIG, tmp_path, links)
+    assert writes == [] and links.calls == []
+    assert again == [
+        "eth0 (0000:01:00.0): sriov_numvfs 3: unchanged",
+        "eth0 (0000:01:00.0): MTU 9000 (>= 9000): unchanged",
+        "eth0 (0000:01:00.0): link up: unchanged",
+        "eth0 (0000:01:00.0): queue IRQs round robin over CPUs 0-7, RPS on 0-7, RFS 32768 flows, XPS: "
+        "2 IRQs unchanged, queue maps unchanged",
+        "host: rps_sock_flow_entries 32768 (>= 32768): unchanged",
+        f"state {tmp_path / 'run' / 'node.json'}: unchanged",
+    ]
+
+
+def test_mtu_is_never_lowered(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.igb(mtu=9000)
+    out = run("pfs: [{pf: eth0, numVfs: 0, mtu: 1500}]", tmp_path, links)
+    assert "eth0 (0000:01:00.0): MTU 9000 (>= 1500): unchanged" in out
+    assert links.calls == []
+
+
+def _allocation(tmp_path: Path, vf_pci: str, index: int, pf_pci: str = "0000:01:00.0") -> None:
+    netns = tmp_path / "netns-a"
+    netns.write_text("")
+    FileStore(tmp_path / "data").put(
+        Allocation(vf_pci, pf_pci, "eth0", index, "net-a", "c0ffee", "net1", str(netns), None)
+    )
+
+
+def test_count_change_refused_while_a_vf_is_allocated(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
+    vfs = tree.igb(vfs=3)
+    _allocation(tmp_path, vfs[1], 1)
+    with pytest.raises(nodesetup.SetupError) as info:
+        run("pfs: [{pf: eth0, numVfs: 5}]", tmp_path, links)
+    assert str(info.value) == (
+        "refusing to change eth0 from 3 to 5 VFs: the change goes through 0 and would destroy "
+        "allocated VFs: VF 1 (net-a, container c0ffee, net1)"
+    )
+    assert writes == []
+    assert tree.read("bus/pci/devices/0000:01:00.0/sriov_numvfs") == "3"
+
+
+def test_allocations_on_another_pf_do_not_block(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
+    tree.igb(vfs=3)
+    tree.igb("0000:02:00.0", "eth1", vfs=2)
+    _allocation(tmp_path, "0000:02:10.0", 0, pf_pci="0000:02:00.0")
+    run("pfs: [{pf: eth0, numVfs: 2}]", tmp_path, links)
+    counts = [v for p, v in writes if p.endswith("0000:01:00.0/sriov_numvfs")]
+    assert counts == ["0", "2"]  # a non-zero count changes through 0
+
+
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (errno.ENOMEM, "SR-IOV is disabled in the firmware/BIOS, or boot with pci=realloc"),
+        (errno.ENOSPC, "no MSI-X interrupt vectors left"),
+        (errno.ERANGE, "more VFs than the device supports"),
+        (errno.ENOENT, "the PF has no driver"),
+    ],
+)
+def test_kernel_errors_are_explained(tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, words: str) -> None:
+    tree.igb()
+
+    def refuse(path: Path, value: str) -> None:
+        raise sysfs.SysfsError("refused", code)
+
+    monkeypatch.setattr(sysfs, "write", refuse)
+    with pytest.raises(nodesetup.SetupError) as info:
+        run("pfs: [{pf: eth0, numVfs: 4}]", tmp_path, links)
+    assert words in str(info.value)
+    assert str(info.value).startswith("0000:01:00.0: cannot set sriov_numvfs to 4: ")
+
+
+def test_fewer_vfs_than_asked_is_an_error(tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree.igb(vfs=2)
+    real = sysfs.write
+
+    def stingy(path: Path, value: str) -> None:
+        real(path, "2" if path.name == "sriov_numvfs" and value == "7" else value)
+
+    monkeypatch.setattr(sysfs, "write", stingy)
+    with pytest.raises(nodesetup.SetupError, match="asked for 7 VFs, the driver enabled 2"):
+        run("pfs: [{pf: eth0, numVfs: 7}]", tmp_path, links)
+
+
+def test_more_vfs_than_totalvfs_names_the_field(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.igb()
+    with pytest.raises(nodesetup.SetupError, match=r"^pfs\[0\]\.numVfs: 8 is more than eth0 supports \(sriov_totalvfs 7\)$"):
+        run("pfs: [{pf: eth0, numVfs: 8}]", tmp_path, links)
+
+
+def test_unknown_pf_names_the_field(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    with pytest.raises(nodesetup.SetupError, match=r"^pfs\[0\]\.pf: no network device 'eth9' on this node$"):
+        run("pfs: [{pf: eth9, numVfs: 1}]", tmp_path, links)
+
+
+def test_same_pf_by_name_and_address_is_refused(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.igb()
+    with pytest.raises(nodesetup.SetupError, match=r"pfs\[1\]\.pf: 0000:01:00.0 is 0000:01:00.0, which an earlier entry"):
+        run("pfs: [{pf: eth0, numVfs: 1}, {pf: '0000:01:00.0', numVfs: 1}]", tmp_path, links)
+
+
+def test_numa_local_cpus_minus_isolated_and_excluded(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.cpus("0-15", isolated="5", nohz_full="6")
+    tree.numa_node(1, "4-7,12-15")
+    tree.igb(queues=4, numa=1)
+    run("pfs: [{pf: eth0, numVfs: 0, tuning: {excludeCpus: 12}}]", tmp_path, links)
+    assert [tree.affinity(irq) for irq in (31, 32, 33, 34)] == ["4", "7", "13", "14"]
+
+
+def test_numa_node_minus_one_uses_local_cpulist(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.igb(queues=2, local="2-3")
+    run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
+    assert [tree.affinity(31), tree.affinity(32)] == ["2", "3"]
+
+
+def test_more_queues_than_cpus_wraps(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.igb(queues=4)
+    run("pfs: [{pf: eth0, numVfs: 0, tuning: {irqCpus: '1,3'}}]", tmp_path, links)
+    assert [tree.affinity(irq) for irq in (31, 32, 33, 34)] == ["1", "3", "1", "3"]
+
+
+def test_all_local_cpus_isolated_falls_back_to_the_rest(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.cpus("0-7", isolated="2-3")
+    tree.igb(queues=2, local="2-3")
+    run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
+    assert [tree.affinity(31), tree.affinity(32)] == ["0", "1"]
+
+
+def test_explicit_cpus_that_are_all_isolated_are_an_error(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.cpus("0-7", isolated="2-3")
+    tree.igb()
+    with pytest.raises(nodesetup.SetupError, match=r"^pfs\[0\]\.tuning: irqCpus leaves no CPU"):
+        run("pfs: [{pf: eth0, numVfs: 0, tuning: {irqCpus: 2-3}}]", tmp_path, links)
+
+
+def test_offline_explicit_cpus_are_an_error(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.igb()
+    with pytest.raises(nodesetup.SetupError, match=r"irqCpus names CPUs that are not online: 8-9$"):
+        run("pfs: [{pf: eth0, numVfs: 0, tuning: {irqCpus: 7-9}}]", tmp_path, links)
+
+
+def test_kernel_managed_irqs_are_skipped_not_failed(tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree.igb(queues=2)
+    real = sysfs.write
+
+    def managed(path: Path, value: str) -> None:
+        if path.parent.name == "32":
+            raise sysfs.SysfsError("refused", errno.EIO)
+        real(path, value)
+
+    monkeypatch.setattr(sysfs, "write", managed)
+    out = run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
+    assert "1 IRQs pinned, 1 IRQs skipped (kernel-managed IRQs refuse user affinity)" in out[-2]
+    assert tree.affinity(32) == "0-7"
+
+
+def test_other_pin_failures_stop_setup(tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree.igb()
+
+    def invalid(path: Path, value: str) -> None:
+        raise sysfs.SysfsError(f"writing {value!r} to {path}: Invalid argument", errno.EINVAL)
+
+    monkeypatch.setattr(sysfs, "write", invalid)
+    with pytest.raises(nodesetup.SetupError, match=r"^eth0: pinning IRQ 31 \(eth0-TxRx-0\) to CPU 0: writing"):
+        run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
+    assert not (tmp_path / "run" / "node.json").exists()
+
+
+def test_irqbalance_is_reported_with_what_to_do(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.igb(queues=2)
+    (tree.proc / "4242").mkdir()
+    (tree.proc / "4242" / "comm").write_text("irqbalance\n")
+    out = run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
+    assert out[-1].startswith("warning: irqbalance (pid 4242) is running and will move the pinned IRQs back")
+    assert 'IRQBALANCE_ARGS="--banirq=31 --banirq=32"' in out[-1]
