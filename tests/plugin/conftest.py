@@ -1,0 +1,22 @@
+"""Fixtures of the ``sriov`` plugin's host tests; the helpers are in pluginlib.py."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pluginlib import Node
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+    if os.geteuid() != 0:
+        pytest.fail("the plugin's host tests need root (network namespaces, veths)")
+    n = Node(tmp_path, monkeypatch)
+    try:
+        yield n
+    finally:
+        n.cleanup()

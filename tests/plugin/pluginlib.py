@@ -1,0 +1,371 @@
+"""Helpers for the ``sriov`` plugin's host tests (fixtures in conftest.py).
+
+Only the PF side of SR-IOV is faked (:class:`FakeVfControl`, an in-memory
+:class:`sriov_cni.netlink.VfControl`): there is no SR-IOV NIC on the host.
+Everything else is real: each "VF netdev" is one end of a veth pair in the
+test process's network namespace (its peer lives in a per-test namespace,
+so deleting that namespace destroys every pair wherever its VF end went),
+pods are real named network namespaces, and sysfs is a temporary tree laid
+out like the kernel's, with ``sysfs.SYS`` pointed at it.
+
+Effects are checked with ``ip -j`` (and ``ip netns exec``), never through
+the package under test.
+
+``node``
+    A :class:`Node`: ``node.add_pf(n)`` creates a PF with ``n`` VFs,
+    ``node.pod()`` a pod network namespace, ``node.conf(...)`` a network
+    configuration, ``node.cni(...)`` runs the plugin in-process with the
+    fake, ``node.picture()`` is everything a failed call must leave as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sriov_cni import netlink, plugin, sysfs
+from sriov_cni.netlink import VfInfo
+from sriov_cni.store import FileStore
+
+REPO = Path(__file__).resolve().parents[2]
+SRIOV_BIN = REPO / "bin" / "sriov"
+# Debian's containernetworking-plugins (host-local, libcni 1.1.2).
+DEBIAN_CNI_DIR = "/usr/lib/cni"
+ZERO_MAC = "00:00:00:00:00:00"
+
+
+# --- oracles ------------------------------------------------------------------
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=check)
+
+
+def ip_json(*args: str, netns: str | None = None) -> list[dict[str, Any]]:
+    cmd = ["ip", "-j"] + (["-n", netns] if netns else []) + list(args)
+    out = sh(*cmd).stdout
+    parsed: list[dict[str, Any]] = json.loads(out or "[]")
+    return parsed
+
+
+def link(name: str, netns: str | None = None) -> dict[str, Any] | None:
+    """``ip -j -d link show dev NAME`` in ``netns`` (None: this namespace), or None if absent."""
+    cmd = ["ip", "-j", "-d"] + (["-n", netns] if netns else []) + ["link", "show", "dev", name]
+    proc = sh(*cmd, check=False)
+    if proc.returncode != 0:
+        return None
+    [found] = json.loads(proc.stdout)
+    return found
+
+
+def link_names(netns: str | None = None) -> set[str]:
+    return {str(entry["ifname"]) for entry in ip_json("link", "show", netns=netns)}
+
+
+def addresses(name: str, netns: str) -> set[str]:
+    [entry] = ip_json("addr", "show", "dev", name, netns=netns)
+    return {f"{a['local']}/{a['prefixlen']}" for a in entry["addr_info"] if a["family"] in ("inet", "inet6")
+            and a.get("scope") != "link"}
+
+
+def routes(netns: str, family: str = "-4") -> list[dict[str, Any]]:
+    out = sh("ip", "netns", "exec", netns, "ip", "-j", family, "route", "show").stdout
+    parsed: list[dict[str, Any]] = json.loads(out or "[]")
+    return parsed
+
+
+def netdev_view(entry: dict[str, Any]) -> dict[str, Any]:
+    """What DEL must restore on a VF netdev, as iproute2 reports it."""
+    return {
+        "ifname": entry["ifname"],
+        "address": entry["address"],
+        "mtu": entry["mtu"],
+        "promisc": "PROMISC" in entry["flags"],
+        "up": "UP" in entry["flags"],
+        "ifalias": entry.get("ifalias", ""),
+    }
+
+
+def ipam_reservations(data_dir: Path, network: str) -> set[str]:
+    """Addresses reserved in a host-local-layout store (host-local and sriov-ipam share it)."""
+    directory = data_dir / network
+    if not directory.is_dir():
+        return set()
+    out = set()
+    for name in os.listdir(directory):
+        try:
+            out.add(str(ipaddress.ip_address(name)))
+        except ValueError:
+            continue
+    return out
+
+
+# --- the fake PF side -----------------------------------------------------------
+
+
+def default_vf_state(index: int) -> dict[str, Any]:
+    # What igb reports for a fresh VF (see tests/vm/test_igb_smoke.py).
+    return {
+        "index": index,
+        "mac": ZERO_MAC,
+        "vlan": 0,
+        "qos": 0,
+        "vlan_proto": netlink.VLAN_PROTO_8021Q,
+        "spoofchk": True,
+        "trust": False,
+        "link_state": netlink.LINK_STATE_AUTO,
+        "min_tx_rate": 0,
+        "max_tx_rate": 0,
+    }
+
+
+class FakeVfControl:
+    """:class:`netlink.VfControl` in memory; records every set call in order.
+
+    ``refuse[setting] = exception`` makes that setter raise (after recording
+    the attempt) without changing anything, as a driver that cannot do it.
+    """
+
+    def __init__(self) -> None:
+        self.state: dict[str, dict[int, dict[str, Any]]] = {}
+        self.calls: list[tuple[Any, ...]] = []
+        self.refuse: dict[str, Exception] = {}
+
+    def add_pf(self, pf: str, nvfs: int) -> None:
+        self.state[pf] = {i: default_vf_state(i) for i in range(nvfs)}
+
+    def snapshot(self) -> dict[str, dict[int, dict[str, Any]]]:
+        return copy.deepcopy(self.state)
+
+    def _vf(self, pf: str, vf: int) -> dict[str, Any]:
+        if pf not in self.state:
+            raise netlink.LinkNotFound(f"PF {pf} not found")
+        if vf not in self.state[pf]:
+            raise netlink.InvalidArgument(f"{pf} has no VF {vf}")
+        return self.state[pf][vf]
+
+    def _set(self, setting: str, pf: str, vf: int, value: Any, **changes: Any) -> None:
+        self.calls.append((setting, pf, vf, value))
+        target = self._vf(pf, vf)
+        if setting in self.refuse:
+            raise self.refuse[setting]
+        target.update(changes)
+
+    def vfs(self, pf: str) -> dict[int, VfInfo]:
+        if pf not in self.state:
+            raise netlink.LinkNotFound(f"PF {pf} not found")
+        return {i: VfInfo(**s) for i, s in self.state[pf].items()}
+
+    def set_mac(self, pf: str, vf: int, mac: str) -> None:
+        self._set("mac", pf, vf, mac, mac=mac)
+
+    def set_vlan(self, pf: str, vf: int, vlan: int, qos: int, proto: int) -> None:
+        self._set("vlan", pf, vf, (vlan, qos, proto), vlan=vlan, qos=qos, vlan_proto=proto)
+
+    def set_spoofchk(self, pf: str, vf: int, on: bool) -> None:
+        self._set("spoofchk", pf, vf, on, spoofchk=on)
+
+    def set_trust(self, pf: str, vf: int, on: bool) -> None:
+        self._set("trust", pf, vf, on, trust=on)
+
+    def set_link_state(self, pf: str, vf: int, state: int) -> None:
+        self._set("link_state", pf, vf, state, link_state=state)
+
+    def set_rate(self, pf: str, vf: int, min_tx_rate: int, max_tx_rate: int) -> None:
+        self._set("rate", pf, vf, (min_tx_rate, max_tx_rate), min_tx_rate=min_tx_rate, max_tx_rate=max_tx_rate)
+
+
+# --- the node -------------------------------------------------------------------
+
+
+@dataclass
+class VF:
+    index: int
+    pci: str
+    netdev: str | None  # None: bound to a DPDK driver
+    pf: PF
+
+
+@dataclass
+class PF:
+    name: str
+    pci: str
+    vfs: list[VF] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def out(self) -> Any:
+        return json.loads(self.stdout) if self.stdout.strip() else None
+
+    @property
+    def code(self) -> int:
+        return int(self.out["code"])
+
+
+class Node:
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.token = uuid.uuid4().hex[:5]
+        self.sys = tmp_path / "sys"
+        (self.sys / "bus" / "pci" / "devices").mkdir(parents=True)
+        (self.sys / "bus" / "pci" / "drivers").mkdir(parents=True)
+        (self.sys / "class" / "net").mkdir(parents=True)
+        monkeypatch.setattr(sysfs, "SYS", self.sys)
+        self.data_dir = tmp_path / "data"
+        self.ipam_dir = tmp_path / "ipam"
+        self.fake = FakeVfControl()
+        self.pfs: list[PF] = []
+        self.peer_ns = f"svpeer-{self.token}"
+        sh("ip", "netns", "add", self.peer_ns)
+        self.pods: list[str] = []
+        self._pods = 0
+
+    # -- building
+
+    def _devices(self) -> Path:
+        return self.sys / "bus" / "pci" / "devices"
+
+    def _driver_link(self, pci: str, driver: str) -> None:
+        (self.sys / "bus" / "pci" / "drivers" / driver).mkdir(exist_ok=True)
+        os.symlink(f"../../../bus/pci/drivers/{driver}", self._devices() / pci / "driver")
+
+    def add_pf(self, nvfs: int, *, total: int | None = None, dpdk: tuple[int, ...] = ()) -> PF:
+        """A PF with ``nvfs`` VFs; VF indexes in ``dpdk`` are bound to vfio-pci and have no netdev."""
+        n = len(self.pfs)
+        pf = PF(name=f"sv{self.token}p{n}", pci=f"0000:{0x3b + n:02x}:00.0")
+        pf_dir = self._devices() / pf.pci
+        (pf_dir / "net" / pf.name).mkdir(parents=True)
+        (pf_dir / "sriov_numvfs").write_text(f"{nvfs}\n")
+        (pf_dir / "sriov_totalvfs").write_text(f"{total if total is not None else max(nvfs, 7)}\n")
+        self._driver_link(pf.pci, "igb")
+        os.symlink(f"../../../bus/pci/devices/{pf.pci}", self._mkdir_class(pf.name) / "device")
+        for i in range(nvfs):
+            pci = f"0000:{0x3b + n:02x}:{0x10 + i // 8:02x}.{i % 8}"
+            vf_dir = self._devices() / pci
+            vf_dir.mkdir()
+            os.symlink(f"../{pf.pci}", vf_dir / "physfn")
+            os.symlink(f"../{pci}", pf_dir / f"virtfn{i}")
+            netdev: str | None = None
+            if i in dpdk:
+                self._driver_link(pci, "vfio-pci")
+            else:
+                self._driver_link(pci, "igbvf")
+                netdev = f"sv{self.token}v{n}{i}"
+                (vf_dir / "net" / netdev).mkdir(parents=True)
+                sh("ip", "link", "add", netdev, "type", "veth", "peer", "name", f"peer{n}{i}", "netns", self.peer_ns)
+                # A distinct, recognisable MAC: the netdev's identity across moves.
+                sh("ip", "link", "set", "dev", netdev, "address", f"02:5f:{self.token[:2]}:{self.token[2:4]}:{n:02x}:{i:02x}")
+            pf.vfs.append(VF(index=i, pci=pci, netdev=netdev, pf=pf))
+        self.fake.add_pf(pf.name, nvfs)
+        self.pfs.append(pf)
+        return pf
+
+    def _mkdir_class(self, name: str) -> Path:
+        path = self.sys / "class" / "net" / name
+        path.mkdir()
+        return path
+
+    def sysfs_rename(self, vf: VF, name: str) -> None:
+        """What the kernel's sysfs shows when a VF netdev in the host is renamed."""
+        [old] = (self._devices() / vf.pci / "net").iterdir()
+        old.rename(old.parent / name)
+
+    def pod(self) -> str:
+        name = f"svpod-{self.token}-{self._pods}"
+        self._pods += 1
+        sh("ip", "netns", "add", name)
+        self.pods.append(f"/var/run/netns/{name}")
+        return self.pods[-1]
+
+    def cleanup(self) -> None:
+        for pod in self.pods:
+            sh("ip", "netns", "del", os.path.basename(pod), check=False)
+        # Destroys every veth pair, whichever namespace the VF end is in.
+        sh("ip", "netns", "del", self.peer_ns, check=False)
+
+    # -- running the plugin
+
+    def conf(self, version: str = "1.0.0", name: str = "sriov-net", **keys: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"cniVersion": version, "name": name, "type": "sriov", "dataDir": str(self.data_dir)}
+        named = any(k in keys for k in ("deviceID", "pciBusID", "pfNames", "master"))
+        if not named and "deviceID" not in keys.get("runtimeConfig", {}):
+            out["pfNames"] = [pf.name for pf in self.pfs]
+        out.update(keys)
+        return out
+
+    def sriov_ipam(self, subnet: str = "10.40.0.0/24", **keys: Any) -> dict[str, Any]:
+        return {"type": "sriov-ipam", "dataDir": str(self.ipam_dir), "ranges": [[{"subnet": subnet, **keys}]]}
+
+    def host_local(self, subnet: str = "10.41.0.0/24", **keys: Any) -> dict[str, Any]:
+        return {"type": "host-local", "dataDir": str(self.ipam_dir), "ranges": [[{"subnet": subnet}]], **keys}
+
+    def env(self, command: str, *, container: str = "ctr1", netns: str = "", ifname: str = "net1",
+            args: str = "", path: str = DEBIAN_CNI_DIR) -> dict[str, str]:
+        return {
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": container,
+            "CNI_NETNS": netns,
+            "CNI_IFNAME": ifname,
+            "CNI_ARGS": args,
+            "CNI_PATH": path,
+            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        }
+
+    def deps(self) -> plugin.Deps:
+        fake = self.fake
+        return plugin.Deps(vf_control=lambda: fake, store=FileStore)
+
+    def run(self, env: dict[str, str], stdin: bytes) -> Outcome:
+        out, err = io.StringIO(), io.StringIO()
+        rc = plugin.run(env, stdin, out, err, self.deps())
+        return Outcome(rc, out.getvalue(), err.getvalue())
+
+    def cni(self, command: str, conf: dict[str, Any] | bytes, **env: Any) -> Outcome:
+        stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
+        return self.run(self.env(command, **env), stdin)
+
+    def add(self, conf: dict[str, Any], **env: Any) -> Outcome:
+        res = self.cni("ADD", conf, **env)
+        assert res.rc == 0, res.stdout + res.stderr
+        return res
+
+    # -- what must survive a failed call
+
+    def vf_netdevs(self) -> list[str]:
+        return [vf.netdev for pf in self.pfs for vf in pf.vfs if vf.netdev]
+
+    def records(self) -> list[str]:
+        vfs = self.data_dir / "vfs"
+        return sorted(p.name for p in vfs.glob("*.json")) if vfs.is_dir() else []
+
+    def picture(self) -> dict[str, Any]:
+        """VF netdevs in the host as iproute2 sees them, store records, fake PF state, pods' links."""
+        host = {}
+        for name in self.vf_netdevs():
+            entry = link(name)
+            host[name] = netdev_view(entry) if entry else None
+        pods = {pod: sorted(link_names(os.path.basename(pod))) for pod in self.pods}
+        return {"host": host, "records": self.records(), "fake": self.fake.snapshot(), "pods": pods}
+
+
+def run_bin(env: dict[str, str], stdin: bytes) -> Outcome:
+    """The ``bin/sriov`` executable as a runtime runs it."""
+    proc = subprocess.run([str(SRIOV_BIN)], input=stdin, env=env, capture_output=True, check=False, timeout=60)
+    return Outcome(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
