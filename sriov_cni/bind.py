@@ -160,45 +160,38 @@ def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
     return failures
 
 
-def _hop(src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None) -> None:
-    """Move link ``name`` from namespace ``src`` to ``dst`` as ``new_name``.
+def _move(src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None) -> None:
+    """Move link ``name`` from namespace ``src`` to ``dst`` as ``new_name``, in one request.
 
-    The rename happens in a throw-away namespace: renaming in the host
-    races with udev and NetworkManager, and renaming in the pod can collide
-    with the pod's own interfaces.  ``altnames`` None drops the link's
-    altnames (they could collide in the pod); a tuple re-adds those names.
-    ``None`` as a namespace means this process's own.
+    ``altnames`` None drops the link's altnames first (udev gives VFs
+    altnames that could clash in the pod, and would block the way back); a
+    tuple re-adds those names at the destination.  ``None`` as a namespace
+    means this process's own.
     """
     own = netlink.own_netns_path()
-    with netlink.temp_netns() as tmp:
-        with netlink.namespace(src) as ns:
-            link = ns.find(name)
-            if link is None:
-                raise netlink.LinkNotFound(f"{name} not found in {src or 'the host network namespace'}")
-            ns.move(link.index, tmp)
+    with netlink.namespace(src) as ns:
+        link = ns.find(name)
+        if link is None:
+            raise netlink.LinkNotFound(f"{name} not found in {src or 'the host network namespace'}")
+        dropped = link.altnames if altnames is None else ()
+        ns.del_altnames(link.index, dropped)
         try:
-            with netlink.namespace(tmp) as t:
-                moved = t.find(name)
-                assert moved is not None
-                if new_name != name:
-                    t.rename(moved.index, new_name)
-                if altnames is None:
-                    t.del_altnames(moved.index, moved.altnames)
-                else:
-                    t.add_altnames(moved.index, tuple(a for a in altnames if a not in moved.altnames))
-                t.move(moved.index, dst or own)
-        except BaseException:
-            # The throw-away namespace is about to go, and a virtual device
-            # would go with it: send the link back where it came from.
-            with netlink.namespace(tmp) as t:
-                for candidate in (new_name, name):
-                    back = t.find(candidate)
-                    if back is not None:
-                        if candidate != name:
-                            t.rename(back.index, name)
-                        t.move(back.index, src or own)
-                        break
+            ns.move(link.index, dst or own, new_name if new_name != name else None)
+        except netlink.NetlinkError:
+            # A refused rename can leave the link moved under its old name.
+            with netlink.namespace(dst) as target:
+                stray = target.find(name)
+                if stray is not None:
+                    target.move(stray.index, src or own)
+            back = ns.find(name)
+            if back is not None:
+                ns.add_altnames(back.index, dropped)
             raise
+    if altnames:
+        with netlink.namespace(dst) as target:
+            moved = target.find(new_name)
+            if moved is not None:
+                target.add_altnames(moved.index, tuple(a for a in altnames if a not in moved.altnames))
 
 
 def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInfo:
@@ -207,7 +200,7 @@ def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInf
     On failure the netdev may be in the pod; :func:`restore` brings it back.
     """
     assert alloc.original is not None and alloc.in_pod
-    _hop(None, alloc.original.netdev, netns, ifname, None)
+    _move(None, alloc.original.netdev, netns, ifname, None)
     with netlink.namespace(netns) as pod:
         link = pod.find(ifname)
         if link is None:
@@ -268,7 +261,7 @@ def restore_netdev(alloc: Allocation) -> None:
         except netlink.NetnsNotFound:
             pass
     if in_pod:
-        _hop(alloc.netns, alloc.ifname, None, orig.netdev, tuple(orig.altnames))
+        _move(alloc.netns, alloc.ifname, None, orig.netdev, tuple(orig.altnames))
     with netlink.namespace() as host:
         link = _find_home_link(host, alloc, orig)
         if link is None:

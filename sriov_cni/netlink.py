@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import ipaddress
 import os
-import uuid
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -180,13 +181,13 @@ class Namespace:
         self._ipr = ipr
         self.path = path
 
+    def close(self) -> None:
+        self._ipr.close()
+
     def find(self, name: str) -> LinkInfo | None:
-        with _translate(f"looking up {name}"):
-            found = self._ipr.link_lookup(ifname=name)
-        if not found:
-            return None
         try:
-            return self.get(int(found[0]))
+            with _translate(f"looking up {name}"):
+                return _link_info(self._ipr.link("get", ifname=name)[0])
         except LinkNotFound:
             return None
 
@@ -230,11 +231,20 @@ class Namespace:
             with _translate(f"adding altnames {', '.join(names)} (link {index})"):
                 self._ipr.link("property_add", index=index, altname=list(names))
 
-    def move(self, index: int, netns_path: str) -> None:
-        """Move a link to another namespace; it arrives down and may get a new index."""
+    def move(self, index: int, netns_path: str, name: str | None = None) -> None:
+        """Move a link to another namespace, renaming it there when ``name`` is given.
+
+        One request does both: the kernel moves the link and renames it
+        inside the target under one lock, so no rename is ever visible in
+        the source namespace (where udev and NetworkManager would race it).
+        The link arrives down and may get a new index.  If ``name`` is taken
+        in the target, the kernel may have moved the link under its old name
+        before refusing the rename (LinkExists): look for it there.
+        """
         fd = _fd_of(netns_path)
+        extra = {"ifname": name} if name else {}
         try:
-            self._set(index, f"moving to {netns_path}", net_ns_fd=fd)
+            self._set(index, f"moving to {netns_path}" + (f" as {name}" if name else ""), net_ns_fd=fd, **extra)
         finally:
             os.close(fd)
 
@@ -360,6 +370,75 @@ def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: bool 
         raise NetlinkError(f"in network namespace {path}: {reason or os.strerror(code)}", code)
 
 
+_CLONE_NEWNET = 0x40000000
+_NETLINK_ROUTE = 0
+
+
+def _setns(fd: int) -> None:
+    if _libc().setns(fd, _CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _socket_in(path: str) -> socket.socket:
+    """A netlink socket created inside the namespace at ``path``.
+
+    A socket stays in the namespace it was created in, so this thread steps
+    in, creates it and steps straight back: a few system calls, where
+    pyroute2's own way forks a helper process for every handle.
+    """
+    target = _fd_of(path)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            _setns(target)
+        except OSError as exc:
+            raise NetnsNotFound(f"cannot enter network namespace {path}: {exc.strerror}", exc.errno or 0) from exc
+        try:
+            return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_ROUTE)
+        finally:
+            # Staying in the pod's namespace would misdirect every later
+            # host-side operation of this process; there is no safe way on.
+            try:
+                _setns(home)
+            except OSError:
+                os._exit(70)
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+def _open(path: str | None) -> Namespace:
+    ipr = IPRoute(use_socket=_socket_in(path)) if path else IPRoute()
+    return Namespace(ipr, path)
+
+
+# Handles kept open for the duration of a session (one CNI command):
+# opening a handle inside another namespace costs more than most requests.
+_session: dict[str | None, Namespace] | None = None
+
+
+@contextmanager
+def session() -> Iterator[None]:
+    """Reuse one handle per namespace until the block ends."""
+    global _session
+    if _session is not None:
+        yield
+        return
+    _session = {}
+    try:
+        yield
+    finally:
+        handles, _session = _session, None
+        for ns in handles.values():
+            ns.close()
+
+
 @contextmanager
 def namespace(path: str | None = None) -> Iterator[Namespace]:
     """A netlink handle bound to the namespace at ``path`` (``None``: our own).
@@ -367,30 +446,23 @@ def namespace(path: str | None = None) -> Iterator[Namespace]:
     Never creates a namespace: pyroute2's default would make a new empty one
     for a path that vanished, hiding exactly the case DEL must recognise.
     """
+    if _session is None:
+        ns = _open(path)
+        try:
+            yield ns
+        finally:
+            ns.close()
+        return
+    ns = _session.get(path) or _open(path)
+    _session[path] = ns
     try:
-        ipr = IPRoute(netns=path, flags=0) if path else IPRoute()
-    except FileNotFoundError as exc:
-        raise NetnsNotFound(f"network namespace {path} does not exist", errno.ENOENT) from exc
-    except OSError as exc:
-        raise NetnsNotFound(f"cannot enter network namespace {path}: {exc.strerror}", exc.errno or 0) from exc
-    try:
-        yield Namespace(ipr, path)
-    finally:
-        ipr.close()
-
-
-@contextmanager
-def temp_netns() -> Iterator[str]:
-    """A throw-away named network namespace; yields its path."""
-    name = f"sriov-tmp-{uuid.uuid4().hex[:12]}"
-    try:
-        _netns.create(name)
-    except OSError as exc:
-        raise NetlinkError(f"cannot create a temporary network namespace: {exc.strerror}", exc.errno or 0) from exc
-    try:
-        yield os.path.join(_netns.NETNS_RUN_DIR, name)
-    finally:
-        _netns.remove(name)
+        yield ns
+    except NetlinkError:
+        # A failed request may leave the handle unusable (the namespace
+        # may be gone); the next use opens a fresh one.
+        _session.pop(path, None)
+        ns.close()
+        raise
 
 
 def netns_inode(path: str) -> int | None:
@@ -463,6 +535,7 @@ class KernelVfControl:
 
     def __init__(self) -> None:
         self._ipr: Any = None
+        self._indexes: dict[str, int] = {}
 
     def _handle(self) -> Any:
         # One handle for the process, opened on first use: a CNI call
@@ -477,11 +550,13 @@ class KernelVfControl:
             self._ipr = None
 
     def _index(self, pf: str) -> int:
-        with _translate(f"looking up PF {pf}"):
-            found = self._handle().link_lookup(ifname=pf)
-        if not found:
-            raise LinkNotFound(f"PF {pf} not found", errno.ENODEV)
-        return int(found[0])
+        if pf not in self._indexes:
+            with _translate(f"looking up PF {pf}"):
+                found = self._handle().link_lookup(ifname=pf)
+            if not found:
+                raise LinkNotFound(f"PF {pf} not found", errno.ENODEV)
+            self._indexes[pf] = int(found[0])
+        return self._indexes[pf]
 
     def vfs(self, pf: str) -> dict[int, VfInfo]:
         index = self._index(pf)

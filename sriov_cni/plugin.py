@@ -412,7 +412,8 @@ COMMANDS: dict[str, Callable[[CmdArgs, Deps], Result | None]] = {
 
 def run(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], deps: Deps = Deps()) -> int:
     handlers = {name: _device_errors(fn, deps) for name, fn in COMMANDS.items()}
-    return dispatch(handlers, env, stdin, stdout, stderr, ABOUT)
+    with netlink.session():
+        return dispatch(handlers, env, stdin, stdout, stderr, ABOUT)
 
 
 def configure_logging_from_env(env: Mapping[str, str]) -> None:
