@@ -117,13 +117,15 @@ class Tree:
     def igb(self, pci: str = "0000:01:00.0", netdev: str = "eth0", vfs: int = 0, **kw: Any) -> dict[int, str]:
         """An igb-like PF with ``vfs`` VFs: misc vector plus one TxRx vector per queue."""
         queues = kw.pop("queues", 1)
-        irqs = {30: netdev, **{31 + q: f"{netdev}-TxRx-{q}" for q in range(queues)}}
-        self.pf(pci, netdev, numvfs=vfs, irqs=irqs, queues=queues, **kw)
         bus = pci.split(":")[1]
+        # PF on bus 1: IRQ 30 misc, 31.. queues; bus 2 from 40.  VFs from 100 * bus.
+        first = 30 + 10 * (int(bus, 16) - 1)
+        irqs = {first: netdev, **{first + 1 + q: f"{netdev}-TxRx-{q}" for q in range(queues)}}
+        self.pf(pci, netdev, numvfs=vfs, irqs=irqs, queues=queues, **kw)
         out = {}
         for i in range(vfs):
             vf = f"0000:{bus}:10.{i}"
-            base = 100 + 3 * i + 10 * int(bus, 16)
+            base = 100 * int(bus, 16) + 3 * i
             self.vf(pci, i, vf, f"{netdev}v{i}", {base: f"{netdev}v{i}-tx-0", base + 1: f"{netdev}v{i}-rx-0", base + 2: f"{netdev}v{i}"})
             out[i] = vf
         return out

@@ -1,0 +1,82 @@
+"""The node command ``sriov-cni``: ``setup`` creates and tunes VFs, ``status`` shows them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from sriov_cni import netlink, nodeconfig, nodesetup, nodestatus, store, sysfs, tuning
+from sriov_cni.cni import CNIError
+
+SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
+
+\b
+Per PF, in order: sriov_numvfs (through 0 when the count changes; refused
+while the CNI plugin's store holds allocations on that PF), VF driver,
+MTU (raised, never lowered), link up, queue IRQ pins and queue maps.
+Everything already as asked is left alone, so running it again is safe.
+What was applied goes to the state file, which `status` and the CNI plugin
+read: the plugin pins each VF's IRQs and sets RPS/XPS in the pod after it
+brings the VF up there.
+
+\b
+irqbalance moves pinned IRQs back every 10 s. Setup does not reconfigure
+it; when it runs, setup pins anyway and prints what to do: stop it
+(systemctl disable --now irqbalance) or ban the listed IRQs with
+IRQBALANCE_ARGS="--banirq=N ..." in its environment file and restart it.
+"""
+
+
+class CommandError(click.ClickException):
+    """One line on stderr and exit status 1, never a traceback."""
+
+
+_EXPECTED = (
+    nodeconfig.NodeConfigError,
+    nodesetup.SetupError,
+    tuning.TuningError,
+    sysfs.SysfsError,
+    netlink.NetlinkError,
+    CNIError,
+)
+
+
+@click.group()
+def main() -> None:
+    """Node-side SR-IOV: create VFs, pin their IRQs, show who uses them."""
+
+
+@main.command(help=SETUP_HELP)
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Node config (YAML).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store.")
+@click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), help=f"Where to record what was applied [default: {tuning.STATE_FILE}].")
+def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None) -> None:
+    try:
+        config = nodeconfig.load(config_path)
+        plan = nodesetup.plan(config, data_dir, nodesetup.NetlinkLinks())
+        if dry_run:
+            nodesetup.show(plan, click.echo)
+        else:
+            nodesetup.execute(plan, state_file or tuning.STATE_FILE, click.echo)
+    except _EXPECTED as exc:
+        raise CommandError(str(exc)) from exc
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store.")
+def status(as_json: bool, data_dir: Path) -> None:
+    """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins."""
+    try:
+        with netlink.namespace() as host:
+            pfs = nodestatus.gather(data_dir, lambda name: host.find(name) is not None)
+    except _EXPECTED as exc:
+        raise CommandError(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps({"pfs": pfs}, indent=1))
+    else:
+        for line in nodestatus.table(pfs):
+            click.echo(line)

@@ -1,0 +1,134 @@
+"""``sriov-cni status``: every SR-IOV PF on the node, its VFs, who holds them, and IRQ pins."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sriov_cni import cpulist, sysfs, tuning
+from sriov_cni.allocate import VfState, vf_state
+from sriov_cni.store import Allocation, FileStore
+
+
+def read_allocations(data_dir: Path) -> list[Allocation]:
+    """The plugin's allocations; none when it never ran here.
+
+    FileStore creates its directories on first use, and reading the node
+    must not change it.
+    """
+    if not (data_dir / "vfs").is_dir():
+        return []
+    return FileStore(data_dir).all()
+
+
+def _irq_pins(pci: str) -> list[dict[str, Any]]:
+    out = []
+    for q in tuning.queue_irqs(pci):
+        try:
+            cpus = cpulist.format_list(tuning.affinity(q.irq))
+        except (OSError, cpulist.CpuListError):
+            cpus = "?"
+        out.append({"irq": q.irq, "name": q.name, "cpus": cpus})
+    return out
+
+
+def _link(netdev: str | None) -> tuple[int | None, str]:
+    if netdev is None:
+        return None, "none"
+    try:
+        mtu, up = sysfs.netdev_link(netdev)
+    except sysfs.SysfsError:
+        return None, "?"
+    return mtu, "up" if up else "down"
+
+
+def _count(read: Callable[[str], int], pci: str) -> int | None:
+    try:
+        return read(pci)
+    except sysfs.SysfsError:
+        return None
+
+
+def _vf(index: int, pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> dict[str, Any]:
+    names = sysfs.netdevs(pci)
+    state = vf_state(pci, alloc, in_host)
+    return {
+        "index": index,
+        "pci": pci,
+        "driver": sysfs.driver(pci),
+        "netdev": names[0] if names else None,
+        "state": state.value,
+        "allocation": None
+        if alloc is None
+        else {
+            "network": alloc.network,
+            "containerID": alloc.container_id,
+            "ifname": alloc.ifname,
+            "netns": alloc.netns,
+        },
+        "irqs": _irq_pins(pci),
+    }
+
+
+def gather(data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any]]:
+    """One record per PF (anything with ``sriov_totalvfs``), VFs in index order."""
+    allocs = {a.vf_pci: a for a in read_allocations(data_dir)}
+    try:
+        devices = sorted(os.listdir(sysfs.SYS / "bus" / "pci" / "devices"))
+    except OSError:
+        devices = []
+    out = []
+    for pci in devices:
+        if not sysfs.is_pf(pci):
+            continue
+        names = sysfs.netdevs(pci)
+        netdev = names[0] if names else None
+        mtu, link = _link(netdev)
+        vfs = [_vf(i, vf, allocs.get(vf), in_host) for i, vf in sysfs.vf_pcis(pci).items()]
+        out.append(
+            {
+                "pci": pci,
+                "netdev": netdev,
+                "driver": sysfs.driver(pci),
+                "numVfs": _count(sysfs.numvfs, pci),
+                "totalVfs": _count(sysfs.totalvfs, pci),
+                "mtu": mtu,
+                "link": link,
+                "irqs": _irq_pins(pci),
+                "free": sum(v["state"] == VfState.FREE.value for v in vfs),
+                "vfs": vfs,
+            }
+        )
+    return out
+
+
+def _pins(irqs: list[dict[str, Any]]) -> str:
+    return " ".join(f"{i['irq']}:{i['cpus']}" for i in irqs) or "-"
+
+
+def table(pfs: list[dict[str, Any]]) -> list[str]:
+    """Human-readable lines: one per PF, then one per VF."""
+    if not pfs:
+        return ["no SR-IOV PF on this node"]
+    lines: list[str] = []
+    for pf in pfs:
+        lines.append(
+            f"PF {pf['netdev'] or '-'} {pf['pci']}  driver {pf['driver'] or '-'}  "
+            f"VFs {pf['numVfs']}/{pf['totalVfs']}  MTU {pf['mtu'] or '-'}  link {pf['link']}  "
+            f"free {pf['free']}  IRQs {_pins(pf['irqs'])}"
+        )
+        if not pf["vfs"]:
+            continue
+        rows = [("VF", "PCI", "DRIVER", "NETDEV", "STATE", "OWNER (network container ifname netns)", "IRQ:CPUS")]
+        for vf in pf["vfs"]:
+            a = vf["allocation"]
+            owner = f"{a['network']} {a['containerID'][:12]} {a['ifname']} {a['netns']}" if a else "-"
+            state = vf["state"] + (" (netns gone)" if vf["state"] == VfState.STALE.value else "")
+            rows.append(
+                (str(vf["index"]), vf["pci"], vf["driver"] or "-", vf["netdev"] or "-", state, owner, _pins(vf["irqs"]))
+            )
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return lines

@@ -1,0 +1,132 @@
+"""The sriov-cni command through click: setup output and errors, status table and JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import Tree
+from sriov_cni import nodesetup
+from sriov_cni.cli import main
+from sriov_cni.store import Allocation, FileStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_setup_dry_run(tree: Tree, tmp_path: Path) -> None:
+    tree.igb()
+    config = tmp_path / "node.yaml"
+    config.write_text("pfs: [{pf: eth0, numVfs: 2}]\n")
+    code, out = invoke("setup", "--config", str(config), "--dry-run", "--data-dir", str(tmp_path / "data"))
+    assert (code, out) == (0, "dry run: nothing is changed\neth0 (0000:01:00.0): sriov_numvfs 0 -> 2: would change\neth0 (0000:01:00.0): link up: unchanged\n")
+
+
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        ("pfs: [{pf: eth0, numVfs: 9}]", "pfs[0].numVfs: 9 is more than eth0 supports (sriov_totalvfs 7)"),
+        ("pfs: [{pf: eth0, numVfs: two}]", "pfs[0].numVfs: must be an integer from 0 to 65535, got 'two'"),
+    ],
+)
+def test_setup_errors_are_one_line(tree: Tree, tmp_path: Path, yaml_text: str, message: str) -> None:
+    tree.igb()
+    config = tmp_path / "node.yaml"
+    config.write_text(yaml_text)
+    code, out = invoke("setup", "--config", str(config), "--data-dir", str(tmp_path / "data"))
+    prefix = f"{config}: " if "got" in message else ""
+    assert (code, out) == (1, f"Error: {prefix}{message}\n")
+
+
+def test_setup_missing_config(tree: Tree, tmp_path: Path) -> None:
+    code, out = invoke("setup", "--config", str(tmp_path / "none.yaml"))
+    assert (code, out) == (1, f"Error: cannot read {tmp_path / 'none.yaml'}: No such file or directory\n")
+
+
+def test_setup_writes_the_state_file_given(tree: Tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree.igb()
+    monkeypatch.setattr(nodesetup, "NetlinkLinks", lambda: None)  # nothing to change on the link
+    config = tmp_path / "node.yaml"
+    config.write_text("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]\n")
+    state = tmp_path / "state.json"
+    code, out = invoke("setup", "--config", str(config), "--state-file", str(state), "--data-dir", str(tmp_path / "data"))
+    assert code == 0, out
+    assert out.splitlines()[-1] == f"state {state}: written"
+    assert json.loads(state.read_text())["pfs"]["0000:01:00.0"]["pins"] == {"31": 0}
+
+
+def _allocate(tmp_path: Path, vf_pci: str, index: int, netns: Path) -> None:
+    FileStore(tmp_path / "data").put(
+        Allocation(vf_pci, "0000:01:00.0", "eth0", index, "net-a", "0123456789abcdef", "net1", str(netns), None)
+    )
+
+
+@pytest.fixture
+def node(tree: Tree, tmp_path: Path, fake_netlink: list[str | None]) -> Tree:
+    tree.igb(vfs=3)
+    tree.igb("0000:02:00.0", "eth1", total=4)
+    alive = tmp_path / "netns-alive"
+    alive.write_text("")
+    _allocate(tmp_path, "0000:01:10.1", 1, alive)
+    _allocate(tmp_path, "0000:01:10.2", 2, tmp_path / "netns-gone")
+    return tree
+
+
+def test_status_json(node: Tree, tmp_path: Path) -> None:
+    code, out = invoke("status", "--json", "--data-dir", str(tmp_path / "data"))
+    assert code == 0, out
+    pf0, pf1 = json.loads(out)["pfs"]
+    assert {k: pf0[k] for k in ("pci", "netdev", "driver", "numVfs", "totalVfs", "mtu", "link", "free")} == {
+        "pci": "0000:01:00.0", "netdev": "eth0", "driver": "igb", "numVfs": 3, "totalVfs": 7, "mtu": 1500, "link": "up", "free": 1,
+    }
+    assert pf0["irqs"] == [{"irq": 31, "name": "eth0-TxRx-0", "cpus": "0-7"}]
+    assert [(v["index"], v["pci"], v["driver"], v["netdev"], v["state"]) for v in pf0["vfs"]] == [
+        (0, "0000:01:10.0", "igbvf", "eth0v0", "free"),
+        (1, "0000:01:10.1", "igbvf", "eth0v1", "allocated"),
+        (2, "0000:01:10.2", "igbvf", "eth0v2", "stale"),
+    ]
+    assert pf0["vfs"][1]["allocation"] == {
+        "network": "net-a", "containerID": "0123456789abcdef", "ifname": "net1", "netns": str(tmp_path / "netns-alive"),
+    }
+    assert pf0["vfs"][0]["irqs"] == [
+        {"irq": 100, "name": "eth0v0-tx-0", "cpus": "0-7"},
+        {"irq": 101, "name": "eth0v0-rx-0", "cpus": "0-7"},
+    ]
+    assert (pf1["netdev"], pf1["numVfs"], pf1["totalVfs"], pf1["vfs"], pf1["free"]) == ("eth1", 0, 4, [], 0)
+
+
+def test_status_shows_a_vf_free_after_its_allocation_is_removed(node: Tree, tmp_path: Path) -> None:
+    FileStore(tmp_path / "data").remove("0000:01:10.1")
+    code, out = invoke("status", "--json", "--data-dir", str(tmp_path / "data"))
+    vf1 = json.loads(out)["pfs"][0]["vfs"][1]
+    assert (vf1["state"], vf1["allocation"]) == ("free", None)
+
+
+def test_status_table(node: Tree, tmp_path: Path) -> None:
+    code, out = invoke("status", "--data-dir", str(tmp_path / "data"))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "PF eth0 0000:01:00.0  driver igb  VFs 3/7  MTU 1500  link up  free 1  IRQs 31:0-7"
+    assert lines[1].split() == ["VF", "PCI", "DRIVER", "NETDEV", "STATE", "OWNER", "(network", "container", "ifname", "netns)", "IRQ:CPUS"]
+    assert lines[3].split() == ["1", "0000:01:10.1", "igbvf", "eth0v1", "allocated", "net-a", "0123456789ab", "net1", str(tmp_path / "netns-alive"), "103:0-7", "104:0-7"]
+    assert lines[4].split()[4:6] == ["stale", "(netns"]
+    assert lines[5] == "PF eth1 0000:02:00.0  driver igb  VFs 0/4  MTU 1500  link up  free 0  IRQs 41:0-7"
+
+
+def test_status_does_not_create_the_store(node: Tree, tmp_path: Path) -> None:
+    code, out = invoke("status", "--data-dir", str(tmp_path / "nothing-here"))
+    assert code == 0 and not (tmp_path / "nothing-here").exists()
+
+
+def test_bin_script_runs_from_anywhere(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(REPO / "bin" / "sriov-cni"), "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and "setup" in done.stdout and "status" in done.stdout
