@@ -107,6 +107,49 @@ def host_local() -> Invoke:
     return run
 
 
+@pytest.fixture
+def exe_path() -> Path:
+    return EXE
+
+
+Spawn = Callable[[str, dict[str, Any], str], "subprocess.Popen[bytes]"]
+
+
+@pytest.fixture
+def spawn() -> Spawn:
+    """Start bin/sriov-ipam without waiting, for parallel runs."""
+
+    def start(command: str, conf: dict[str, Any], cid: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [str(EXE)],
+            env={**os.environ, **cni_env(command, cid, "eth0", "")},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(conf).encode())
+        proc.stdin.close()
+        return proc
+
+    return start
+
+
+def finish(proc: subprocess.Popen[bytes]) -> tuple[int, dict[str, Any] | None]:
+    # stdin is already closed, which communicate() would try to flush.
+    assert proc.stdout is not None and proc.stderr is not None
+    with proc.stdout, proc.stderr:
+        out = proc.stdout.read()
+        proc.stderr.read()
+    return proc.wait(timeout=300), _parse(out.decode())
+
+
+@pytest.fixture
+def wait() -> Callable[[subprocess.Popen[bytes]], tuple[int, dict[str, Any] | None]]:
+    """Wait for a spawned process: (exit status, parsed stdout)."""
+    return finish
+
+
 MakeConf = Callable[..., dict[str, Any]]
 
 
