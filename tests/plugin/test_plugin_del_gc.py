@@ -1,0 +1,307 @@
+"""DEL's idempotence, stale allocations, GC, CHECK, STATUS and pool exhaustion."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from typing import Any
+
+import pytest
+
+from sriov_cni.store import Allocation, FileStore, OriginalState
+
+from pluginlib import Node, Outcome, link, link_names, netdev_view, sh
+
+
+def ok(res: Outcome) -> None:
+    assert res.rc == 0, res.stdout + res.stderr
+    assert res.stdout == ""
+
+
+# --- DEL ----------------------------------------------------------------------
+
+
+def test_del_twice(node: Node) -> None:
+    node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(vlan=5)
+    node.add(conf, netns=pod)
+    ok(node.cni("DEL", conf, netns=pod))
+    ok(node.cni("DEL", conf, netns=pod))
+    assert node.picture() == before
+
+
+def test_del_without_add(node: Node) -> None:
+    node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    ok(node.cni("DEL", node.conf(ipam=node.sriov_ipam()), netns=pod))
+    ok(node.cni("DEL", node.conf(), netns=""))
+    assert node.picture() == before
+    assert node.fake.calls == []
+
+
+def test_del_with_empty_netns_still_gives_the_vf_back(node: Node) -> None:
+    node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(trust="on")
+    node.add(conf, netns=pod)
+    ok(node.cni("DEL", conf, netns=""))
+    assert node.picture() == before
+
+
+def test_del_with_a_config_add_would_reject(node: Node) -> None:
+    node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    node.add(node.conf(vlan=5), netns=pod)
+    # The operator broke the NetworkAttachmentDefinition meanwhile.
+    broken = node.conf(vlan=5000, mac="nonsense", pfNames="nonsense")
+    ok(node.cni("DEL", broken, netns=pod))
+    assert node.picture() == before
+
+
+def test_del_after_the_vf_came_back_to_the_host(node: Node) -> None:
+    pf = node.add_pf(1)
+    vf = pf.vfs[0]
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(spoofchk="off")
+    node.add(conf, netns=pod)
+    # As the kernel does with a physical netdev whose namespace goes away:
+    # back in the host under its pod-side name (made unique here, since the
+    # host has its own net1-like names), and sysfs lists that name.
+    ns = os.path.basename(pod)
+    sh("ip", "-n", ns, "link", "set", "net1", "down", "name", f"sv{node.token}r")
+    sh("ip", "-n", ns, "link", "set", f"sv{node.token}r", "netns", "1")
+    node.sysfs_rename(vf, f"sv{node.token}r")
+
+    ok(node.cni("DEL", conf, netns=pod))
+
+    node.sysfs_rename(vf, str(vf.netdev))
+    assert node.picture() == before
+
+
+# --- stale allocations -----------------------------------------------------------
+
+
+def stale_record(node: Node, vf_index: int = 0, **applied: Any) -> Allocation:
+    """A record of a container that died without DEL; its VF is in the host, dirty."""
+    pf = node.pfs[0]
+    vf = pf.vfs[vf_index]
+    entry = link(str(vf.netdev))
+    assert entry is not None
+    alloc = Allocation(
+        vf_pci=vf.pci, pf_pci=pf.pci, pf_netdev=pf.name, vf_index=vf_index, network="sriov-net",
+        container_id="dead", ifname="net1", netns="/var/run/netns/svpod-long-gone", netns_inode=12345,
+        original=OriginalState(
+            admin_mac="00:00:00:00:00:00", vlan=0, qos=0, vlan_proto=0x8100, spoofchk=True, trust=False,
+            link_state=0, min_tx_rate=0, max_tx_rate=0, netdev=str(vf.netdev), mtu=entry["mtu"],
+            mac=entry["address"], promisc=False, alias="",
+        ),
+        applied=applied, in_pod=True,
+    )
+    FileStore(node.data_dir).put(alloc)
+    return alloc
+
+
+def test_stale_allocation_is_reclaimed_by_add(node: Node) -> None:
+    pf = node.add_pf(1)
+    clean = node.picture()
+    stale_record(node, vlan=[42, 0, 0x8100])
+    node.fake.state[pf.name][0]["vlan"] = 42  # what the dead container left behind
+    pod = node.pod()
+
+    res = node.add(node.conf("1.1.0"), netns=pod, container="new")
+
+    assert res.out["interfaces"][0]["pciID"] == pf.vfs[0].pci
+    # Put back first, then handed out.
+    assert node.fake.calls == [("vlan", pf.name, 0, (0, 0, 0x8100))]
+    [record] = FileStore(node.data_dir).all()
+    assert record.container_id == "new"
+    ok(node.cni("DEL", node.conf("1.1.0"), netns=pod, container="new"))
+    assert {k: v for k, v in node.picture().items() if k != "pods"} == {
+        k: v for k, v in clean.items() if k != "pods"
+    }
+
+
+def test_stale_allocation_is_reclaimed_by_gc(node: Node) -> None:
+    pf = node.add_pf(1)
+    clean = node.picture()
+    stale_record(node, trust=True)
+    node.fake.state[pf.name][0]["trust"] = True
+    ok(node.cni("GC", node.conf("1.1.0", **{"cni.dev/valid-attachments": []})))
+    assert node.picture() == clean
+
+
+def test_live_allocation_is_never_reclaimed(node: Node) -> None:
+    node.add_pf(1)
+    node.add(node.conf(), netns=node.pod(), container="alive")
+    before = node.picture()
+    res = node.cni("ADD", node.conf(), netns=node.pod(), container="other")
+    assert res.rc != 0 and res.code == 101
+    assert node.picture() == {**before, "pods": node.picture()["pods"]}
+    [record] = FileStore(node.data_dir).all()
+    assert record.container_id == "alive"
+
+
+# --- pool exhaustion and STATUS ------------------------------------------------------
+
+
+def test_exhausted_pool_fails_101_and_status_50(node: Node) -> None:
+    node.add_pf(3)
+    conf = node.conf("1.1.0")
+    ok(node.cni("STATUS", conf))
+    for i in range(3):
+        node.add(conf, netns=node.pod(), container=f"c{i}")
+    before = node.picture()
+
+    res = node.cni("ADD", conf, netns=node.pod(), container="c3")
+
+    assert res.rc != 0 and res.code == 101
+    assert "no free VF" in res.out["msg"] and "3 VFs" in res.out["msg"]
+    status = node.cni("STATUS", conf)
+    assert status.rc != 0 and status.code == 50
+    assert "no free VF" in status.out["msg"]
+    assert {k: v for k, v in node.picture().items() if k != "pods"} == {
+        k: v for k, v in before.items() if k != "pods"
+    }
+
+    ok(node.cni("DEL", conf, netns=node.pods[1], container="c1"))
+    ok(node.cni("STATUS", conf))
+
+
+def test_status_of_a_pool_with_an_unknown_pf_fails_50(node: Node) -> None:
+    node.add_pf(1)
+    res = node.cni("STATUS", node.conf("1.1.0", pfNames=["nosuchpf9"]))
+    assert res.rc != 0 and res.code == 50
+    assert "nosuchpf9" in res.stdout
+
+
+# --- concurrency -------------------------------------------------------------------
+
+
+def _child_add(node: Node, container: str, pod: str, queue: Any) -> None:
+    res = node.cni("ADD", node.conf("1.1.0"), netns=pod, container=container)
+    queue.put((container, res.rc, res.stdout))
+
+
+def test_parallel_adds_get_distinct_vfs(node: Node) -> None:
+    pf = node.add_pf(6)
+    pods = [node.pod() for _ in range(6)]
+    # Separate processes (fork: each child has the fake), one ADD each, at once.
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    children = [ctx.Process(target=_child_add, args=(node, f"par{i}", pods[i], queue)) for i in range(6)]
+    for child in children:
+        child.start()
+    results = [queue.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(60)
+        assert child.exitcode == 0
+
+    assert all(rc == 0 for _, rc, _ in results), results
+    taken = {c: json.loads(out)["interfaces"][0]["pciID"] for c, _, out in results}
+    assert sorted(taken.values()) == sorted(vf.pci for vf in pf.vfs)
+    records = FileStore(node.data_dir).all()
+    assert sorted((r.container_id, r.vf_pci) for r in records) == sorted(taken.items())
+    assert not set(node.vf_netdevs()) & link_names()
+    for i, pod in enumerate(pods):
+        assert link_names(os.path.basename(pod)) == {"lo", "net1"}
+
+
+# --- GC ---------------------------------------------------------------------------
+
+
+def test_gc_releases_what_is_not_listed(node: Node) -> None:
+    pf = node.add_pf(4)
+    clean = node.picture()
+    net_a = node.conf("1.1.0", name="net-a", vlan=11)
+    net_b = node.conf("1.1.0", name="net-b", vlan=12)
+    keep, drop, legacy_keep = node.pod(), node.pod(), node.pod()
+    node.add(net_a, netns=keep, container="keep")
+    node.add(net_a, netns=drop, container="drop")
+    node.add(net_b, netns=node.pod(), container="other-net")
+
+    gc = dict(net_a, **{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "net1"}]})
+    ok(node.cni("GC", gc))
+
+    owners = {r.container_id: r.network for r in FileStore(node.data_dir).all()}
+    assert owners == {"keep": "net-a", "other-net": "net-b"}
+    assert link_names(os.path.basename(drop)) == {"lo"}
+    assert link_names(os.path.basename(keep)) == {"lo", "net1"}
+    dropped = pf.vfs[1]
+    assert netdev_view(link(str(dropped.netdev))) == clean["host"][dropped.netdev]
+    assert node.fake.state[pf.name][1] == clean["fake"][pf.name][1]
+
+    # The older key name, and an attachment for another ifname is not ours.
+    node.add(net_a, netns=legacy_keep, container="legacy")
+    gc = dict(net_a, **{"cni.dev/attachments": [{"containerID": "legacy", "ifname": "net1"},
+                                               {"containerID": "keep", "ifname": "eth9"}]})
+    ok(node.cni("GC", gc))
+    owners = {r.container_id: r.network for r in FileStore(node.data_dir).all()}
+    assert owners == {"legacy": "net-a", "other-net": "net-b"}
+
+
+# --- CHECK ------------------------------------------------------------------------
+
+
+def _added(node: Node, version: str = "1.1.0") -> tuple[dict[str, Any], str, dict[str, Any]]:
+    node.add_pf(1)
+    pod = node.pod()
+    conf = node.conf(version, vlan=9, ipam=node.sriov_ipam("10.46.0.0/24", gateway="10.46.0.1"))
+    res = node.add(conf, netns=pod)
+    return conf, pod, dict(conf, prevResult=res.out)
+
+
+@pytest.mark.parametrize("version", ["0.4.0", "1.0.0", "1.1.0"])
+def test_check_passes_right_after_add(node: Node, version: str) -> None:
+    conf, pod, with_prev = _added(node, version)
+    ok(node.cni("CHECK", with_prev, netns=pod))
+    ok(node.cni("DEL", conf, netns=pod))
+    # Nothing recorded any more: CHECK has nothing to vouch for.
+    res = node.cni("CHECK", with_prev, netns=pod)
+    assert res.rc != 0 and res.code == 100
+
+
+def test_check_needs_prev_result(node: Node) -> None:
+    conf, pod, _ = _added(node)
+    res = node.cni("CHECK", conf, netns=pod)
+    assert res.rc != 0 and res.code == 7
+    assert "prevResult" in res.out["msg"]
+
+
+def test_check_fails_when_the_mac_changed(node: Node) -> None:
+    conf, pod, with_prev = _added(node)
+    ok(node.cni("CHECK", with_prev, netns=pod))
+    sh("ip", "-n", os.path.basename(pod), "link", "set", "net1", "address", "02:de:ad:00:00:01")
+    res = node.cni("CHECK", with_prev, netns=pod)
+    assert res.rc != 0 and res.code == 100
+    assert "MAC" in res.out["details"]
+
+
+def test_check_fails_when_the_mtu_changed(node: Node) -> None:
+    conf, pod, with_prev = _added(node)
+    sh("ip", "-n", os.path.basename(pod), "link", "set", "net1", "mtu", "1280")
+    res = node.cni("CHECK", with_prev, netns=pod)
+    assert res.rc != 0 and res.code == 100
+    assert "MTU" in res.out["details"]
+
+
+def test_check_fails_when_the_address_is_gone(node: Node) -> None:
+    conf, pod, with_prev = _added(node)
+    sh("ip", "-n", os.path.basename(pod), "addr", "flush", "dev", "net1")
+    res = node.cni("CHECK", with_prev, netns=pod)
+    assert res.rc != 0 and res.code == 100
+    assert "10.46.0.2/24" in res.out["details"]
+
+
+def test_check_fails_when_the_pf_side_vlan_changed(node: Node) -> None:
+    conf, pod, with_prev = _added(node)
+    node.fake.state[node.pfs[0].name][0]["vlan"] = 10
+    res = node.cni("CHECK", with_prev, netns=pod)
+    assert res.rc != 0 and res.code == 100
+    assert "vlan" in res.out["details"]
