@@ -16,7 +16,6 @@ process, so an upgraded package is never served by old code.
 from __future__ import annotations
 
 import array
-import json
 import os
 import signal
 import socket
@@ -24,14 +23,12 @@ import struct
 import sys
 
 from sriov_cni import __version__
+from sriov_cni.client import DEFAULT_SOCKET, FALLBACK, decode_request
 
-SOCKET_PATH = "/run/sriov-cni/plugin.sock"
-# Header: JSON with env, cwd and version, after a 4-byte length.
 MAX_HEADER = 1 << 20
-FALLBACK = 255  # status byte meaning "run it yourself"
 
 
-def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
+def _recv_request(conn: socket.socket) -> tuple[tuple[str, str, dict[str, str]], list[int]]:
     fds = array.array("i")
     msg, ancdata, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
     for level, kind, data in ancdata:
@@ -48,23 +45,19 @@ def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
         if not chunk:
             raise ValueError("truncated request")
         body += chunk
-    return json.loads(body), list(fds)
+    return decode_request(body), list(fds)
 
 
 def _become_caller(conn: socket.socket) -> dict[str, str] | None:
     """Take over the caller's descriptors, environment and directory; None: refuse."""
-    header, fds = _recv_request(conn)
-    if header.get("version") != __version__:
+    (version, cwd, env), fds = _recv_request(conn)
+    if version != __version__:
         return None
-    raw_env = header.get("env")
-    if not isinstance(raw_env, dict):
-        return None
-    env = {str(k): str(v) for k, v in raw_env.items()}
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     try:
-        os.chdir(str(header.get("cwd") or "/"))
+        os.chdir(cwd or "/")
     except OSError:
         os.chdir("/")
     os.environ.clear()
@@ -110,7 +103,7 @@ def _reap(_signum: int, _frame: object) -> None:
             return
 
 
-def serve(path: str = SOCKET_PATH) -> None:
+def serve(path: str = DEFAULT_SOCKET) -> None:
     """Listen on ``path`` until terminated."""
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
@@ -154,7 +147,7 @@ def serve(path: str = SOCKET_PATH) -> None:
 
 
 def main() -> None:
-    path = sys.argv[1] if len(sys.argv) > 1 else SOCKET_PATH
+    path = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_SOCKET
     serve(path)
 
 
