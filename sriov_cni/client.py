@@ -87,16 +87,19 @@ def main() -> None:
     sys.exit(status)
 
 
-def install(dest: str) -> list[str]:
-    """Write CNI executables into ``dest`` (e.g. /opt/cni/bin) for this Python and package.
+def install(dest: str, python: str | None = None) -> list[str]:
+    """Write CNI executables into ``dest`` (e.g. /opt/cni/bin) for this package.
 
-    ``sriov`` starts the interpreter with ``-S``: site-packages are loaded
-    only when the call runs in process, not when the helper serves it.
+    ``python`` is the interpreter the executables run with, as a path valid
+    where they will run (default: this one).  ``sriov`` starts it with
+    ``-S``: site-packages are loaded only when the call runs in process, not
+    when the helper serves it.
     """
+    python = python or sys.executable
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     scripts = {
-        "sriov": (f"#!{sys.executable} -S\n", "sriov_cni.client"),
-        "sriov-ipam": (f"#!{sys.executable}\n", "ipam.main"),
+        "sriov": (f"#!{python} -S\n", "sriov_cni.client"),
+        "sriov-ipam": (f"#!{python}\n", "ipam.main"),
     }
     written = []
     os.makedirs(dest, exist_ok=True)
