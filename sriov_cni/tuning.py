@@ -88,9 +88,14 @@ class Pin:
 
 def _cpu_file(name: str) -> list[int]:
     try:
-        return cpulist.parse_list((sysfs.SYS / "devices" / "system" / "cpu" / name).read_text())
+        text = (sysfs.SYS / "devices" / "system" / "cpu" / name).read_text().strip()
     except OSError:
         return []
+    # Kernels built with NO_HZ_FULL but booted without nohz_full= print
+    # "(null)" in the nohz_full file rather than an empty list.
+    if text == "(null)":
+        return []
+    return cpulist.parse_list(text)
 
 
 def online_cpus() -> list[int]:
