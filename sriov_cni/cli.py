@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sriov_cni import netlink, nodeconfig, nodesetup, nodestatus, store, sysfs, tuning
+from sriov_cni import client, netlink, nodeconfig, nodesetup, nodestatus, server, store, sysfs, tuning
 from sriov_cni.cni import CNIError
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
@@ -80,3 +80,22 @@ def status(as_json: bool, data_dir: Path) -> None:
     else:
         for line in nodestatus.table(pfs):
             click.echo(line)
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True, help="Where to listen.")
+def helper(socket_path: str) -> None:
+    """Run the warm helper that serves sriov CNI calls (root only, until stopped)."""
+    server.serve(socket_path)
+
+
+@main.command("install-cni")
+@click.option("--dest", default="/opt/cni/bin", show_default=True, help="The runtime's CNI plugin directory.")
+@click.option("--python", "python", help="Interpreter path as seen where the executables run [default: this one].")
+def install_cni(dest: str, python: str | None) -> None:
+    """Write the sriov and sriov-ipam CNI executables for this installation."""
+    try:
+        for path in client.install(dest, python):
+            click.echo(f"wrote {path}")
+    except OSError as exc:
+        raise CommandError(f"cannot write into {dest}: {exc.strerror}") from exc

@@ -1,0 +1,105 @@
+#!/bin/bash
+# The main job of sriov-cni on one node, step by step, for a person to watch:
+# VFs created by `sriov-cni setup`, two pods (network namespaces) given VFs
+# with addresses by the sriov plugin, a ping between them through the NIC,
+# the pool shown, both pods deleted, and the VFs back as they were.
+#
+# Runs inside the QEMU guest (deploy/demo.sh) or on a node with a real
+# SR-IOV NIC:   sudo deploy/demo-node.sh [--pf ens1f0]
+# On a real node it creates 2 VFs on that PF if it has none, and removes
+# them again at the end only if it created them.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+export PATH="$here/bin:$PATH"
+pf=""
+[ "${1:-}" = "--pf" ] && pf=${2:?--pf needs a PF name}
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*"; "$@"; }
+
+if [ -z "$pf" ]; then
+    for dev in /sys/class/net/*; do
+        if [ -e "$dev/device/sriov_totalvfs" ]; then pf=$(basename "$dev"); break; fi
+    done
+fi
+[ -n "$pf" ] || { echo "demo: no SR-IOV PF on this machine (give --pf)"; exit 1; }
+
+work=$(mktemp -d)
+state="$work/state"
+cleanup() {
+    set +e
+    for p in pod-a pod-b; do ip netns del "$p" 2>/dev/null; done
+    [ -n "${helper_pid:-}" ] && kill "$helper_pid" 2>/dev/null
+    if [ "${created_vfs:-0}" = 1 ]; then echo 0 > "/sys/class/net/$pf/device/sriov_numvfs"; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+step "1. Create the VFs: sriov-cni setup"
+created_vfs=0
+if [ "$(cat "/sys/class/net/$pf/device/sriov_numvfs")" = 0 ]; then
+    created_vfs=1
+    cat > "$work/node.yaml" <<YAML
+pfs:
+  - pf: $pf
+    numVfs: 2
+    tuning:
+      irqCpus: local
+      rps: true
+YAML
+    run cat "$work/node.yaml"
+    run sriov-cni setup --config "$work/node.yaml" --data-dir "$state" --state-file "$work/node-state.json"
+else
+    echo "$pf already has VFs; using them"
+fi
+run sriov-cni status --data-dir "$state"
+
+step "2. Start the warm helper (optional: without it each call runs in process)"
+sock="$work/helper.sock"
+python3 -m sriov_cni.server "$sock" 2>/dev/null &
+helper_pid=$!
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+export SRIOV_CNI_HELPER_SOCKET="$sock"
+
+conf=$(cat <<JSON
+{"cniVersion": "1.0.0", "name": "demo-net", "type": "sriov", "pfNames": ["$pf"],
+ "dataDir": "$state", "spoofchk": "on",
+ "ipam": {"type": "sriov-ipam", "subnet": "10.56.0.0/24", "dataDir": "$work/ipam"}}
+JSON
+)
+cni() {  # cni COMMAND POD
+    CNI_COMMAND=$1 CNI_CONTAINERID=$2 CNI_NETNS=/var/run/netns/$2 CNI_IFNAME=net1 \
+        CNI_PATH="$here/bin" sriov <<<"$conf"
+}
+
+step "3. Two pods, each gets a VF with an address (CNI ADD)"
+echo "$conf"
+for p in pod-a pod-b; do
+    run ip netns add "$p"
+    echo "\$ CNI_COMMAND=ADD CNI_CONTAINERID=$p ... sriov"
+    cni ADD "$p"
+done
+for p in pod-a pod-b; do run ip netns exec "$p" ip -br addr show net1; done
+
+step "4. pod-a pings pod-b through the NIC's own switch"
+addr_b=$(ip netns exec pod-b ip -4 -o addr show net1 | awk '{print $4}' | cut -d/ -f1)
+# An emulated VF's carrier can take seconds to come up.
+for _ in $(seq 60); do
+    ip netns exec pod-a ip link show net1 | grep -q LOWER_UP && \
+        ip netns exec pod-b ip link show net1 | grep -q LOWER_UP && break
+    sleep 0.5
+done
+run ip netns exec pod-a ping -c 3 -W 2 "$addr_b"
+
+step "5. The pool: which VF belongs to which pod"
+run sriov-cni status --data-dir "$state"
+
+step "6. Delete both pods (CNI DEL): the VFs go back as they were"
+for p in pod-a pod-b; do
+    echo "\$ CNI_COMMAND=DEL CNI_CONTAINERID=$p ... sriov"
+    cni DEL "$p"
+    run ip netns del "$p"
+done
+run ip -br link
+run sriov-cni status --data-dir "$state"
+echo
+echo "demo finished: VFs allocated, used, and returned"
