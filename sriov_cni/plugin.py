@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from sriov_cni import __version__, allocate, bind, config, delegate, log, netlink, sysfs
+from sriov_cni import __version__, allocate, bind, config, delegate, log, netlink, sysfs, tuning
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
 from sriov_cni.cni import log as logger
 from sriov_cni.config import NetConf
@@ -198,6 +198,10 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
                 _save(store, alloc)
                 link = bind.attach(alloc, conf, cmd.netns, cmd.ifname)
                 iface = Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci)
+                # A VF's queue IRQs exist only while it is up, and the move
+                # closed it: the node's tuning is applied now, not at setup.
+                for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
+                    logger.warning("tuning: %s", warning)
             ipam_result = None
             if ipam_type:
                 ipam_result = delegate.run_ipam("ADD", cmd, ipam_type)
@@ -220,7 +224,7 @@ def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, store: Store, alloc: Alloca
         except CNIError as exc:
             logger.error("rollback: releasing the address: %s", exc)
     try:
-        bind.restore(vfc, alloc)
+        _give_back(vfc, alloc)
     except CNIError as exc:
         # Keep the record: the runtime's DEL after this failed ADD retries.
         logger.error("rollback: %s", exc)
@@ -231,8 +235,15 @@ def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, store: Store, alloc: Alloca
 # --- DEL, GC -------------------------------------------------------------------
 
 
-def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
+def _give_back(vfc: netlink.VfControl, alloc: Allocation) -> None:
+    """The VF as it was found, tuning included; raises CNIError when not fully restored."""
     bind.restore(vfc, alloc)
+    if not alloc.dpdk:
+        tuning.release_vf_tuning(alloc.vf_pci)
+
+
+def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
+    _give_back(vfc, alloc)
     _forget(store, alloc)
     logger.info("released VF %s", alloc.vf_pci)
 
