@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import Tree
+from nodetree import Tree
 from sriov_cni import nodesetup
 from sriov_cni.cli import main
 from sriov_cni.store import Allocation, FileStore

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FakeLinks, Tree
+from nodetree import FakeLinks, Tree
 from sriov_cni import nodeconfig, nodesetup, sysfs
 from sriov_cni.store import Allocation, FileStore
 

@@ -1,0 +1,150 @@
+"""A temporary sysfs/procfs tree describing SR-IOV PFs, VFs and their IRQs.
+
+The fixtures in conftest.py point ``sysfs.SYS`` and ``sysfs.PROC`` into it,
+so setup, status and the tuning hook read and write plain files laid out
+like the kernel's.  Writes that only the kernel could act on
+(link up, MTU) go through :class:`FakeLinks`, which updates the tree the way
+the kernel would.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sriov_cni import sysfs
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+class Tree:
+    def __init__(self, root: Path) -> None:
+        self.sys = root / "sys"
+        self.proc = root / "proc"
+        self.devices = self.sys / "bus" / "pci" / "devices"
+        self.devices.mkdir(parents=True)
+        self.cpus("0-7")
+        _write(self.proc / "irq" / "default_smp_affinity", "ff\n")
+        _write(self.proc / "sys" / "net" / "core" / "rps_sock_flow_entries", "0\n")
+
+    def cpus(self, online: str, isolated: str = "", nohz_full: str = "") -> None:
+        base = self.sys / "devices" / "system" / "cpu"
+        _write(base / "online", online + "\n")
+        _write(base / "isolated", isolated + "\n")
+        _write(base / "nohz_full", nohz_full + "\n")
+
+    def numa_node(self, node: int, cpus: str) -> None:
+        _write(self.sys / "devices" / "system" / "node" / f"node{node}" / "cpulist", cpus + "\n")
+
+    def irq(self, number: int, name: str, affinity: str = "0-7") -> None:
+        d = self.proc / "irq" / str(number)
+        _write(d / "smp_affinity_list", affinity + "\n")
+        _write(d / "smp_affinity", "ff\n")
+        if name:
+            (d / name).mkdir()
+
+    def _function(self, pci: str, driver: str | None, irqs: dict[int, str], numa: int) -> Path:
+        d = self.devices / pci
+        d.mkdir()
+        if driver:
+            os.symlink(f"../../../drivers/{driver}", d / "driver")
+        _write(d / "numa_node", f"{numa}\n")
+        (d / "msi_irqs").mkdir()
+        for number, name in irqs.items():
+            (d / "msi_irqs" / str(number)).write_text("msix\n")
+            self.irq(number, name)
+        return d
+
+    def netdev(self, pci: str, name: str, rx: int = 1, tx: int = 1, mtu: int = 1500, up: bool = False) -> None:
+        (self.devices / pci / "net" / name).mkdir(parents=True)
+        d = self.sys / "class" / "net" / name
+        d.mkdir(parents=True)
+        os.symlink(self.devices / pci, d / "device")
+        _write(d / "mtu", f"{mtu}\n")
+        _write(d / "flags", "0x1003\n" if up else "0x1002\n")
+        for q in range(rx):
+            _write(d / "queues" / f"rx-{q}" / "rps_cpus", "00\n")
+            _write(d / "queues" / f"rx-{q}" / "rps_flow_cnt", "0\n")
+        for q in range(tx):
+            # The kernel hides xps_cpus on single-queue devices.
+            (d / "queues" / f"tx-{q}").mkdir(parents=True)
+            if tx > 1:
+                _write(d / "queues" / f"tx-{q}" / "xps_cpus", "00\n")
+
+    def pf(
+        self,
+        pci: str,
+        netdev: str | None,
+        *,
+        total: int = 7,
+        numvfs: int = 0,
+        irqs: dict[int, str] | None = None,
+        numa: int = -1,
+        local: str = "0-7",
+        queues: int = 1,
+        mtu: int = 1500,
+        up: bool = True,
+        driver: str | None = "igb",
+    ) -> None:
+        d = self._function(pci, driver, irqs or {}, numa)
+        _write(d / "sriov_totalvfs", f"{total}\n")
+        _write(d / "sriov_numvfs", f"{numvfs}\n")
+        _write(d / "local_cpulist", local + "\n")
+        if netdev:
+            self.netdev(pci, netdev, rx=queues, tx=queues, mtu=mtu, up=up)
+
+    def vf(self, pf_pci: str, index: int, pci: str, netdev: str | None, irqs: dict[int, str] | None = None, driver: str = "igbvf") -> None:
+        d = self._function(pci, driver, irqs or {}, -1)
+        os.symlink(f"../{pf_pci}", d / "physfn")
+        os.symlink(f"../{pci}", self.devices / pf_pci / f"virtfn{index}")
+        if netdev:
+            self.netdev(pci, netdev)
+
+    def affinity(self, irq: int) -> str:
+        return (self.proc / "irq" / str(irq) / "smp_affinity_list").read_text().strip()
+
+    def read(self, relative: str) -> str:
+        return (self.sys / relative).read_text().strip()
+
+    def igb(self, pci: str = "0000:01:00.0", netdev: str = "eth0", vfs: int = 0, **kw: Any) -> dict[int, str]:
+        """An igb-like PF with ``vfs`` VFs: misc vector plus one TxRx vector per queue."""
+        queues = kw.pop("queues", 1)
+        bus = pci.split(":")[1]
+        # PF on bus 1: IRQ 30 misc, 31.. queues; bus 2 from 40.  VFs from 100 * bus.
+        first = 30 + 10 * (int(bus, 16) - 1)
+        irqs = {first: netdev, **{first + 1 + q: f"{netdev}-TxRx-{q}" for q in range(queues)}}
+        self.pf(pci, netdev, numvfs=vfs, irqs=irqs, queues=queues, **kw)
+        out = {}
+        for i in range(vfs):
+            vf = f"0000:{bus}:10.{i}"
+            base = 100 * int(bus, 16) + 3 * i
+            self.vf(pci, i, vf, f"{netdev}v{i}", {base: f"{netdev}v{i}-tx-0", base + 1: f"{netdev}v{i}-rx-0", base + 2: f"{netdev}v{i}"})
+            out[i] = vf
+        return out
+
+
+class FakeLinks:
+    """Link changes as the kernel would reflect them in the tree."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self.calls: list[tuple[str, str, int | None]] = []
+
+    def set_up(self, netdev: str) -> None:
+        self.calls.append(("up", netdev, None))
+        _write(self.tree.sys / "class" / "net" / netdev / "flags", "0x1003\n")
+
+    def set_mtu(self, netdev: str, mtu: int) -> None:
+        self.calls.append(("mtu", netdev, mtu))
+        _write(self.tree.sys / "class" / "net" / netdev / "mtu", f"{mtu}\n")
+
+
+class FakeHost:
+    """The host namespace as far as ``find`` goes: the netdevs the tree lists under class/net."""
+
+    def find(self, name: str) -> object | None:
+        return object() if (sysfs.SYS / "class" / "net" / name).exists() else None

@@ -1,0 +1,198 @@
+"""``sriov-cni setup``/``status`` and the per-VF tuning hook on the real igb/igbvf driver.
+
+Runs in the rig's guest (4 CPUs, PFs without NUMA node).  Effects are read
+back from sysfs, /proc/irq and /proc/interrupts, or from inside the pod
+namespace with ``ip netns exec``, never from what the command printed alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from vmlib import SYS_NET, Sriov, numvfs, vf_pci_dirs
+
+from sriov_cni import tuning
+from sriov_cni.store import Allocation, FileStore
+
+pytestmark = pytest.mark.sriov_vm
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bin" / "sriov-cni"
+ONLINE = [0, 1, 2, 3]
+
+
+class Node:
+    def __init__(self, tmp_path: Path) -> None:
+        self.config = tmp_path / "node.yaml"
+        self.state = tmp_path / "node.json"
+        self.data = tmp_path / "data"
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
+        )
+
+    def setup(self, yaml_text: str) -> subprocess.CompletedProcess[str]:
+        self.config.write_text(yaml_text)
+        return self.run("setup", "--config", str(self.config), "--state-file", str(self.state), "--data-dir", str(self.data))
+
+
+@pytest.fixture
+def node(tmp_path: Path, sriov: Sriov, monkeypatch: pytest.MonkeyPatch) -> Node:
+    # ``sriov`` puts every PF back to 0 VFs at teardown.
+    n = Node(tmp_path)
+    monkeypatch.setattr(tuning, "STATE_FILE", n.state)
+    return n
+
+
+def interrupts() -> dict[str, int]:
+    """Action name -> IRQ number, from /proc/interrupts (an oracle independent of msi_irqs)."""
+    out = {}
+    for line in Path("/proc/interrupts").read_text().splitlines()[1:]:
+        m = re.match(r"\s*(\d+):.*\s(\S+)\s*$", line)
+        if m:
+            out[m.group(2)] = int(m.group(1))
+    return out
+
+
+def affinity(irq: int) -> str:
+    return Path(f"/proc/irq/{irq}/smp_affinity_list").read_text().strip()
+
+
+def vf_netdevs(pf: str) -> list[str]:
+    return [next((d / "net").iterdir()).name for d in vf_pci_dirs(pf)]
+
+
+def ifindexes(names: list[str]) -> list[int]:
+    return [int((SYS_NET / n / "ifindex").read_text()) for n in names]
+
+
+def test_creates_vfs_pins_pf_queues_and_a_second_run_changes_nothing(node: Node, igb_pfs: list[str]) -> None:
+    pf0, pf1 = igb_pfs
+    config = f"""
+pfs:
+  - pf: {pf0}
+    numVfs: 7
+    mtu: 1600
+    tuning: {{rps: true, xps: true, rfsFlowEntries: 4096}}
+  - pf: {pf1}
+    numVfs: 3
+    tuning: {{irqCpus: 2-3}}
+"""
+    first = node.setup(config)
+    assert first.returncode == 0, first.stderr
+    assert (numvfs(pf0), numvfs(pf1)) == (7, 3)
+    vfs0, vfs1 = vf_netdevs(pf0), vf_netdevs(pf1)
+    assert (len(vfs0), len(vfs1)) == (7, 3)
+    assert int((SYS_NET / pf0 / "mtu").read_text()) == 1600
+    assert int((SYS_NET / pf1 / "flags").read_text(), 16) & 1
+
+    # igb names its vectors <pf>, <pf>-TxRx-<q> (or -rx-/-tx- without VFs).
+    names = interrupts()
+    for pf, cpus in ((pf0, ONLINE), (pf1, [2, 3])):
+        queues = {n: irq for n, irq in names.items() if re.fullmatch(rf"{pf}-(TxRx|rx|tx)-\d+", n)}
+        assert queues, f"no queue IRQs of {pf} in /proc/interrupts"
+        for name, irq in queues.items():
+            q = int(name.rsplit("-", 1)[1])
+            assert affinity(irq) == str(cpus[q % len(cpus)]), name
+        assert affinity(names[pf]) == "0-3"  # the misc vector is left alone
+    assert Path(f"/sys/class/net/{pf0}/queues/rx-0/rps_cpus").read_text().strip() == "f"
+    assert int(Path("/proc/sys/net/core/rps_sock_flow_entries").read_text()) >= 4096
+
+    before = ifindexes(vfs0 + vfs1)
+    second = node.setup(config)
+    assert second.returncode == 0, second.stderr
+    assert f"sriov_numvfs 7: unchanged" in second.stdout
+    assert f"sriov_numvfs 3: unchanged" in second.stdout
+    lines = second.stdout.splitlines()
+    assert all(line.endswith("unchanged") for line in lines), second.stdout
+    # Same VFs, not recreated: recreated netdevs get new ifindexes.
+    assert (numvfs(pf0), numvfs(pf1)) == (7, 3)
+    assert ifindexes(vf_netdevs(pf0) + vf_netdevs(pf1)) == before
+
+
+def _allocate(node: Node, pf: str, index: int, ifname: str, netns: str) -> str:
+    vf_pci = vf_pci_dirs(pf)[index].name
+    pf_pci = (SYS_NET / pf / "device").resolve().name
+    FileStore(node.data).put(Allocation(vf_pci, pf_pci, pf, index, "net-a", "cafe01", ifname, f"/run/netns/{netns}", None))
+    return vf_pci
+
+
+def test_count_change_is_refused_while_a_vf_is_allocated(node: Node, igb_pfs: list[str], netns: Callable[[], str]) -> None:
+    pf = igb_pfs[0]
+    assert node.setup(f"pfs: [{{pf: {pf}, numVfs: 7}}]").returncode == 0
+    names = vf_netdevs(pf)
+    before = ifindexes(names)
+    _allocate(node, pf, 2, "net1", netns())
+    refused = node.setup(f"pfs: [{{pf: {pf}, numVfs: 3}}]")
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"Error: refusing to change {pf} from 7 to 3 VFs: the change goes through 0 and would destroy "
+        f"allocated VFs: VF 2 (net-a, container cafe01, net1)\n"
+    )
+    assert numvfs(pf) == 7 and ifindexes(vf_netdevs(pf)) == before
+
+
+def _in_ns(ns: str, *cmd: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(node: Node, igb_pfs: list[str], netns: Callable[[], str]) -> None:
+    pf = igb_pfs[0]
+    done = node.setup(f"pfs: [{{pf: {pf}, numVfs: 3, tuning: {{irqCpus: 0-3, rps: true, rfsFlowEntries: 2048}}}}]")
+    assert done.returncode == 0, done.stderr
+    index = 1
+    vf_pci = vf_pci_dirs(pf)[index].name
+    host_name = vf_netdevs(pf)[index]
+    ns = netns()
+    subprocess.run(["ip", "link", "set", host_name, "netns", ns], check=True)
+    subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", host_name, "name", "net1"], check=True)
+    subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "net1", "up"], check=True)
+
+    assert tuning.apply_vf_tuning(vf_pci, f"/run/netns/{ns}", "net1") == []
+    # igbvf requested its vectors on open, named after the pod-side name.
+    names = interrupts()
+    want = str(ONLINE[(index + 1) % len(ONLINE)])
+    assert (affinity(names["net1-rx-0"]), affinity(names["net1-tx-0"])) == (want, want)
+    assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_cpus") == "f"
+    assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_flow_cnt") == "2048"
+
+    rx_irq, tx_irq = names["net1-rx-0"], names["net1-tx-0"]
+    subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "net1", "netns", "1"], check=True)
+    # RPS survived the move back (it lives in the queue, not the namespace).
+    assert Path("/sys/class/net/net1/queues/rx-0/rps_cpus").read_text().strip() == "f"
+    tuning.release_vf_tuning(vf_pci)
+    assert (affinity(rx_irq), affinity(tx_irq)) == ("0-3", "0-3")
+    assert Path("/sys/class/net/net1/queues/rx-0/rps_cpus").read_text().strip() == "0"
+    assert Path("/sys/class/net/net1/queues/rx-0/rps_flow_cnt").read_text().strip() == "0"
+
+
+def test_status_json_shows_an_allocation_then_the_vf_free(node: Node, igb_pfs: list[str], netns: Callable[[], str]) -> None:
+    pf = igb_pfs[0]
+    assert node.setup(f"pfs: [{{pf: {pf}, numVfs: 2}}]").returncode == 0
+    ns = netns()
+    name = vf_netdevs(pf)[0]
+    subprocess.run(["ip", "link", "set", name, "netns", ns], check=True)
+    vf_pci = _allocate(node, pf, 0, name, ns)
+
+    def vf0() -> dict[str, object]:
+        done = node.run("status", "--json", "--data-dir", str(node.data))
+        assert done.returncode == 0, done.stderr
+        [mine] = [p for p in json.loads(done.stdout)["pfs"] if p["netdev"] == pf]
+        assert (mine["numVfs"], mine["totalVfs"], mine["driver"]) == (2, 7, "igb")
+        return dict(mine["vfs"][0])
+
+    vf = vf0()
+    assert (vf["pci"], vf["state"], vf["netdev"]) == (vf_pci, "allocated", None)
+    assert vf["allocation"] == {"network": "net-a", "containerID": "cafe01", "ifname": name, "netns": f"/run/netns/{ns}"}
+
+    subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", name, "netns", "1"], check=True)
+    FileStore(node.data).remove(vf_pci)
+    vf = vf0()
+    assert (vf["state"], vf["allocation"], vf["netdev"]) == ("free", None, name)
