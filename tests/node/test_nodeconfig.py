@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sriov_cni.nodeconfig import NodeConfigError, PfSpec, TuningSpec, parse
+from sriov_cni.nodeconfig import NodeConfigError, PfSpec, TuningSpec, load, parse
 
 
 def test_full_config() -> None:
@@ -58,3 +60,9 @@ def test_errors_name_the_field(text: str, message: str) -> None:
         parse(text)
     assert str(info.value).startswith(message)
     assert "\n" not in str(info.value)
+
+
+def test_the_deployed_example_is_valid() -> None:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "node-config.example.yaml"
+    config = load(example)
+    assert [(p.pf, p.num_vfs, p.vf_driver) for p in config.pfs] == [("ens1f0", 8, "kernel"), ("0000:3b:00.1", 4, "vfio-pci")]

@@ -241,3 +241,11 @@ def test_irqbalance_is_reported_with_what_to_do(tree: Tree, links: FakeLinks, tm
     out = run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
     assert out[-1].startswith("warning: irqbalance (pid 4242) is running and will move the pinned IRQs back")
     assert 'IRQBALANCE_ARGS="--banirq=31 --banirq=32"' in out[-1]
+
+
+def test_nohz_full_null_means_no_cpu(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    # What Debian's 6.1 kernel shows when booted without nohz_full=.
+    (tree.sys / "devices/system/cpu/nohz_full").write_text("(null)\n")
+    tree.igb(queues=2)
+    run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
+    assert [tree.affinity(31), tree.affinity(32)] == ["0", "1"]
