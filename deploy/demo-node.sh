@@ -47,7 +47,12 @@ pfs:
       rps: true
 YAML
     run cat "$work/node.yaml"
-    run sriov-cni setup --config "$work/node.yaml" --data-dir "$state" --state-file "$work/node-state.json"
+    # In the throw-away guest, setup records its tuning where the plugin reads
+    # it (/run/sriov-cni/node.json), so each VF is pinned when it reaches a
+    # pod; on a real node the demo keeps its record to itself.
+    state_opt=(--state-file "$work/node-state.json")
+    [ "${SRIOV_CNI_VM:-}" = 1 ] && state_opt=()
+    run sriov-cni setup --config "$work/node.yaml" --data-dir "$state" "${state_opt[@]}"
 else
     echo "$pf already has VFs; using them"
 fi
@@ -55,7 +60,7 @@ run sriov-cni status --data-dir "$state"
 
 step "2. Start the warm helper (optional: without it each call runs in process)"
 sock="$work/helper.sock"
-python3 -m sriov_cni.server "$sock" 2>/dev/null &
+sriov-cni helper --socket "$sock" 2>/dev/null &
 helper_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 export SRIOV_CNI_HELPER_SOCKET="$sock"
