@@ -25,8 +25,9 @@ apt_update_once() {
 
 # Packages the host tests and the VM rig use. kmod gives depmod/modinfo for
 # building the guest initramfs; xz-utils/zstd decompress Debian's modules.
+# iputils-ping is the data-path oracle of the driver tests.
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
-           ca-certificates python3-pip)
+           iputils-ping ca-certificates python3-pip)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
