@@ -422,9 +422,24 @@ COMMANDS: dict[str, Callable[[CmdArgs, Deps], Result | None]] = {
 
 
 def run(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], deps: Deps = Deps()) -> int:
-    handlers = {name: _device_errors(fn, deps) for name, fn in COMMANDS.items()}
-    with netlink.session():
-        return dispatch(handlers, env, stdin, stdout, stderr, ABOUT)
+    # One VF control per invocation, closed at the end: the kernel one holds
+    # a netlink socket, which in-process callers would otherwise leak.
+    opened: list[netlink.VfControl] = []
+
+    def vf_control() -> netlink.VfControl:
+        if not opened:
+            opened.append(deps.vf_control())
+        return opened[0]
+
+    scoped = Deps(vf_control=vf_control, store=deps.store)
+    handlers = {name: _device_errors(fn, scoped) for name, fn in COMMANDS.items()}
+    try:
+        with netlink.session():
+            return dispatch(handlers, env, stdin, stdout, stderr, ABOUT)
+    finally:
+        close = getattr(opened[0], "close", None) if opened else None
+        if callable(close):
+            close()
 
 
 def configure_logging_from_env(env: Mapping[str, str]) -> None:
