@@ -142,6 +142,11 @@ class FakeVfControl:
         self.state: dict[str, dict[int, dict[str, Any]]] = {}
         self.calls: list[tuple[Any, ...]] = []
         self.refuse: dict[str, Exception] = {}
+        self.closed = 0
+
+    def close(self) -> None:
+        # KernelVfControl holds a netlink socket; the plugin must close it.
+        self.closed += 1
 
     def add_pf(self, pf: str, nvfs: int) -> None:
         self.state[pf] = {i: default_vf_state(i) for i in range(nvfs)}

@@ -164,3 +164,13 @@ def test_mac_precedence(node: Node, conf_mac: str | None, args_mac: str | None, 
     assert inside is not None and inside["address"] == expected  # effective MAC on the netdev
     assert node.cni("DEL", conf, netns=pod, ifname="eth0", args=args).rc == 0
     assert node.picture() == before
+
+
+def test_each_invocation_closes_its_vf_control(node: Node) -> None:
+    node.add_pf(1)
+    pod = node.pod()
+    conf = node.conf(vlan=3)
+    node.add(conf, netns=pod)
+    assert node.fake.closed == 1
+    assert node.cni("DEL", conf, netns=pod).rc == 0
+    assert node.fake.closed == 2
