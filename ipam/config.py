@@ -268,9 +268,9 @@ def load(conf: Mapping[str, Any]) -> IPAMConfig:
     )
 
 
-def _requested_strings(cmd: CmdArgs) -> list[tuple[str, str]]:
+def _requested_strings(cmd: CmdArgs) -> list[tuple[Any, str]]:
     """``(value, field)`` pairs of the addresses the runtime asked for."""
-    out: list[tuple[str, str]] = []
+    out: list[tuple[Any, str]] = []
     args = cmd.conf.get("args")
     cni_args = args.get("cni") if isinstance(args, dict) else None
     structured = [
