@@ -17,7 +17,7 @@ from typing import Any
 from sriov_cni import netlink, sysfs
 from sriov_cni.cni import CNIError, Code, log
 from sriov_cni.config import NetConf
-from sriov_cni.netlink import LinkInfo, Namespace, VfControl
+from sriov_cni.netlink import LinkInfo, Namespace, VfControl, VfInfo
 from sriov_cni.store import Allocation, OriginalState
 
 # Some drivers (i40e/iavf) apply VF MACs asynchronously and answer EBUSY
@@ -82,14 +82,15 @@ def _pf_setters(vfc: VfControl, alloc: Allocation) -> dict[str, Callable[[Any], 
     }
 
 
-def _original_values(orig: OriginalState) -> dict[str, Any]:
+def pf_values(vf: VfInfo | OriginalState) -> dict[str, Any]:
+    """PF-side settings keyed like ``Allocation.applied``, from a reading or a record."""
     return {
-        "vlan": [orig.vlan, orig.qos, orig.vlan_proto],
-        "mac": orig.admin_mac,
-        "rate": [orig.min_tx_rate, orig.max_tx_rate],
-        "spoofchk": orig.spoofchk,
-        "trust": orig.trust,
-        "link_state": orig.link_state,
+        "vlan": [vf.vlan, vf.qos, vf.vlan_proto],
+        "mac": vf.admin_mac if isinstance(vf, OriginalState) else vf.mac,
+        "rate": [vf.min_tx_rate, vf.max_tx_rate],
+        "spoofchk": vf.spoofchk,
+        "trust": vf.trust,
+        "link_state": vf.link_state,
     }
 
 
@@ -146,7 +147,7 @@ def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
     if alloc.original is None:
         return []
     setters = _pf_setters(vfc, alloc)
-    original = _original_values(alloc.original)
+    original = pf_values(alloc.original)
     failures = []
     # Reverse order of application: trust goes back after the MAC, because
     # some drivers refuse MAC changes on an untrusted VF.

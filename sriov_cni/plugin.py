@@ -248,6 +248,15 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
     logger.info("released VF %s", alloc.vf_pci)
 
 
+def _ipam_best_effort(command: str, cmd: CmdArgs, ipam: Mapping[str, Any] | None, errors: list[CNIError]) -> None:
+    ipam_type = _ipam_type(ipam)
+    if ipam_type:
+        try:
+            delegate.run_ipam(command, cmd, ipam_type)
+        except CNIError as exc:
+            errors.append(exc)
+
+
 def _raise_collected(what: str, errors: list[CNIError]) -> None:
     if errors:
         raise CNIError(errors[0].code, f"{what} incomplete: {errors[0].msg}", "; ".join(str(e) for e in errors))
@@ -259,12 +268,7 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
     data_dir, level, log_file, ipam = config.load_common(cmd)
     log.configure(level, log_file, cmd.container_id, cmd.netns, cmd.ifname)
     errors: list[CNIError] = []
-    ipam_type = _ipam_type(ipam)
-    if ipam_type:
-        try:
-            delegate.run_ipam("DEL", cmd, ipam_type)
-        except CNIError as exc:
-            errors.append(exc)
+    _ipam_best_effort("DEL", cmd, ipam, errors)
     store = deps.store(data_dir)
     alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
     if alloc is None:
@@ -302,12 +306,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
                 _release(vfc, store, alloc)
             except CNIError as exc:
                 errors.append(exc)
-    ipam_type = _ipam_type(ipam)
-    if ipam_type:
-        try:
-            delegate.run_ipam("GC", cmd, ipam_type)
-        except CNIError as exc:
-            errors.append(exc)
+    _ipam_best_effort("GC", cmd, ipam, errors)
     _raise_collected("GC", errors)
 
 
@@ -353,14 +352,7 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
     if info is None:
         problems.append(f"PF {alloc.pf_netdev} no longer has VF {alloc.vf_index}")
     else:
-        actual = {
-            "vlan": [info.vlan, info.qos, info.vlan_proto],
-            "mac": info.mac,
-            "rate": [info.min_tx_rate, info.max_tx_rate],
-            "spoofchk": info.spoofchk,
-            "trust": info.trust,
-            "link_state": info.link_state,
-        }
+        actual = bind.pf_values(info)
         for key, value in alloc.applied.items():
             if actual[key] is not None and actual[key] != value:
                 problems.append(f"VF {key} is {actual[key]}, expected {value}")
