@@ -259,7 +259,7 @@ def _ipam_best_effort(command: str, cmd: CmdArgs, ipam: Mapping[str, Any] | None
 
 def _raise_collected(what: str, errors: list[CNIError]) -> None:
     if errors:
-        raise CNIError(errors[0].code, f"{what} incomplete: {errors[0].msg}", "; ".join(str(e) for e in errors))
+        raise CNIError(errors[0].code, f"{what} incomplete", "; ".join(str(e) for e in errors))
 
 
 def cmd_del(cmd: CmdArgs, deps: Deps) -> None:

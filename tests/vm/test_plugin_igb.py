@@ -11,19 +11,20 @@ import io
 import json
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sriov_cni import plugin
+from sriov_cni import client, plugin
 from vmlib import Sriov, ip_json, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
 
 REPO = Path(__file__).resolve().parents[2]
-SRIOV_BIN = REPO / "bin" / "sriov"
 CNI_PATH = "/usr/lib/cni"
 
 
@@ -156,13 +157,30 @@ def test_parallel_adds_exhaustion_and_status(igb_pfs: list[str], sriov: Sriov, n
     conf = conf_for(tmp_path, pf, vlan=33)
     stdin = json.dumps(conf).encode()
 
-    # Seven runtimes at once, each its own bin/sriov process.
-    procs = [
-        subprocess.Popen([str(SRIOV_BIN)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=env("ADD", container=f"par{i}", netns=ns_path(pods[i])))
-        for i in range(7)
-    ]
-    outs = [p.communicate(stdin, timeout=240) for p in procs]
+    # Seven runtimes at once, each its own sriov process, served by the warm
+    # helper as on a node (each starting the plugin cold would spend the
+    # test's time importing under emulation, not racing for VFs).
+    bindir = tmp_path / "bin"
+    client.install(str(bindir))
+    sock = tmp_path / "helper.sock"
+    helper = subprocess.Popen([sys.executable, "-m", "sriov_cni.server", str(sock)], cwd=REPO)
+    try:
+        for _ in range(1200):
+            if sock.exists():
+                break
+            time.sleep(0.1)
+        assert sock.exists(), "the warm helper did not start"
+        procs = [
+            subprocess.Popen([str(bindir / "sriov")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE,
+                             env=dict(env("ADD", container=f"par{i}", netns=ns_path(pods[i])),
+                                      SRIOV_CNI_HELPER_SOCKET=str(sock)))
+            for i in range(7)
+        ]
+        outs = [p.communicate(stdin, timeout=240) for p in procs]
+    finally:
+        helper.terminate()
+        helper.wait()
     assert [p.returncode for p in procs] == [0] * 7, [o[0] for o in outs]
     taken = [json.loads(o[0])["interfaces"][0]["pciID"] for o in outs]
     assert sorted(taken) == sorted(d.name for d in vf_pci_dirs(pf))
