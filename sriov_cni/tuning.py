@@ -4,7 +4,7 @@ Node setup decides a :class:`Policy` per PF and records it in the state file
 (:data:`STATE_FILE`).  A VF's queue IRQs exist only while its netdev is up,
 and moving it into a pod closes it, so the plugin calls
 :func:`apply_vf_tuning` after bringing the VF up in the pod and
-:func:`release_vf_tuning` once the VF is back in the host namespace.
+:func:`release_vf_tuning` before taking it out again.
 
 The plugin imports this module on every CNI call: it must stay cheap to
 import (stdlib, sysfs, netlink, cpulist only) and cost one failed ``open``
@@ -427,14 +427,17 @@ def apply_vf_tuning(vf_pci: str, netns: str, ifname: str) -> list[str]:
     return warnings
 
 
-def release_vf_tuning(vf_pci: str) -> None:
-    """Leave no tuning on a VF coming back from a pod; call once it is in the host namespace.
+def release_vf_tuning(vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
+    """Leave no tuning on a VF leaving a pod.
 
-    Queue IRQs go back to ``/proc/irq/default_smp_affinity`` (the affinity
-    survives the VF going down and moving), and the RPS/RFS/XPS maps, which
-    also survive a namespace move, are cleared on its host netdev.  Best
-    effort and silent: the VF is being freed, and a later apply overwrites
-    whatever a failure leaves.
+    Call it while the VF is still up in the pod, passing its ``netns`` and
+    ``ifname``: once the VF closes (a move closes it) igbvf frees its
+    vectors, and on Linux 6.1 an affinity write to a freed vector succeeds
+    but is ignored, so the old pin would greet the next user.  Queue IRQs go
+    back to ``/proc/irq/default_smp_affinity``; the RPS/RFS/XPS maps, which
+    survive namespace moves, are cleared in the pod and on the VF's host
+    netdev if it has one.  Best effort and silent: the VF is being freed,
+    and a later apply overwrites whatever a failure leaves.
     """
     if not STATE_FILE.exists():
         return
@@ -442,15 +445,24 @@ def release_vf_tuning(vf_pci: str) -> None:
         default = default_affinity()
     except (OSError, cpulist.CpuListError):
         return
-    # The VF is down by now, so its vectors have no names to tell queue
-    # from misc: every vector goes back to the default, which is also where
-    # the misc one started.
+    # Every vector goes back to the default: the misc one started there,
+    # and a closed VF's vectors have no names to tell queue from misc.
     for irq in device_irqs(vf_pci):
         try:
             if affinity(irq) != default:
                 sysfs.write(_irq_dir(irq) / "smp_affinity", cpulist.format_mask(default))
         except (OSError, sysfs.SysfsError, cpulist.CpuListError):
             continue
+    if netns is not None and ifname is not None:
+        pod_name = ifname
+
+        def in_pod() -> None:
+            clear_queues(pod_name)
+
+        try:
+            netlink.run_in_netns(netns, in_pod, own_sysfs=True)
+        except netlink.NetlinkError:
+            pass
     for name in sysfs.netdevs(vf_pci):
         try:
             clear_queues(name)

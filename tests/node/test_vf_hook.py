@@ -77,7 +77,8 @@ def test_release_puts_irqs_back_to_the_default_and_clears_queue_maps(tree: Tree,
     setup_node(tree, links, tmp_path, state_file, "{irqCpus: 0-3, rps: true, rfsFlowEntries: 4096}")
     (tree.proc / "irq" / "default_smp_affinity").write_text("0000003f\n")
     tuning.apply_vf_tuning(VF1, "/run/netns/pod", "eth0v1")
-    tuning.release_vf_tuning(VF1)
+    tuning.release_vf_tuning(VF1, "/run/netns/pod", "eth0v1")
+    assert fake_netlink == ["/run/netns/pod", "/run/netns/pod"]
     assert [(tree.proc / "irq" / str(irq) / "smp_affinity").read_text().strip() for irq in (103, 104)] == ["0000003f"] * 2
     assert tree.read("class/net/eth0v1/queues/rx-0/rps_cpus") == "0"
     assert tree.read("class/net/eth0v1/queues/rx-0/rps_flow_cnt") == "0"
