@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,7 +53,9 @@ class Step:
     target: str  # which PF, as "eth0 (0000:01:00.0)"
     what: str
     run: Callable[[], str] | None = None  # None: already as asked
-    details: list[str] = field(default_factory=list)  # shown by --dry-run
+    # Extra lines for --dry-run, computed only then: reading every IRQ's
+    # name is the slowest part of planning.
+    details: Callable[[], list[str]] = lambda: []
 
 
 @dataclass
@@ -194,10 +196,12 @@ def _pf_steps(index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocati
         pinned: dict[str, int] = record["pins"]
         # Pins as the IRQs are now; a VF count change or link up re-requests
         # them, and the run pins whatever exists at that point.
-        details = [
-            f"IRQ {q.irq} ({q.name}) -> CPU {cpu}"
-            for q, cpu in tuning.plan_pins(tuning.queue_irqs(pf.pci), policy.irq_cpus, 0)
-        ]
+        def details() -> list[str]:
+            return [
+                f"IRQ {q.irq} ({q.name}) -> CPU {cpu}"
+                for q, cpu in tuning.plan_pins(tuning.queue_irqs(pf.pci), policy.irq_cpus, 0)
+            ]
+
         steps.append(Step(target, _describe(policy), lambda: _run_tuning(pf, policy, pinned), details))
     return steps, record
 
@@ -269,7 +273,7 @@ def show(plan_: Plan, echo: Callable[[str], None]) -> None:
     echo("dry run: nothing is changed")
     for step in plan_.steps:
         echo(f"{step.target}: {step.what}: {'would change' if step.run is not None else 'unchanged'}")
-        for line in step.details:
+        for line in step.details():
             echo(f"  {line}")
     if plan_.tuned and irqbalance.pids():
         echo("warning: irqbalance is running and would undo the IRQ pins (see setup --help)")
