@@ -237,9 +237,11 @@ def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, store: Store, alloc: Alloca
 
 def _give_back(vfc: netlink.VfControl, alloc: Allocation) -> None:
     """The VF as it was found, tuning included; raises CNIError when not fully restored."""
-    bind.restore(vfc, alloc)
     if not alloc.dpdk:
-        tuning.release_vf_tuning(alloc.vf_pci)
+        # Before the move out of the pod: the move closes the VF, and igbvf
+        # frees its vectors then, after which affinity writes are ignored.
+        tuning.release_vf_tuning(alloc.vf_pci, alloc.netns if alloc.in_pod else None, alloc.ifname)
+    bind.restore(vfc, alloc)
 
 
 def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
