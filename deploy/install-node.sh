@@ -15,10 +15,19 @@ python3 -m venv "$PREFIX/venv"
 "$PREFIX/venv/bin/pip" install --quiet "$src"
 "$PREFIX/venv/bin/sriov-cni" install-cni --dest "$CNI_BIN"
 install -d -m 0755 /etc/sriov-cni
-[ -f /etc/sriov-cni/node.yaml ] || install -m 0644 "$src/deploy/node-config.example.yaml" /etc/sriov-cni/node.yaml
+install -m 0644 "$src/deploy/node-config.example.yaml" /etc/sriov-cni/node.yaml.example
 install -m 0644 "$src/deploy/sriov-cni-setup.service" "$src/deploy/sriov-cni-helper.service" /etc/systemd/system/
 systemctl daemon-reload
-if [ "${1:-}" != "--no-start" ]; then
-    systemctl enable --now sriov-cni-setup.service sriov-cni-helper.service
+units=(sriov-cni-helper.service)
+# Setup needs this node's own config: the example names PFs this node may
+# not have, and a failing boot-time setup helps nobody.
+if [ -f /etc/sriov-cni/node.yaml ]; then
+    units+=(sriov-cni-setup.service)
+else
+    echo "no /etc/sriov-cni/node.yaml yet: write it (see node.yaml.example), then" \
+         "systemctl enable --now sriov-cni-setup.service"
 fi
-echo "sriov-cni installed: CNI executables in $CNI_BIN, node config /etc/sriov-cni/node.yaml"
+if [ "${1:-}" != "--no-start" ]; then
+    systemctl enable --now "${units[@]}"
+fi
+echo "sriov-cni installed: CNI executables in $CNI_BIN"
