@@ -21,7 +21,7 @@ Importable: :func:`run_in_vm` returns ``(exit status, output)``.
 The kernel, busybox and the initramfs are cached under ``$SRIOV_CNI_VM_CACHE``
 (default ``/var/cache/sriov-cni-vm`` for root, ``~/.cache/sriov-cni-vm``
 otherwise); the initramfs is rebuilt whenever the kernel version, the init
-script, the module list or this file changes.
+script, the module list or INITRAMFS_FORMAT changes.
 """
 
 from __future__ import annotations
@@ -61,14 +61,23 @@ MODULES = (
     "igb",
     "igbvf",
     "veth",
+    # DPDK-style bindings of a VF: uio_pci_generic binds through
+    # driver_override without an IOMMU; vfio-pci needs the emulated one.
+    "uio_pci_generic",
+    "vfio_pci",
+    "vfio_iommu_type1",
 )
 
 # Host environment passed through to the guest command.
-PASS_ENV = ("CI", "PYTEST_ADDOPTS")
+PASS_ENV = ("CI", "PYTEST_ADDOPTS", "PYTHONPATH")
 PASS_ENV_PREFIX = "SRIOV_CNI_"
 
 # SeaBIOS clears the screen and sets terminal modes; keep the log plain text.
 ANSI_ESCAPE = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|c)")
+# Bump when _build_initramfs changes what it writes; the key deliberately does
+# not hash this whole file, so edits elsewhere in the rig (or two checkouts
+# with different rigs) share one cached initramfs.
+INITRAMFS_FORMAT = "1"
 DEFAULT_PFS = 2
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MEMORY_MB = 2048
@@ -207,7 +216,7 @@ def _initramfs_key(kver: str, busybox_deb: str) -> str:
     for part in (kver, busybox_deb, ",".join(MODULES)):
         h.update(part.encode() + b"\0")
     h.update(INIT_SCRIPT.read_bytes())
-    h.update(Path(__file__).read_bytes())
+    h.update(INITRAMFS_FORMAT.encode())
     return h.hexdigest()[:16]
 
 
