@@ -542,6 +542,7 @@ class Attachment:
     netns_gone: bool = False
     prev: dict[str, Any] | None = None
     mac: str = ""
+    pci: str = ""  # the VF that the last successful ADD reported
     history: list[str] = field(default_factory=list)
 
     @property
@@ -601,7 +602,7 @@ class Driver:
         else:
             ipam = {"type": "stress-ipam", "dataDir": str(self.ipam_dir), "ranges": [[{"subnet": "10.61.0.0/24"}]]}
             extra = {}
-        out: dict[str, Any] = {"cniVersion": "1.0.0", "name": network, "type": "sriov",
+        out: dict[str, Any] = {"cniVersion": "1.1.0", "name": network, "type": "sriov",
                                "dataDir": str(self.data_dir), "ipam": ipam, **self.node.pool_conf(), **extra}
         if mac:
             out["runtimeConfig"] = {"mac": mac}
@@ -697,10 +698,7 @@ class Driver:
             faults.add("enospc")
         conf = self.conf(network, att.mac if att else "", att.prev if att and command == "CHECK" else None)
         if command == "GC":
-            conf["cniVersion"] = "1.1.0"
             conf["cni.dev/valid-attachments"] = self.valid_attachments()
-        if command == "STATUS":
-            conf["cniVersion"] = "1.1.0"
         kill_at = None
         if self.rng.random() < 0.08:
             kill_at = time.monotonic() + self.rng.uniform(0.0, 0.4)
@@ -786,6 +784,7 @@ class Driver:
         if op.command == "ADD":
             if ok:
                 att.state, att.may_hold, att.prev = "live", True, ans.obj
+                att.pci = next((i.get("pciID", "") for i in ans.obj["interfaces"] if i.get("sandbox")), "")
             elif ans.rc is None or ans.obj is ValueError:
                 att.state, att.may_hold = "unknown", True
             elif att.state == "new":
@@ -834,8 +833,9 @@ class Driver:
                 owner[pci] = att.container
                 if not att.may_hold:
                     self.violate(f"VF {pci} ({ifname}) is in pod {att.container}, whose ADD failed or was DELeted")
-            if att.state == "live" and att.ifname not in held:
-                self.violate(f"live attachment {att.container} has no VF {att.ifname} in its pod: {att.history}")
+            if att.state == "live" and held.get(att.ifname) != att.pci:
+                self.violate(f"live attachment {att.container} should have VF {att.pci} as {att.ifname} in its pod,"
+                             f" has {held}: {att.history}")
 
     def drain(self) -> None:
         while self.running:
@@ -875,7 +875,6 @@ class Driver:
         """GC everything, then the node must be as it was."""
         for network in NETWORKS:
             conf = self.conf(network)
-            conf["cniVersion"] = "1.1.0"
             conf["cni.dev/valid-attachments"] = []
             op = self.submit("GC", None, conf, self.env("GC", None), set(), None, 60.0)
             self.drain()
