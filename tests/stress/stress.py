@@ -640,7 +640,7 @@ class Driver:
         if r < 0.06:
             return "STATUS", None
         active = [a for a in self.attachments if a.state != "retired" and a.container not in self.busy]
-        if len(active) < len(self.node.vf_pcis) + 4 and self.rng.random() < 0.35:
+        if len(active) < 2 * len(self.node.vf_pcis) and self.rng.random() < 0.35:
             return "ADD", self.new_attachment()
         if not active:
             return "ADD", self.new_attachment()
@@ -651,7 +651,7 @@ class Driver:
             # Nothing but DEL makes sense once the pod's netns is gone.
             return "DEL", att
         if att.state == "live":
-            return self.rng.choices(["CHECK", "DEL", "ADD"], [3, 4, 0.2])[0], att
+            return self.rng.choices(["CHECK", "DEL", "ADD"], [3, 2, 0.2])[0], att
         if att.state in ("failed", "unknown"):
             # What a runtime does after a failed or timed-out ADD: DEL it, or retry.
             if self.rng.random() < 0.4:
