@@ -254,7 +254,11 @@ def load(cmd: CmdArgs) -> NetConf:
 
     vlan = _int(conf, "vlan", 0, 4094)
     qos = _int(conf, "vlanQoS", 0, 7)
-    proto_name = _str(conf, "vlanProto")
+    # Unlike the other strings, an empty vlanProto counts as given (and is
+    # refused), as in the reference, where it is a non-nil pointer.
+    proto_name = conf.get("vlanProto")
+    if proto_name is not None and not isinstance(proto_name, str):
+        raise _invalid(f"vlanProto must be a string, got {proto_name!r}")
     if vlan is None and (qos is not None or proto_name is not None):
         raise _invalid("vlan id must be configured to set vlanQoS or vlanProto")
     if vlan == 0 and qos:
