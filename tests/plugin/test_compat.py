@@ -32,7 +32,7 @@ import pytest
 
 from sriov_cni.store import FileStore
 
-from pluginlib import Node, addresses, link, link_names
+from pluginlib import Node, addresses, ipam_reservations, link, link_names
 
 HERE = Path(__file__).parent / "compat"
 MANIFEST = json.loads((HERE / "manifest.json").read_text())
@@ -393,3 +393,72 @@ def test_case(node: Node, tmp_path: Path, case_id: str) -> None:
     assert gone.rc == 0 and gone.stdout == "", gone.stdout
     assert node.picture() == before
     assert ipam_calls(ipam_log) == ([f"ADD {want.ipam}", f"DEL {want.ipam}"] if want.ipam else [])
+
+
+# --- cniVersion before 0.3.0, with Debian's real host-local ----------------------
+
+
+@pytest.mark.parametrize("version", [None, "", "0.1.0", "0.2.0"], ids=["missing", "empty", "0.1.0", "0.2.0"])
+def test_old_versions_add_and_del_with_host_local(node: Node, version: str | None) -> None:
+    pf = node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(vlan=5, ipam=node.host_local("10.41.0.0/24", routes=[{"dst": "0.0.0.0/0"}]))
+    if version is None:
+        del conf["cniVersion"]
+    else:
+        conf["cniVersion"] = version
+
+    # DEL before any ADD (a runtime's cleanup after a failed ADD) succeeds too.
+    assert node.cni("DEL", conf, netns=pod).rc == 0
+
+    res = node.add(conf, netns=pod)
+
+    assert res.out == {
+        "cniVersion": version or "0.1.0",
+        "ip4": {"ip": "10.41.0.2/24", "gateway": "10.41.0.1", "routes": [{"dst": "0.0.0.0/0"}]},
+    }
+    assert addresses("net1", os.path.basename(pod)) == {"10.41.0.2/24"}
+    assert node.fake.state[pf.name][0]["vlan"] == 5
+    gone = node.cni("DEL", conf, netns=pod)
+    assert gone.rc == 0 and gone.stdout == "", gone.stdout
+    assert node.picture() == before
+    assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
+
+
+@pytest.mark.parametrize("version", [None, "0.2.0"], ids=["missing", "0.2.0"])
+def test_old_version_without_ipam_is_refused_before_anything_changes(node: Node, version: str | None) -> None:
+    node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(vlan=5)
+    if version is None:
+        del conf["cniVersion"]
+    else:
+        conf["cniVersion"] = version
+    res = node.cni("ADD", conf, netns=pod)
+    assert res.rc != 0 and res.code == 1, res.stdout
+    assert res.out["cniVersion"] == (version or "0.1.0")
+    assert node.picture() == before
+    assert node.cni("DEL", conf, netns=pod).rc == 0
+
+
+# --- key spellings and on/off values: what the log says ---------------------------
+
+
+def test_other_spellings_are_logged_and_the_exact_one_wins(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    pf = node.add_pf(1)
+    pod = node.pod()
+    conf = node.conf(**{"VLAN": 20, "vlan": 10, "vlanqos": 3, "SpoofChk": "ON", "Trust": "on"})
+
+    node.add(conf, netns=pod)
+
+    log = capsys.readouterr().err
+    state = node.fake.state[pf.name][0]
+    assert (state["vlan"], state["qos"], state["spoofchk"], state["trust"]) == (10, 3, False, True)
+    assert "WARNING sriov [containerID=ctr1" in log and "config: ignoring 'VLAN': 'vlan' is set too" in log
+    assert "config: reading 'vlanqos' as 'vlanQoS'" in log
+    assert "config: reading 'SpoofChk' as 'spoofchk'" in log
+    assert "config: reading 'Trust' as 'trust'" in log
+    assert "spoofchk 'ON' turns spoofchk off" in log
+    assert "trust 'on'" not in log
