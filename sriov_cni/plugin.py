@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 from sriov_cni import __version__, allocate, attachments, bind, config, delegate, log, netlink, sysfs, tuning
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
