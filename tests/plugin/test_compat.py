@@ -240,7 +240,23 @@ def test_every_case_has_its_reference_behaviour_written_down() -> None:
     assert set(OURS) <= set(CASES)
     for case_id, ref in REFERENCE.items():
         # The manifest's own summary of the reference agrees with the table.
-        assert (ref.vf is not None) == (CASES[case_id]["expect"] == "accept"), case_id
+        case = CASES[case_id]
+        assert (ref.vf is not None) == (case["expect"] == "accept"), case_id
+        for key, value in case.get("expect_values", {}).items():
+            assert ref.vf is not None
+            if key == "pf_settings":
+                assert dict(ref.pf) == value, case_id
+            elif key.startswith("pf_settings."):
+                setting = key.split(".", 1)[1]
+                assert ref.pf[setting] == (tuple(value) if isinstance(value, list) else value), case_id
+            elif key == "device.pf_netdev":
+                assert NODE_VFS[ref.vf][0] == value, case_id
+            elif key == "device.vf_index":
+                assert NODE_VFS[ref.vf][1] == value, case_id
+            elif key == "ipam_type":
+                assert ref.ipam == value, case_id
+            else:
+                assert key == "log_level" and ref.log_level == value, case_id
 
 
 def _go_json(value: Any) -> Any:
@@ -449,13 +465,16 @@ def test_old_version_without_ipam_is_refused_before_anything_changes(node: Node,
 def test_other_spellings_are_logged_and_the_exact_one_wins(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     pf = node.add_pf(1)
     pod = node.pod()
-    conf = node.conf(**{"VLAN": 20, "vlan": 10, "vlanqos": 3, "SpoofChk": "ON", "Trust": "on"})
+    # Go also folds the Kelvin sign onto "k" and the long s onto "s".
+    conf = node.conf(**{"VLAN": 20, "vlan": 10, "vlanqos": 3, "SpoofChk": "ON", "Trust": "on",
+                        "lin\u212a_\u017ftate": "disable"})
 
     node.add(conf, netns=pod)
 
     log = capsys.readouterr().err
     state = node.fake.state[pf.name][0]
     assert (state["vlan"], state["qos"], state["spoofchk"], state["trust"]) == (10, 3, False, True)
+    assert state["link_state"] == DISABLE
     assert "WARNING sriov [containerID=ctr1" in log and "config: ignoring 'VLAN': 'vlan' is set too" in log
     assert "config: reading 'vlanqos' as 'vlanQoS'" in log
     assert "config: reading 'SpoofChk' as 'spoofchk'" in log
