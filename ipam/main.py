@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from sriov_cni.attachments import valid_attachments
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, IPConfig, Result, dispatch
 
 from . import allocator, config
@@ -58,26 +59,9 @@ def cmd_check(args: CmdArgs) -> None:
     allocator.check(_store(args.conf), cfg, _owner(args))
 
 
-def _valid_attachments(conf: Any) -> set[Owner]:
-    # libcni sends the legacy key too; a missing list means no attachment
-    # is valid (what cnitool gc sends after deleting every cached one).
-    key = "cni.dev/valid-attachments" if "cni.dev/valid-attachments" in conf else "cni.dev/attachments"
-    raw = conf.get(key, [])
-    if not isinstance(raw, list):
-        raise CNIError(Code.INVALID_CONFIG, f"{key} must be a list of {{containerID, ifname}} objects")
-    out = set()
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict):
-            raise CNIError(Code.INVALID_CONFIG, f"{key}[{i}] must be an object with containerID and ifname")
-        for field in ("containerID", "ifname"):
-            if not isinstance(item.get(field), str) or not item[field]:
-                raise CNIError(Code.INVALID_CONFIG, f"{key}[{i}].{field} must be a non-empty string")
-        out.add(Owner(item["containerID"], item["ifname"]))
-    return out
-
-
 def cmd_gc(args: CmdArgs) -> None:
-    allocator.collect(_store(args.conf), _valid_attachments(args.conf))
+    valid = {Owner(container_id, ifname) for container_id, ifname in valid_attachments(args.conf)}
+    allocator.collect(_store(args.conf), valid)
 
 
 def cmd_status(args: CmdArgs) -> None:

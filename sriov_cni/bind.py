@@ -94,7 +94,7 @@ def pf_values(vf: VfInfo | OriginalState) -> dict[str, Any]:
     }
 
 
-def wanted_pf_settings(conf: NetConf, orig: OriginalState) -> dict[str, Any]:
+def wanted_pf_settings(conf: NetConf) -> dict[str, Any]:
     """PF-side settings the config asks for, in the order they are applied."""
     wanted: dict[str, Any] = {}
     if conf.vlan is not None:
@@ -102,11 +102,10 @@ def wanted_pf_settings(conf: NetConf, orig: OriginalState) -> dict[str, Any]:
     if conf.mac is not None:
         wanted["mac"] = conf.mac
     if conf.min_tx_rate is not None or conf.max_tx_rate is not None:
-        # One request carries both limits; keep the one not configured.
-        wanted["rate"] = [
-            conf.min_tx_rate if conf.min_tx_rate is not None else orig.min_tx_rate,
-            conf.max_tx_rate if conf.max_tx_rate is not None else orig.max_tx_rate,
-        ]
+        # One request carries both limits; the one not configured is sent as
+        # 0 (no limit), as the reference does.  The record keeps the VF's
+        # original pair, so DEL restores both.
+        wanted["rate"] = [conf.min_tx_rate or 0, conf.max_tx_rate or 0]
     if conf.spoofchk is not None:
         wanted["spoofchk"] = conf.spoofchk
     if conf.trust is not None:

@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import IO, Any, Callable, Mapping, Union
 
-SUPPORTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+SUPPORTED_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+# libcni's skel reads a config without cniVersion (or with "") as 0.1.0,
+# and NetworkAttachmentDefinitions without one exist (Multus' own examples).
+UNVERSIONED = "0.1.0"
+# Before 0.3.0 a result is one address per family ("ip4", "ip6"), no interfaces.
+FIRST_LIST_RESULT = "0.3.0"
 
 log = logging.getLogger("sriov_cni")
 
@@ -75,6 +80,12 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 def version_at_least(version: str, minimum: str) -> bool:
     return version_tuple(version) >= version_tuple(minimum)
+
+
+def config_version(conf: Mapping[str, Any]) -> Any:
+    """The config's cniVersion as skel decodes it: missing or "" is 0.1.0."""
+    version = conf.get("cniVersion")
+    return UNVERSIONED if version is None or version == "" else version
 
 
 # --- results ---------------------------------------------------------------
@@ -156,6 +167,8 @@ class Result:
     dns: DNS = field(default_factory=DNS)
 
     def to_dict(self, cni_version: str) -> dict[str, Any]:
+        if not version_at_least(cni_version, FIRST_LIST_RESULT):
+            return self._legacy_dict(cni_version)
         v1 = version_at_least(cni_version, "1.0.0")
         v11 = version_at_least(cni_version, "1.1.0")
         out: dict[str, Any] = {"cniVersion": cni_version}
@@ -207,11 +220,33 @@ class Result:
             out["dns"] = dns
         return out
 
+    def _legacy_dict(self, cni_version: str) -> dict[str, Any]:
+        """The 0.1.0/0.2.0 form: the first address of each family, each with
+        the routes of its family, as libcni converts a newer result."""
+        out: dict[str, Any] = {"cniVersion": cni_version}
+        for family in (4, 6):
+            ip = next((i for i in self.ips if i.address.version == family), None)
+            if ip is None:
+                continue
+            block: dict[str, Any] = {"ip": str(ip.address)}
+            if ip.gateway is not None:
+                block["gateway"] = str(ip.gateway)
+            routes = [r for r in self.routes if r.dst.version == family]
+            if routes:
+                block["routes"] = [{"dst": str(r.dst), **({"gw": str(r.gw)} if r.gw is not None else {})} for r in routes]
+            out[f"ip{family}"] = block
+        dns = self.dns.to_dict()
+        if dns:
+            out["dns"] = dns
+        return out
+
     @classmethod
     def from_dict(cls, raw: Any, what: str = "result") -> Result:
         """Parse a result of any supported version (an IPAM result or a prevResult)."""
         if not isinstance(raw, dict):
             raise CNIError(Code.DECODE, f"{what} is not a JSON object")
+        if "ips" not in raw and ("ip4" in raw or "ip6" in raw):
+            raw = _upgrade_legacy(raw)
         try:
             interfaces = [
                 Interface(
@@ -243,6 +278,21 @@ class Result:
         except (KeyError, TypeError, ValueError) as exc:
             raise CNIError(Code.DECODE, f"cannot parse {what}", f"{type(exc).__name__}: {exc}") from exc
         return cls(interfaces=interfaces, ips=ips, routes=routes, dns=DNS.from_dict(raw.get("dns")))
+
+
+def _upgrade_legacy(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A 0.1.0/0.2.0 result (what IPAM plugins answer for such a config) in the list form."""
+    ips: list[Any] = []
+    routes: list[Any] = []
+    for key in ("ip4", "ip6"):
+        block = raw.get(key)
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise CNIError(Code.DECODE, f"{key} of the result is not a JSON object")
+        ips.append({"address": block.get("ip"), "gateway": block.get("gateway")})
+        routes += block.get("routes") or []
+    return {"ips": ips, "routes": routes, "dns": raw.get("dns")}
 
 
 # --- invocation ------------------------------------------------------------
@@ -320,7 +370,7 @@ def _parse_invocation(env: Mapping[str, str], stdin: bytes) -> CmdArgs:
         raise CNIError(Code.DECODE, "failed to decode the network configuration on stdin", str(exc)) from exc
     if not isinstance(conf, dict):
         raise CNIError(Code.DECODE, "the network configuration on stdin is not a JSON object")
-    version = conf.get("cniVersion")
+    version = config_version(conf)
     if not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
         raise CNIError(
             Code.INCOMPATIBLE_VERSION,
@@ -373,7 +423,7 @@ def _parse_invocation(env: Mapping[str, str], stdin: bytes) -> CmdArgs:
 def _requested_version(stdin: bytes) -> str:
     """The cniVersion a failed request asked for, to answer in; latest if unknown."""
     try:
-        version = json.loads(stdin).get("cniVersion")
+        version = config_version(json.loads(stdin))
     except (ValueError, UnicodeDecodeError, AttributeError):
         return LATEST_VERSION
     return version if version in SUPPORTED_VERSIONS else LATEST_VERSION

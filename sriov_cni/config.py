@@ -10,14 +10,15 @@ existing NetworkAttachmentDefinitions work unchanged.  New: ``pfNames``
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sriov_cni import netlink
 from sriov_cni.allocate import PoolEntry, parse_pool_entry
-from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, Result
+from sriov_cni.cni import FIRST_LIST_RESULT, DNS, CmdArgs, CNIError, Code, Result, version_at_least
 from sriov_cni.store import DEFAULT_DATA_DIR
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
@@ -29,6 +30,57 @@ LINK_STATES = {
     "disable": netlink.LINK_STATE_DISABLE,
 }
 LOG_LEVELS = ("panic", "error", "warning", "info", "debug")
+
+# Besides ASCII case, Go's encoding/json folds the Kelvin sign onto "k" and
+# the long s onto "s" when it matches keys.
+_GO_FOLD = str.maketrans({"\u212a": "k", "\u017f": "s"})
+
+
+def _fold(key: str) -> str:
+    return key.translate(_GO_FOLD).lower()
+
+
+@dataclass
+class Notes:
+    """What reading the config found worth logging; logged once logging is configured."""
+
+    entries: list[tuple[int, str]] = field(default_factory=list)
+
+    def add(self, level: int, msg: str) -> None:
+        self.entries.append((level, msg))
+
+
+class Keys:
+    """A config object read the way the reference plugin's Go decoder reads it.
+
+    encoding/json matches keys case-insensitively, so NADs written for the
+    reference say "Vlan", "MAC" or "spoofChk" and mean it.  The exact
+    spelling wins when present; otherwise the last case-insensitive match
+    (Go's decoder lets the last matching key win).  Every other spelling
+    used or ignored is noted, so a surprising setting can be traced.
+    """
+
+    def __init__(self, raw: Mapping[str, Any], notes: Notes, prefix: str = "") -> None:
+        self.raw = raw
+        self.notes = notes
+        self.prefix = prefix
+
+    def get(self, key: str) -> Any:
+        folded = _fold(key)
+        others = [k for k in self.raw if k != key and _fold(k) == folded]
+        if key in self.raw:
+            for other in others:
+                self.notes.add(logging.WARNING, f"ignoring {self.prefix}{other!r}: {self.prefix}{key!r} is set too")
+            return self.raw[key]
+        if not others:
+            return None
+        used = others[-1]
+        self.notes.add(logging.INFO, f"reading {self.prefix}{used!r} as {self.prefix}{key!r}")
+        return self.raw[used]
+
+    def section(self, key: str) -> Keys | None:
+        value = self.get(key)
+        return Keys(value, self.notes, f"{self.prefix}{key}.") if isinstance(value, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -48,17 +100,18 @@ class NetConf:
     max_tx_rate: int | None
     log_level: str
     log_file: str | None
-    ipam: Mapping[str, Any] | None
+    ipam_type: str | None
     data_dir: str
     dns: DNS
     prev_result: Result | None
+    notes: tuple[tuple[int, str], ...] = ()
 
 
 def _invalid(msg: str, details: str = "") -> CNIError:
     return CNIError(Code.INVALID_CONFIG, msg, details)
 
 
-def _int(conf: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
+def _int(conf: Keys, key: str, low: int, high: int) -> int | None:
     value = conf.get(key)
     if value is None:
         return None
@@ -70,22 +123,27 @@ def _int(conf: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
     return value
 
 
-def _str(conf: Mapping[str, Any], key: str) -> str | None:
+def _str(conf: Keys, key: str) -> str | None:
     value = conf.get(key)
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise _invalid(f"{key} must be a string, got {value!r}")
+        raise _invalid(f"{conf.prefix}{key} must be a string, got {value!r}")
     return value
 
 
-def _on_off(conf: Mapping[str, Any], key: str) -> bool | None:
+def _on_off(conf: Keys, key: str) -> bool | None:
+    """On only for exactly "on", off for any other non-empty string, as the
+    reference applies it: an existing NAD saying "ON" or "true" gets what it
+    got there, with a warning that it is not what it probably means."""
     value = _str(conf, key)
     if value is None:
         return None
-    if value.lower() not in ("on", "off"):
-        raise _invalid(f'{key} must be "on" or "off", got {value!r}')
-    return value.lower() == "on"
+    if value not in ("on", "off"):
+        conf.notes.add(
+            logging.WARNING, f'{key} {value!r} turns {key} off: only exactly "on" turns it on (write "on" or "off")'
+        )
+    return value == "on"
 
 
 def _mac(value: str, where: str) -> str:
@@ -97,7 +155,7 @@ def _mac(value: str, where: str) -> str:
     return mac
 
 
-def _pool(conf: Mapping[str, Any]) -> tuple[PoolEntry, ...]:
+def _pool(conf: Keys) -> tuple[PoolEntry, ...]:
     raw = conf.get("pfNames")
     entries: list[str] = []
     if raw is not None:
@@ -113,12 +171,12 @@ def _pool(conf: Mapping[str, Any]) -> tuple[PoolEntry, ...]:
         raise _invalid(f"pfNames: {exc}") from exc
 
 
-def _device_id(conf: Mapping[str, Any]) -> str | None:
+def _device_id(conf: Keys) -> str | None:
     # A device plugin's choice arrives as runtimeConfig.deviceID (capability)
     # or, from Multus, as top-level deviceID and pciBusID.
-    runtime = conf.get("runtimeConfig")
+    runtime = conf.section("runtimeConfig")
     candidates: list[tuple[str, Any]] = []
-    if isinstance(runtime, Mapping):
+    if runtime is not None:
         candidates.append(("runtimeConfig.deviceID", runtime.get("deviceID")))
     candidates += [("deviceID", conf.get("deviceID")), ("pciBusID", conf.get("pciBusID"))]
     for key, value in candidates:
@@ -130,26 +188,35 @@ def _device_id(conf: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _effective_mac(conf: Mapping[str, Any], cni_args: Mapping[str, str]) -> str | None:
+def _effective_mac(conf: Keys, cni_args: Mapping[str, str]) -> str | None:
     # Same precedence as the reference plugin: config, then CNI_ARGS MAC,
     # then the runtime's mac capability.
     mac = _str(conf, "mac")
     where = "mac"
     if cni_args.get("MAC"):
         mac, where = cni_args["MAC"], "CNI_ARGS MAC"
-    runtime = conf.get("runtimeConfig")
-    if isinstance(runtime, Mapping) and runtime.get("mac"):
-        value = runtime["mac"]
+    runtime = conf.section("runtimeConfig")
+    if runtime is not None and runtime.get("mac"):
+        value = runtime.get("mac")
         if not isinstance(value, str):
             raise _invalid(f"runtimeConfig.mac must be a string, got {value!r}")
         mac, where = value, "runtimeConfig.mac"
     return _mac(mac, where) if mac else None
 
 
-def load_common(cmd: CmdArgs) -> tuple[str, str, str | None, Mapping[str, Any] | None]:
-    """What DEL and GC need even when the rest of the config is bad:
-    data directory, log level, log file and IPAM section."""
-    conf = cmd.conf
+@dataclass(frozen=True)
+class Common:
+    """What DEL and GC need even when the rest of the config is bad."""
+
+    data_dir: str
+    log_level: str
+    log_file: str | None
+    # The IPAM plugin to run, None for none.
+    ipam_type: str | None
+    notes: tuple[tuple[int, str], ...]
+
+
+def _common(conf: Keys) -> Common:
     data_dir = _str(conf, "dataDir") or DEFAULT_DATA_DIR
     level = (_str(conf, "logLevel") or "info").lower()
     if level not in LOG_LEVELS:
@@ -159,16 +226,25 @@ def load_common(cmd: CmdArgs) -> tuple[str, str, str | None, Mapping[str, Any] |
     ipam = conf.get("ipam")
     if ipam is not None and not isinstance(ipam, Mapping):
         raise _invalid(f"ipam must be an object, got {ipam!r}")
-    if ipam is not None and not ipam:
-        ipam = None
-    if ipam is not None and not (isinstance(ipam.get("type"), str) and ipam["type"]):
-        raise _invalid("ipam.type must name an IPAM plugin")
-    return data_dir, level, _str(conf, "logFile"), ipam
+    # As in the reference, an ipam section without a type runs no IPAM.
+    ipam_type = _str(Keys(ipam, conf.notes, "ipam."), "type") if ipam is not None else None
+    return Common(data_dir, level, _str(conf, "logFile"), ipam_type, tuple(conf.notes.entries))
+
+
+def load_common(cmd: CmdArgs) -> Common:
+    return _common(Keys(cmd.conf, Notes()))
 
 
 def load(cmd: CmdArgs) -> NetConf:
-    conf = cmd.conf
-    data_dir, level, log_file, ipam = load_common(cmd)
+    conf = Keys(cmd.conf, Notes())
+    common = _common(conf)
+    if common.ipam_type is None and not version_at_least(cmd.cni_version, FIRST_LIST_RESULT):
+        # The reference configures the VF and then fails to print the result.
+        raise CNIError(
+            Code.INCOMPATIBLE_VERSION,
+            f"a cniVersion {cmd.cni_version} result can only report IP addresses, and this network has no IPAM",
+            f"set cniVersion {FIRST_LIST_RESULT} or later, or configure ipam",
+        )
     device_id = _device_id(conf)
     pool = _pool(conf)
     if device_id is None and not pool:
@@ -178,7 +254,11 @@ def load(cmd: CmdArgs) -> NetConf:
 
     vlan = _int(conf, "vlan", 0, 4094)
     qos = _int(conf, "vlanQoS", 0, 7)
-    proto_name = _str(conf, "vlanProto")
+    # Unlike the other strings, an empty vlanProto counts as given (and is
+    # refused), as in the reference, where it is a non-nil pointer.
+    proto_name = conf.get("vlanProto")
+    if proto_name is not None and not isinstance(proto_name, str):
+        raise _invalid(f"vlanProto must be a string, got {proto_name!r}")
     if vlan is None and (qos is not None or proto_name is not None):
         raise _invalid("vlan id must be configured to set vlanQoS or vlanProto")
     if vlan == 0 and qos:
@@ -207,27 +287,31 @@ def load(cmd: CmdArgs) -> NetConf:
         raise _invalid(f"min_tx_rate {min_rate} is above max_tx_rate {max_rate}")
 
     prev: Result | None = None
-    if conf.get("prevResult") is not None:
-        prev = Result.from_dict(conf["prevResult"], "prevResult")
+    if cmd.conf.get("prevResult") is not None:
+        prev = Result.from_dict(cmd.conf["prevResult"], "prevResult")
 
+    mac = _effective_mac(conf, cmd.args)
+    spoofchk = _on_off(conf, "spoofchk")
+    trust = _on_off(conf, "trust")
     return NetConf(
         cni_version=cmd.cni_version,
-        name=str(conf["name"]),
+        name=str(cmd.conf["name"]),
         device_id=device_id,
         pool=pool,
-        mac=_effective_mac(conf, cmd.args),
+        mac=mac,
         vlan=vlan,
         vlan_qos=qos,
         vlan_proto=proto,
-        spoofchk=_on_off(conf, "spoofchk"),
-        trust=_on_off(conf, "trust"),
+        spoofchk=spoofchk,
+        trust=trust,
         link_state=link_state,
         min_tx_rate=min_rate,
         max_tx_rate=max_rate,
-        log_level=level,
-        log_file=log_file,
-        ipam=ipam,
-        data_dir=data_dir,
+        log_level=common.log_level,
+        log_file=common.log_file,
+        ipam_type=common.ipam_type,
+        data_dir=common.data_dir,
         dns=DNS.from_dict(conf.get("dns")),
         prev_result=prev,
+        notes=tuple(conf.notes.entries),
     )

@@ -13,9 +13,9 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
-from sriov_cni import __version__, allocate, bind, config, delegate, log, netlink, sysfs, tuning
+from sriov_cni import __version__, allocate, attachments, bind, config, delegate, log, netlink, sysfs, tuning
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
 from sriov_cni.cni import log as logger
 from sriov_cni.config import NetConf
@@ -58,10 +58,6 @@ def _find(store: Store, container_id: str, ifname: str, network: str) -> Allocat
         if alloc.owned_by(container_id, ifname, network):
             return alloc
     return None
-
-
-def _ipam_type(ipam: Mapping[str, Any] | None) -> str | None:
-    return str(ipam["type"]) if ipam else None
 
 
 # --- ADD -----------------------------------------------------------------------
@@ -123,7 +119,7 @@ def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocat
         "reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns
     )
     bind.restore(vfc, stale)
-    ipam_type = _ipam_type(conf.ipam)
+    ipam_type = conf.ipam_type
     if ipam_type and stale.network == conf.name:
         env = dict(cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
         dead = CmdArgs(
@@ -135,9 +131,20 @@ def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocat
             logger.warning("releasing the address of dead container %s: %s", stale.container_id, exc)
 
 
-def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
+def _configure_log(conf: NetConf | config.Common, container_id: str, netns: str, ifname: str) -> None:
+    log.configure(conf.log_level, conf.log_file, container_id, netns, ifname)
+    for level, msg in conf.notes:
+        logger.log(level, "config: %s", msg)
+
+
+def _load(cmd: CmdArgs) -> NetConf:
     conf = config.load(cmd)
-    log.configure(conf.log_level, conf.log_file, cmd.container_id, cmd.netns, cmd.ifname)
+    _configure_log(conf, cmd.container_id, cmd.netns, cmd.ifname)
+    return conf
+
+
+def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
+    conf = _load(cmd)
     netns_inode = netlink.netns_inode(cmd.netns)
     if netns_inode is None:
         raise CNIError(Code.INVALID_NETNS, f"network namespace {cmd.netns} does not exist")
@@ -177,7 +184,7 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
             store, candidates, make, lambda name: host.find(name) is not None, conf.device_id is not None
         )
         logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
-        ipam_type = _ipam_type(conf.ipam)
+        ipam_type = conf.ipam_type
         ipam_added = False
         try:
             if stale is not None:
@@ -186,7 +193,7 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
                 alloc.original = bind.snapshot(vfc, host, alloc)
             # Record what is about to change before changing it: after a
             # crash at any later point the record still restores everything.
-            alloc.applied = bind.wanted_pf_settings(conf, alloc.original)
+            alloc.applied = bind.wanted_pf_settings(conf)
             _save(store, alloc)
             bind.apply_pf_settings(vfc, alloc)
             if alloc.dpdk:
@@ -250,8 +257,7 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
     logger.info("released VF %s", alloc.vf_pci)
 
 
-def _ipam_best_effort(command: str, cmd: CmdArgs, ipam: Mapping[str, Any] | None, errors: list[CNIError]) -> None:
-    ipam_type = _ipam_type(ipam)
+def _ipam_best_effort(command: str, cmd: CmdArgs, ipam_type: str | None, errors: list[CNIError]) -> None:
     if ipam_type:
         try:
             delegate.run_ipam(command, cmd, ipam_type)
@@ -267,11 +273,11 @@ def _raise_collected(what: str, errors: list[CNIError]) -> None:
 def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
     # Best effort: only what DEL needs is read, so a config that ADD
     # rejected still cleans up, and every step runs even if one fails.
-    data_dir, level, log_file, ipam = config.load_common(cmd)
-    log.configure(level, log_file, cmd.container_id, cmd.netns, cmd.ifname)
+    common = config.load_common(cmd)
+    _configure_log(common, cmd.container_id, cmd.netns, cmd.ifname)
     errors: list[CNIError] = []
-    _ipam_best_effort("DEL", cmd, ipam, errors)
-    store = deps.store(data_dir)
+    _ipam_best_effort("DEL", cmd, common.ipam_type, errors)
+    store = deps.store(common.data_dir)
     alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
     if alloc is None:
         logger.info("no VF is allocated to this attachment; nothing to release")
@@ -283,23 +289,12 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
     _raise_collected("DEL", errors)
 
 
-def _valid_attachments(conf: Mapping[str, Any]) -> set[tuple[str, str]]:
-    raw = conf.get("cni.dev/valid-attachments", conf.get("cni.dev/attachments")) or []
-    if not isinstance(raw, list):
-        raise CNIError(Code.INVALID_CONFIG, "cni.dev/valid-attachments must be a list")
-    valid = set()
-    for entry in raw:
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("containerID"), str):
-            raise CNIError(Code.INVALID_CONFIG, f"cni.dev/valid-attachments entry {entry!r} lacks containerID")
-        valid.add((entry["containerID"], str(entry.get("ifname") or "")))
-    return valid
-
-
 def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
-    data_dir, level, log_file, ipam = config.load_common(cmd)
-    log.configure(level, log_file, "-", "-", "-")
-    valid = _valid_attachments(cmd.conf)
-    store = deps.store(data_dir)
+    common = config.load_common(cmd)
+    _configure_log(common, "-", "-", "-")
+    # Before anything is released: an unreadable list must release nothing.
+    valid = attachments.valid_attachments(cmd.conf)
+    store = deps.store(common.data_dir)
     vfc = deps.vf_control()
     errors: list[CNIError] = []
     for alloc in store.all():
@@ -308,7 +303,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
                 _release(vfc, store, alloc)
             except CNIError as exc:
                 errors.append(exc)
-    _ipam_best_effort("GC", cmd, ipam, errors)
+    _ipam_best_effort("GC", cmd, common.ipam_type, errors)
     _raise_collected("GC", errors)
 
 
@@ -316,8 +311,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
 
 
 def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
-    conf = config.load(cmd)
-    log.configure(conf.log_level, conf.log_file, cmd.container_id, cmd.netns, cmd.ifname)
+    conf = _load(cmd)
     prev = conf.prev_result
     if prev is None:
         raise CNIError(Code.INVALID_CONFIG, "CHECK needs prevResult")
@@ -360,14 +354,13 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
                 problems.append(f"VF {key} is {actual[key]}, expected {value}")
     if problems:
         raise CNIError(Code.DEVICE, f"{cmd.ifname} in {cmd.netns} does not match", "; ".join(problems))
-    ipam_type = _ipam_type(conf.ipam)
-    if ipam_type:
-        delegate.run_ipam("CHECK", cmd, ipam_type)
+    if conf.ipam_type:
+        delegate.run_ipam("CHECK", cmd, conf.ipam_type)
 
 
 def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
     conf = config.load(cmd)
-    log.configure(conf.log_level, conf.log_file, "-", "-", "-")
+    _configure_log(conf, "-", "-", "-")
     if conf.pool and conf.device_id is None:
         try:
             vfs = allocate.pool_vfs(conf.pool)
@@ -385,9 +378,8 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
                 f"no free VF in the pool {', '.join(str(e) for e in conf.pool)}",
                 f"{len(vfs)} VFs, all allocated or in use",
             )
-    ipam_type = _ipam_type(conf.ipam)
-    if ipam_type:
-        delegate.run_ipam("STATUS", cmd, ipam_type)
+    if conf.ipam_type:
+        delegate.run_ipam("STATUS", cmd, conf.ipam_type)
 
 
 # --- entry points --------------------------------------------------------------

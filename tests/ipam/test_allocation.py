@@ -221,6 +221,21 @@ def test_gc_rejects_a_malformed_list(cni, netconf) -> None:
     assert (got.code, got.msg) == (Code.INVALID_CONFIG, "cni.dev/valid-attachments[0].ifname must be a non-empty string")
 
 
+@pytest.mark.parametrize(
+    "value", [None, False, 0, "", {}, [{"containerID": "a"}], [{"containerID": "a", "ifname": ""}]],
+    ids=["null", "false", "0", "empty string", "empty object", "entry without ifname", "entry with empty ifname"],
+)
+def test_gc_with_a_malformed_list_releases_nothing(cni, netconf, stored, value) -> None:
+    # The same parser as the sriov plugin's GC: both refuse before releasing.
+    conf = netconf(SMALL, version="1.1.0")
+    cni("ADD", conf, cid="a")
+    held = stored()
+    assert held
+    got = cni("GC", {**conf, "cni.dev/valid-attachments": value})
+    assert got.code == Code.INVALID_CONFIG and got.msg.startswith("cni.dev/valid-attachments")
+    assert stored() == held
+
+
 def test_status_reports_an_exhausted_range_set(cni, netconf) -> None:
     conf = netconf([[{"subnet": "2001:db8::/64"}], [{"subnet": "10.0.0.0/30"}]], version="1.1.0")
     assert (cni("STATUS", conf).rc, cni("STATUS", conf).out) == (0, None)

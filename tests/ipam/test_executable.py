@@ -41,7 +41,7 @@ def test_errors_are_cni_error_objects_without_tracebacks(exe, netconf, tmp_path:
 def test_version_and_about(exe_path: Path) -> None:
     env = {**os.environ, "CNI_COMMAND": "VERSION"}
     out = subprocess.run([str(exe_path)], input=b'{"cniVersion":"1.0.0"}', env=env, capture_output=True, check=True)
-    assert json.loads(out.stdout)["supportedVersions"] == ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+    assert json.loads(out.stdout)["supportedVersions"] == ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
     env.pop("CNI_COMMAND")
     about = subprocess.run([str(exe_path)], input=b"", env=env, capture_output=True, check=True)
     assert about.stdout == b"" and b"sriov-ipam" in about.stderr

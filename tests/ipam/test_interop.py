@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from ipam.store import DiskStore
 
 from sriov_cni.cni import Code
@@ -83,3 +85,31 @@ def test_host_local_waits_for_our_lock(netconf, net_dir, data_dir) -> None:
     assert proc.wait(timeout=30) == 0
     assert out["ips"][0]["address"] == "10.8.0.2/29"
     assert Path(net_dir / "10.8.0.2").read_bytes() == b"h\r\neth0"
+
+
+@pytest.mark.parametrize("version", [None, "", "0.1.0", "0.2.0"], ids=["missing", "empty", "0.1.0", "0.2.0"])
+def test_old_versions_are_answered_as_host_local_answers_them(exe, host_local, netconf, stored, version) -> None:
+    # skel reads a missing or empty cniVersion as 0.1.0; results before
+    # 0.3.0 carry one address per family as ip4/ip6.
+    conf = netconf(DUAL, routes=[{"dst": "0.0.0.0/0"}, {"dst": "fd09::/64"}])
+    if version is None:
+        del conf["cniVersion"]
+    else:
+        conf["cniVersion"] = version
+    theirs = host_local("ADD", conf, cid="theirs")
+    ours = exe("ADD", conf, cid="ours")
+    assert theirs.rc == 0 and ours.rc == 0, (theirs.out, ours.out)
+    assert ours.out == {
+        "cniVersion": version or "0.1.0",
+        "ip4": {"ip": "10.8.0.3/28", "gateway": "10.8.0.1", "routes": [{"dst": "0.0.0.0/0"}]},
+        "ip6": {"ip": "fd08::3/64", "gateway": "fd08::1", "routes": [{"dst": "fd09::/64"}]},
+    }
+    # host-local's answer has the same shape (its dns is always there, empty).
+    assert theirs.out is not None
+    assert {k: v for k, v in theirs.out.items() if k != "dns"} == {
+        **ours.out, "ip4": {**ours.out["ip4"], "ip": "10.8.0.2/28"}, "ip6": {**ours.out["ip6"], "ip": "fd08::2/64"}
+    }
+    # And DEL of such a config works, for each tool's reservation.
+    assert exe("DEL", conf, cid="theirs").rc == 0
+    assert host_local("DEL", conf, cid="ours").rc == 0
+    assert stored() == {}

@@ -254,31 +254,43 @@ class Node:
     def add_pf(self, nvfs: int, *, total: int | None = None, dpdk: tuple[int, ...] = ()) -> PF:
         """A PF with ``nvfs`` VFs; VF indexes in ``dpdk`` are bound to vfio-pci and have no netdev."""
         n = len(self.pfs)
-        pf = PF(name=f"sv{self.token}p{n}", pci=f"0000:{0x3b + n:02x}:00.0")
+        vfs = [
+            (f"0000:{0x3b + n:02x}:{0x10 + i // 8:02x}.{i % 8}", "vfio-pci" if i in dpdk else "igbvf")
+            for i in range(nvfs)
+        ]
+        return self.add_pf_at(f"0000:{0x3b + n:02x}:00.0", f"sv{self.token}p{n}", vfs, total=total)
+
+    def add_pf_at(self, pci: str, name: str, vfs: list[tuple[str, str | None]], *, driver: str = "igb",
+                  total: int | None = None) -> PF:
+        """A PF at ``pci`` named ``name``; each VF is (PCI address, driver).
+
+        A VF bound to a DPDK driver has no netdev, nor has one with driver
+        None (unbound); any other VF's netdev is a veth with a per-run name.
+        """
+        n = len(self.pfs)
+        pf = PF(name=name, pci=pci)
         pf_dir = self._devices() / pf.pci
         (pf_dir / "net" / pf.name).mkdir(parents=True)
-        (pf_dir / "sriov_numvfs").write_text(f"{nvfs}\n")
-        (pf_dir / "sriov_totalvfs").write_text(f"{total if total is not None else max(nvfs, 7)}\n")
-        self._driver_link(pf.pci, "igb")
+        (pf_dir / "sriov_numvfs").write_text(f"{len(vfs)}\n")
+        (pf_dir / "sriov_totalvfs").write_text(f"{total if total is not None else max(len(vfs), 7)}\n")
+        self._driver_link(pf.pci, driver)
         os.symlink(f"../../../bus/pci/devices/{pf.pci}", self._mkdir_class(pf.name) / "device")
-        for i in range(nvfs):
-            pci = f"0000:{0x3b + n:02x}:{0x10 + i // 8:02x}.{i % 8}"
-            vf_dir = self._devices() / pci
+        for i, (vf_pci, vf_driver) in enumerate(vfs):
+            vf_dir = self._devices() / vf_pci
             vf_dir.mkdir()
             os.symlink(f"../{pf.pci}", vf_dir / "physfn")
-            os.symlink(f"../{pci}", pf_dir / f"virtfn{i}")
+            os.symlink(f"../{vf_pci}", pf_dir / f"virtfn{i}")
             netdev: str | None = None
-            if i in dpdk:
-                self._driver_link(pci, "vfio-pci")
-            else:
-                self._driver_link(pci, "igbvf")
+            if vf_driver is not None:
+                self._driver_link(vf_pci, vf_driver)
+            if vf_driver is not None and vf_driver not in sysfs.DPDK_DRIVERS:
                 netdev = f"sv{self.token}v{n}{i}"
                 (vf_dir / "net" / netdev).mkdir(parents=True)
                 sh("ip", "link", "add", netdev, "type", "veth", "peer", "name", f"peer{n}{i}", "netns", self.peer_ns)
                 # A distinct, recognisable MAC: the netdev's identity across moves.
                 sh("ip", "link", "set", "dev", netdev, "address", f"02:5f:{self.token[:2]}:{self.token[2:4]}:{n:02x}:{i:02x}")
-            pf.vfs.append(VF(index=i, pci=pci, netdev=netdev, pf=pf))
-        self.fake.add_pf(pf.name, nvfs)
+            pf.vfs.append(VF(index=i, pci=vf_pci, netdev=netdev, pf=pf))
+        self.fake.add_pf(pf.name, len(vfs))
         self.pfs.append(pf)
         return pf
 

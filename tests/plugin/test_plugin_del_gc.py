@@ -11,7 +11,7 @@ import pytest
 
 from sriov_cni.store import Allocation, FileStore, OriginalState
 
-from pluginlib import Node, Outcome, link, link_names, netdev_view, sh
+from pluginlib import Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
 
 
 def ok(res: Outcome) -> None:
@@ -244,6 +244,41 @@ def test_gc_releases_what_is_not_listed(node: Node) -> None:
     ok(node.cni("GC", gc))
     owners = {r.container_id: r.network for r in FileStore(node.data_dir).all()}
     assert owners == {"legacy": "net-a", "other-net": "net-b"}
+
+
+MALFORMED_ATTACHMENTS = {
+    "null": None,
+    "false": False,
+    "0": 0,
+    "empty string": "",
+    "empty object": {},
+    "entry without ifname": [{"containerID": "keep"}],
+    "entry with empty ifname": [{"containerID": "keep", "ifname": ""}],
+    "entry without containerID": [{"ifname": "net1"}],
+}
+
+
+@pytest.mark.parametrize("key", ["cni.dev/valid-attachments", "cni.dev/attachments"])
+@pytest.mark.parametrize("value", list(MALFORMED_ATTACHMENTS.values()), ids=list(MALFORMED_ATTACHMENTS))
+def test_gc_with_a_malformed_list_releases_nothing(node: Node, key: str, value: Any) -> None:
+    node.add_pf(2)
+    conf = node.conf("1.1.0", ipam=node.sriov_ipam("10.47.0.0/24"))
+    pods = [node.pod(), node.pod()]
+    for cid, pod in zip(("keep", "other"), pods):
+        node.add(conf, netns=pod, container=cid)
+    before = node.picture()
+    reserved = ipam_reservations(node.ipam_dir, "sriov-net")
+    assert len(reserved) == 2
+
+    res = node.cni("GC", dict(conf, **{key: value}))
+
+    assert res.rc != 0 and res.code == 7, res.stdout
+    assert res.out["msg"].startswith(key)
+    assert "released nothing" in res.out["details"]
+    # Neither the VFs nor (in-process sriov-ipam) the addresses were touched.
+    assert node.picture() == before
+    assert all(link_names(os.path.basename(pod)) == {"lo", "net1"} for pod in pods)
+    assert ipam_reservations(node.ipam_dir, "sriov-net") == reserved
 
 
 # --- CHECK ------------------------------------------------------------------------

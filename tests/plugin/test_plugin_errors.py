@@ -70,7 +70,6 @@ BAD_CONFIGS = {
     "bad mac": {"mac": "02:00:00:00:00"},
     "multicast mac": {"mac": "01:00:5e:00:00:01"},
     "bad runtime mac": {"runtimeConfig": {"mac": "zz:00:00:00:00:01"}},
-    "spoofchk yes": {"spoofchk": "yes"},
     "bad link_state": {"link_state": "up"},
     "min above max": {"min_tx_rate": 100, "max_tx_rate": 10},
     "unknown PF": {"pfNames": ["nosuchpf0"]},

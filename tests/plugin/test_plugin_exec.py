@@ -10,7 +10,7 @@ import pytest
 
 from pluginlib import SRIOV_BIN, Outcome, run_bin
 
-SUPPORTED = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+SUPPORTED = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 
 
 def env(command: str | None, **extra: str) -> dict[str, str]:
@@ -47,7 +47,7 @@ def test_no_command_prints_about_line_to_stderr() -> None:
 
 @pytest.mark.parametrize(
     "stdin,code",
-    [(b"{not json", 6), (b"\xff\xfe", 6), (b'"a string"', 6), (b'{"cniVersion": "0.1.0", "name": "n"}', 1)],
+    [(b"{not json", 6), (b"\xff\xfe", 6), (b'"a string"', 6), (b'{"cniVersion": "0.9.0", "name": "n"}', 1)],
 )
 def test_bad_stdin_is_an_error_object(stdin: bytes, code: int) -> None:
     res = run_bin(env("ADD", CNI_CONTAINERID="c", CNI_NETNS="/var/run/netns/x", CNI_IFNAME="net1"), stdin)

@@ -73,10 +73,10 @@ SETTINGS = [
     ({"link_state": "disable"}, {"link_state": 2}, [("link_state", 2)]),
     ({"link_state": "enable"}, {"link_state": 1}, [("link_state", 1)]),
     ({"min_tx_rate": 10, "max_tx_rate": 100}, {"min_tx_rate": 10, "max_tx_rate": 100}, [("rate", (10, 100))]),
-    # One limit alone keeps the other at its current value (one netlink
-    # request carries both; sending 0 would clear it).
-    ({"max_tx_rate": 300}, {"min_tx_rate": 5, "max_tx_rate": 300}, [("rate", (5, 300))]),
-    ({"min_tx_rate": 20}, {"min_tx_rate": 20, "max_tx_rate": 500}, [("rate", (20, 500))]),
+    # One limit alone sends the other as 0 (no limit), as the reference
+    # does; DEL still restores the VF's original pair (5, 500).
+    ({"max_tx_rate": 300}, {"min_tx_rate": 0, "max_tx_rate": 300}, [("rate", (0, 300))]),
+    ({"min_tx_rate": 20}, {"min_tx_rate": 20, "max_tx_rate": 0}, [("rate", (20, 0))]),
 ]
 
 
