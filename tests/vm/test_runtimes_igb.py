@@ -129,7 +129,7 @@ class PodmanHost:
     def network(self, conf: dict[str, Any]) -> Podman:
         name = conf["name"]
         conf_dir = self._base / f"net.d-{name}"
-        conf_dir.mkdir()
+        conf_dir.mkdir(exist_ok=True)
         (conf_dir / f"10-{name}.conflist").write_text(json.dumps(conf))
         containers_conf = self._base / f"containers-{name}.conf"
         containers_conf.write_text(render_containers_conf(self._cni_bin, conf_dir))
