@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sriov_cni import netlink
+from sriov_cni import netlink, safepath, sysfs
 from sriov_cni.allocate import PoolEntry, parse_pool_entry
-from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, Result
+from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, Result, short_repr
 from sriov_cni.store import DEFAULT_DATA_DIR
 
-_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 VLAN_PROTOS = {"802.1q": netlink.VLAN_PROTO_8021Q, "802.1ad": netlink.VLAN_PROTO_8021AD}
 LINK_STATES = {
@@ -90,7 +90,7 @@ def _on_off(conf: Mapping[str, Any], key: str) -> bool | None:
 
 def _mac(value: str, where: str) -> str:
     mac = value.strip().lower()
-    if not _MAC.match(mac):
+    if not _MAC.fullmatch(mac):
         raise _invalid(f"{where} {value!r} is not a MAC address (expected six hex pairs like 02:00:00:00:00:01)")
     if int(mac[:2], 16) & 1:
         raise _invalid(f"{where} {value!r} is a multicast address; a VF needs a unicast MAC")
@@ -124,8 +124,8 @@ def _device_id(conf: Mapping[str, Any]) -> str | None:
     for key, value in candidates:
         if value is None or value == "":
             continue
-        if not isinstance(value, str):
-            raise _invalid(f"{key} must be a PCI address string, got {value!r}")
+        if not isinstance(value, str) or not sysfs.is_pci_address(value):
+            raise _invalid(f"{key} must be a PCI address like 0000:3b:02.0, got {short_repr(value)}")
         return value.lower()
     return None
 
@@ -150,7 +150,8 @@ def load_common(cmd: CmdArgs) -> tuple[str, str, str | None, Mapping[str, Any] |
     """What DEL and GC need even when the rest of the config is bad:
     data directory, log level, log file and IPAM section."""
     conf = cmd.conf
-    data_dir = _str(conf, "dataDir") or DEFAULT_DATA_DIR
+    data_dir = safepath.absolute(_str(conf, "dataDir") or DEFAULT_DATA_DIR, "dataDir")
+    log_file = _str(conf, "logFile")
     level = (_str(conf, "logLevel") or "info").lower()
     if level not in LOG_LEVELS:
         # The reference plugin falls back the same way; refusing would break
@@ -163,7 +164,7 @@ def load_common(cmd: CmdArgs) -> tuple[str, str, str | None, Mapping[str, Any] |
         ipam = None
     if ipam is not None and not (isinstance(ipam.get("type"), str) and ipam["type"]):
         raise _invalid("ipam.type must name an IPAM plugin")
-    return data_dir, level, _str(conf, "logFile"), ipam
+    return data_dir, level, log_file and safepath.absolute(log_file, "logFile"), ipam
 
 
 def load(cmd: CmdArgs) -> NetConf:
