@@ -135,12 +135,25 @@ def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocat
             logger.warning("releasing the address of dead container %s: %s", stale.container_id, exc)
 
 
+def _pod_netns(netns: str) -> int:
+    """The pod namespace's identity; it must exist."""
+    inode = netlink.netns_inode(netns)
+    if inode is None:
+        raise CNIError(Code.INVALID_NETNS, f"network namespace {netns} does not exist")
+    return inode
+
+
+def _not_host(netns: str) -> None:
+    if netlink.is_own_netns(netns):
+        # The VF would stay in the host under the pod's name, holding the
+        # pod's address after DEL gave it back.
+        raise CNIError(Code.INVALID_NETNS, f"CNI_NETNS {netns} is the host's own network namespace, not a pod's")
+
+
 def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
     conf = config.load(cmd)
     log.configure(conf.log_level, conf.log_file, cmd.container_id, cmd.netns, cmd.ifname)
-    netns_inode = netlink.netns_inode(cmd.netns)
-    if netns_inode is None:
-        raise CNIError(Code.INVALID_NETNS, f"network namespace {cmd.netns} does not exist")
+    netns_inode = _pod_netns(cmd.netns)
     store = deps.store(conf.data_dir)
     existing = _find(store, cmd.container_id, cmd.ifname, conf.name)
     if existing is not None:
@@ -154,6 +167,7 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
             if pod.find(cmd.ifname) is not None:
                 raise CNIError(Code.INVALID_CONFIG, f"interface {cmd.ifname} already exists in {cmd.netns}")
     candidates = _candidates(conf)
+    _not_host(cmd.netns)
     vfc = deps.vf_control()
 
     def make(vf: sysfs.VF) -> Allocation:
@@ -318,6 +332,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
 def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
     conf = config.load(cmd)
     log.configure(conf.log_level, conf.log_file, cmd.container_id, cmd.netns, cmd.ifname)
+    _not_host(cmd.netns)
     prev = conf.prev_result
     if prev is None:
         raise CNIError(Code.INVALID_CONFIG, "CHECK needs prevResult")
