@@ -332,10 +332,11 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
 def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
     conf = config.load(cmd)
     log.configure(conf.log_level, conf.log_file, cmd.container_id, cmd.netns, cmd.ifname)
-    _not_host(cmd.netns)
     prev = conf.prev_result
     if prev is None:
         raise CNIError(Code.INVALID_CONFIG, "CHECK needs prevResult")
+    _pod_netns(cmd.netns)
+    _not_host(cmd.netns)
     alloc = _find(deps.store(conf.data_dir), cmd.container_id, cmd.ifname, conf.name)
     if alloc is None:
         raise CNIError(Code.DEVICE, f"no VF is recorded for {cmd.ifname} of container {cmd.container_id}")
