@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import log, plugin
+from sriov_cni import log, netlink, plugin
 from sriov_cni.cni import Code
 
 from pluginlib import Node, Outcome, ipam_reservations, link, link_names, netdev_view, run_bin, sh
@@ -130,6 +130,26 @@ def test_failed_add_after_the_move_leaks_no_socket(ready) -> None:
         refused(node.cni("ADD", conf, netns=pod), Code.DEVICE)
     assert _sockets() == baseline
     assert node.picture() == before
+
+
+def test_session_closes_the_handle_a_rollback_opened_after_a_failure() -> None:
+    # The shape of a failed ADD: a request on the host handle fails inside an
+    # enclosing host block, the rollback opens a fresh host handle, and the
+    # failure then leaves the enclosing block too.  The cache used to drop
+    # the rollback's handle there without closing it.
+    baseline = _sockets()
+    with netlink.session():
+        with pytest.raises(netlink.LinkNotFound):
+            with netlink.namespace() as outer:
+                with pytest.raises(netlink.LinkNotFound):
+                    with netlink.namespace() as inner:
+                        assert inner is outer
+                        inner.get(2**31 - 1)
+                with netlink.namespace() as fresh:
+                    assert fresh is not outer
+                    assert fresh.links()
+                raise netlink.LinkNotFound("the move failed")
+    assert _sockets() == baseline
 
 
 # --- 5: the host's own namespace as CNI_NETNS ---------------------------------------------
