@@ -178,17 +178,21 @@ def test_fifo_as_netns_answers(ready, tmp_path: Path) -> None:
     assert node.picture() == before
 
 
-def test_fifo_as_log_file_answers_and_logs_to_stderr(
-    ready, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("kind", ["fifo", "/dev/full"])
+def test_log_file_that_is_no_regular_file_answers_and_logs_to_stderr(
+    ready, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     node, pod, before = ready
-    fifo = tmp_path / "log-fifo"
-    os.mkfifo(fifo)
-    conf = node.conf(logFile=str(fifo))
+    path = kind
+    if kind == "fifo":
+        path = str(tmp_path / "log-fifo")
+        os.mkfifo(path)
+    conf = node.conf(logFile=path)
     res = answered(node, "ADD", conf, netns=pod)
     assert res.rc == 0, res.stdout
     err = capsys.readouterr().err
-    assert "cannot open log file" in err and "Traceback" not in err
+    assert "logging to stderr" in err and "allocated VF" in err
+    assert "Traceback" not in err and "Logging error" not in err
     assert answered(node, "DEL", conf, netns=pod).rc == 0
     assert node.picture() == before
 
@@ -377,15 +381,18 @@ def test_log_context_with_percent_signs_is_data(capsys: pytest.CaptureFixture[st
     assert "containerID=c%s1 netns=/run/netns/%(x)s ifname=net%d] hello there" in err
 
 
-def test_unwritable_log_file_prints_no_traceback(ready, capsys: pytest.CaptureFixture[str]) -> None:
-    node, pod, before = ready
-    conf = node.conf(logFile="/dev/full")
-    res = node.cni("ADD", conf, netns=pod)
-    assert res.rc == 0, res.stdout
+def test_failing_log_writes_print_one_line_not_tracebacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log.configure("info", str(tmp_path / "sriov.log"), "c1", "/run/netns/p", "net1")
+    logger = logging.getLogger("sriov_cni")
+    [handler] = logger.handlers
+    # Every later write fails, as on a full disk.
+    os.close(handler.stream.fileno())  # type: ignore[attr-defined]
+    for _ in range(3):
+        logger.error("line")
+    log.configure("info", None, "-", "-", "-")
     err = capsys.readouterr().err
+    assert err.count("cannot write to the log") == 1
     assert "Traceback" not in err and "Logging error" not in err
-    assert node.cni("DEL", conf, netns=pod).rc == 0
-    assert node.picture() == before
 
 
 def test_non_utf8_netns_with_a_log_file_prints_no_traceback(
