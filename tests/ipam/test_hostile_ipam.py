@@ -124,9 +124,9 @@ def test_new_network_directory_has_host_locals_mode(cni: Invoke, tmp_path: Path)
     assert stat.S_IMODE((tmp_path / "data" / "hnet").stat().st_mode) == 0o755
 
 
-@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "directory", "huge", "nul"])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "/dev/urandom", "directory", "huge", "nul"])
 def test_resolv_conf_that_is_no_small_file_is_refused(exe: Invoke, tmp_path: Path, kind: str) -> None:
-    path = {"/dev/zero": "/dev/zero", "directory": str(tmp_path), "nul": "/etc/\0resolv.conf"}.get(kind, "")
+    path = {"directory": str(tmp_path), "nul": "/etc/\0resolv.conf"}.get(kind, kind)
     if kind == "fifo":
         path = str(tmp_path / "fifo")
         os.mkfifo(path)

@@ -106,6 +106,17 @@ def invocations(draw: st.DrawFn, node: Node, pod: str, paths: dict[str, str]) ->
     return env, json.dumps(conf).encode()
 
 
+def _bounded(examples: int) -> Any:
+    """Seeded (derandomized, no example database) and sized to fit the host suite."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
 def _answer(call: Any) -> tuple[int, str]:
     box: list[tuple[int, str]] = []
     errors: list[BaseException] = []
@@ -165,13 +176,7 @@ def test_sriov_plugin_edge(node: Node, paths: dict[str, str], tmp_path: Path, mo
     monkeypatch.chdir(cwd)
     host_before = node.picture()["host"]
 
-    @settings(
-        max_examples=250,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
+    @_bounded(250)
     @given(invocation=invocations(node, pod, paths))
     def edge(invocation: tuple[dict[str, str], bytes]) -> None:
         env, stdin = invocation
@@ -232,13 +237,7 @@ def test_sriov_ipam_edge(paths: dict[str, str], tmp_path: Path, monkeypatch: pyt
             p.name for p in network.iterdir() if p.name[0].isdigit() and p.read_bytes().split(b"\r\n")[0] == container.encode()
         }
 
-    @settings(
-        max_examples=300,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
+    @_bounded(300)
     @given(invocation=ipam_invocations(str(data_dir), paths))
     def edge(invocation: tuple[dict[str, str], bytes]) -> None:
         env, stdin = invocation
