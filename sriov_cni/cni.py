@@ -145,7 +145,9 @@ class DNS:
         domain = raw.get("domain") or ""
         if not isinstance(domain, str):
             raise CNIError(code, f"{what}.domain must be a string, got {short_repr(domain)}")
-        return cls(nameservers=strings("nameservers"), domain=domain, search=strings("search"), options=strings("options"))
+        return cls(
+            nameservers=strings("nameservers"), domain=domain, search=strings("search"), options=strings("options")
+        )
 
 
 # Largest value of each optional route field the kernel takes (u32
@@ -278,8 +280,9 @@ class Result:
                 for r in raw.get("routes") or []
             ]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CNIError(Code.DECODE, f"cannot parse {what}", f"{type(exc).__name__}: {short_repr(exc, 200)}") from exc
-        return cls(interfaces=interfaces, ips=ips, routes=routes, dns=DNS.from_dict(raw.get("dns"), f"{what}.dns", Code.DECODE))
+            raise CNIError(Code.DECODE, f"cannot parse {what}", f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        dns = DNS.from_dict(raw.get("dns"), f"{what}.dns", Code.DECODE)
+        return cls(interfaces=interfaces, ips=ips, routes=routes, dns=dns)
 
 
 # --- invocation ------------------------------------------------------------
@@ -315,16 +318,15 @@ def decode_json(data: bytes | str, what: str, code: int = Code.DECODE) -> Any:
     """Parse untrusted JSON; any failure (bad syntax, bad UTF-8, hostile nesting) is a CNIError."""
     try:
         doc = json.loads(data)
+        too_deep = not _depth_ok(doc)
     except RecursionError:
-        doc = None
-        ok = False
+        too_deep = True
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CNIError(code, f"failed to decode {what}", short_repr(str(exc), 200)) from None
-    else:
-        ok = _depth_ok(doc)
-    if not ok:
+        raise CNIError(code, f"failed to decode {what}", str(exc)[:200]) from None
+    if too_deep:
         raise CNIError(code, f"failed to decode {what}", f"nested deeper than {MAX_JSON_DEPTH} levels")
     return doc
+
 
 # Variables each command needs non-empty.  CNI_PATH is only needed when a
 # plugin is delegated to, so it is checked there, not here.
