@@ -87,7 +87,6 @@ def _reserve_requested(store: Store, rset: RangeSet, owner: Owner, want: Request
         if holder != owner:
             by = f" by container {holder.container_id} interface {holder.ifname}" if holder else ""
             raise CNIError(Code.INVALID_CONFIG, f"{want.field} {want.address} is already reserved{by}")
-    store.set_last_reserved(rset.index, want.address)
     return Allocation(want.address, want.range)
 
 
@@ -103,7 +102,6 @@ def _reserve_next(store: Store, rset: RangeSet, owner: Owner) -> Allocation:
             f"no free addresses left in range set {rset.field}",
             "; ".join(str(r) for r in rset.ranges),
         )
-    store.set_last_reserved(rset.index, found.ip)
     return found
 
 
@@ -130,7 +128,10 @@ def allocate(store: Store, cfg: IPAMConfig, owner: Owner, requested: dict[int, R
                     )
                 if have is None:
                     have = _reserve_requested(store, rset, owner, want) if want else _reserve_next(store, rset, owner)
+                    # Counted as fresh before anything else can fail, so a
+                    # failing write of last_reserved_ip releases it too.
                     fresh.append(have.ip)
+                    store.set_last_reserved(rset.index, have.ip)
                 out.append(have)
             if fresh:
                 store.set_hint(owner, [a.ip for a in out])

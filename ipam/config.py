@@ -8,13 +8,18 @@ the offending field, so an operator can find it without reading code.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, IPAddress, IPNetwork, Route
+from sriov_cni import safepath
+from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, IPAddress, IPNetwork, Route, short_repr
 
 DEFAULT_DATA_DIR = "/var/lib/cni/networks"
+# A resolv.conf is a few hundred bytes; the bound keeps /dev/zero-like
+# files from being read without end.
+MAX_RESOLV_CONF = 64 * 1024
 
 
 def _bad(field: str, msg: str) -> CNIError:
@@ -105,6 +110,7 @@ def store_location(conf: Mapping[str, Any]) -> tuple[str, str]:
     data_dir = _section(conf).get("dataDir", DEFAULT_DATA_DIR)
     if not isinstance(data_dir, str) or not data_dir:
         raise _bad("ipam.dataDir", "must be a non-empty string")
+    data_dir = safepath.absolute(data_dir, "ipam.dataDir")
     # dispatch has already checked the name against libcni's rule, which
     # keeps it a single path component.
     return data_dir, str(conf["name"])
@@ -176,17 +182,26 @@ def _parse_set(raw: Any, index: int, field: str) -> RangeSet:
 
 
 def _check_ranges(sets: list[RangeSet]) -> None:
-    ranges = [r for s in sets for r in s.ranges]
-    for i, later in enumerate(ranges):
-        for earlier in ranges[:i]:
-            if earlier.contains(later.start) or later.contains(earlier.start):
-                raise _bad(later.field, f"{later.subnet} ({later.start}-{later.end}) overlaps {earlier}")
+    # Sorted by family and start, two ranges overlap only if neighbours do,
+    # so this is n log n: thousands of ranges were a pairwise check of
+    # seconds.
+    declared = [r for s in sets for r in s.ranges]
+    order = {id(r): i for i, r in enumerate(declared)}
+    ranges = sorted(declared, key=lambda r: (r.start.version, int(r.start), int(r.end)))
+    for low, high in zip(ranges, ranges[1:]):
+        if low.contains(high.start):
+            # Name the one configured later, as the operator reads the file.
+            earlier, later = sorted((low, high), key=lambda r: order[id(r)])
+            raise _bad(later.field, f"{later.subnet} ({later.start}-{later.end}) overlaps {earlier}")
     # A range skips only its own gateway, so another range's gateway inside
-    # its window would be handed to a pod.
+    # its window would be handed to a pod.  Ranges no longer overlap, so at
+    # most one range holds a gateway: the last one starting at or below it.
+    starts = [(r.start.version, int(r.start)) for r in ranges]
     for r in ranges:
-        for other in ranges:
-            if other is not r and other.contains(r.gateway) and other.gateway != r.gateway:
-                raise _bad(f"{r.field}.gateway", f"{r.gateway} is inside {other}, which would hand it out")
+        at = bisect.bisect_right(starts, (r.gateway.version, int(r.gateway))) - 1
+        other = ranges[at] if at >= 0 else None
+        if other is not None and other is not r and other.contains(r.gateway) and other.gateway != r.gateway:
+            raise _bad(f"{r.field}.gateway", f"{r.gateway} is inside {other}, which would hand it out")
 
 
 def _parse_routes(raw: Any) -> tuple[Route, ...]:
@@ -219,9 +234,10 @@ def _parse_resolv_conf(raw: Any) -> DNS:
     field = "ipam.resolvConf"
     if not isinstance(raw, str):
         raise _bad(field, f"{raw!r} must be a path")
+    if "\0" in raw:
+        raise _bad(field, f"{short_repr(raw)} is not a usable path")
     try:
-        with open(raw, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+        text = safepath.read_file(raw, MAX_RESOLV_CONF).decode("utf-8", errors="replace")
     except OSError as exc:
         raise _bad(field, f"{raw} cannot be read: {exc.strerror}") from None
     dns = DNS()

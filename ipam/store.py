@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Collection, ContextManager, Iterator, Protocol
 
 import filelock
 
+from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code, IPAddress
 
 # host-local separates container ID and interface name with CRLF.
@@ -144,7 +145,9 @@ class _ReservedNames(Collection[IPAddress]):
 
 
 def _write(path: str, data: bytes, flags: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | flags, 0o600)
+    # O_NOFOLLOW: a symlink planted as last_reserved_ip.0 or a hint must not
+    # redirect a root write.
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | flags, 0o600)
     try:
         view = memoryview(data)
         while view:
@@ -172,7 +175,9 @@ class DiskStore:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        os.makedirs(self.dir, mode=0o755, exist_ok=True)
+        # Every component checked, none a symlink; created 0755 like
+        # host-local does, and refused when others may write in it.
+        safepath.state_dir(self.dir, 0o755)
         try:
             self._lock.acquire()
         except filelock.Timeout:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sriov_cni import netlink, sysfs
-from sriov_cni.cni import CNIError, Code
+from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
 from sriov_cni.store import Allocation, Store
 
 
@@ -42,28 +42,42 @@ class PoolEntry:
     def __str__(self) -> str:
         if self.indexes is None:
             return self.pf
-        return f"{self.pf}#{','.join(str(i) for i in self.indexes)}"
+        # Runs as ranges: the entry as written, not thousands of numbers.
+        runs: list[list[int]] = []
+        for i in self.indexes:
+            if runs and runs[-1][1] == i - 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        return f"{self.pf}#{','.join(str(a) if a == b else f'{a}-{b}' for a, b in runs)}"
 
 
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_RANGE = re.compile(r"([0-9]{1,6})(?:-([0-9]{1,6}))?")
+# SR-IOV's TotalVFs is a 16-bit field: no PF has a VF index above this.
+# Checked before expanding a range, so "#0-30000000" costs nothing.
+MAX_VF_INDEX = 0xFFFF
 
 
 def parse_pool_entry(entry: str) -> PoolEntry:
     """Parse ``"ens1f0"``, ``"ens1f0#0-3"`` or ``"0000:af:00.0#0-3,7"``."""
     pf, sep, spec = entry.partition("#")
     if not pf:
-        raise ValueError(f"{entry!r} names no PF")
+        raise ValueError(f"{short_repr(entry)} names no PF")
+    if not sysfs.is_pci_address(pf) and validate_ifname(pf) is not None:
+        raise ValueError(f"{short_repr(pf)} is neither a PF netdev name nor a PCI address: it {validate_ifname(pf)}")
     if not sep:
         return PoolEntry(pf, None)
     indexes: list[int] = []
     for part in spec.split(","):
-        m = _RANGE.match(part.strip())
+        m = _RANGE.fullmatch(part.strip())
         if not m:
-            raise ValueError(f"{entry!r}: {part!r} is not a VF index or range like 0-3")
+            raise ValueError(f"{short_repr(entry)}: {short_repr(part)} is not a VF index or range like 0-3")
         first = int(m.group(1))
         last = int(m.group(2)) if m.group(2) is not None else first
         if last < first:
-            raise ValueError(f"{entry!r}: range {part!r} ends before it starts")
+            raise ValueError(f"{short_repr(entry)}: range {part!r} ends before it starts")
+        if last > MAX_VF_INDEX:
+            raise ValueError(f"{short_repr(entry)}: VF index {last} is above {MAX_VF_INDEX}, the most SR-IOV allows")
         indexes.extend(range(first, last + 1))
     return PoolEntry(pf, tuple(sorted(set(indexes))))
 

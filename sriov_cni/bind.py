@@ -226,10 +226,24 @@ def _set_effective_mac(ns: Namespace, index: int, mac: str) -> None:
         raise CNIError(Code.DEVICE, f"the VF netdev did not take MAC {mac}")
 
 
-def _is_vf(link: LinkInfo, alloc: Allocation) -> bool:
-    # Kernels that report the parent device let us make sure the interface
-    # is this VF and not another one that took the same name.
-    return not link.parent_dev or link.parent_dev == alloc.vf_pci
+def _find_in_pod(pod: Namespace, alloc: Allocation, orig: OriginalState) -> LinkInfo | None:
+    """The VF's netdev in the pod, found by PCI address, never by name alone.
+
+    The name may not be the one recorded (the kernel expands templates like
+    net%d, the pod may rename it) and another interface may carry it.
+    Kernels from 5.14 report each netdev's parent device; where none is
+    reported (older kernels, virtual links), the VF is the parent-less link
+    with the MAC it was given, preferring the recorded name.
+    """
+    links = pod.links()
+    for link in links:
+        if link.parent_dev == alloc.vf_pci:
+            return link
+    macs = {m for m in (alloc.applied.get("mac"), orig.mac) if m}
+    matches = [link for link in links if not link.parent_dev and link.mac in macs]
+    named = [link for link in matches if link.name == alloc.ifname]
+    best = named or matches
+    return best[0] if best else None
 
 
 def _find_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) -> LinkInfo | None:
@@ -250,21 +264,31 @@ def restore_netdev(alloc: Allocation) -> None:
     orig = alloc.original
     if orig is None or alloc.dpdk or not orig.netdev:
         return
-    in_pod = False
+    pod_name: str | None = None
+    pod_alive = False
     if alloc.in_pod:
         try:
             with netlink.namespace(alloc.netns) as pod:
-                link = pod.find(alloc.ifname)
-                if link is not None and _is_vf(link, alloc):
-                    pod.set_up(link.index, False)
-                    in_pod = True
+                pod_alive = True
+                found = _find_in_pod(pod, alloc, orig)
+                if found is not None:
+                    pod.set_up(found.index, False)
+                    pod_name = found.name
         except netlink.NetnsNotFound:
             pass
-    if in_pod:
-        _move(alloc.netns, alloc.ifname, None, orig.netdev, tuple(orig.altnames))
+    if pod_name is not None:
+        _move(alloc.netns, pod_name, None, orig.netdev, tuple(orig.altnames))
     with netlink.namespace() as host:
         link = _find_home_link(host, alloc, orig)
         if link is None:
+            if pod_alive and sysfs.pci_dir(alloc.vf_pci).exists():
+                # The pod still exists and so does the VF, yet neither side
+                # shows its netdev: reporting success would drop the record
+                # of a VF that may still sit in the pod.
+                raise CNIError(
+                    Code.DEVICE,
+                    f"VF {alloc.vf_pci} is neither in {alloc.netns} nor in the host network namespace",
+                )
             log.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
             return
         if link.up:

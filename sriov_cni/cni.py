@@ -143,18 +143,55 @@ class DNS:
         return out
 
     @classmethod
-    def from_dict(cls, raw: Any) -> DNS:
+    def from_dict(cls, raw: Any, what: str = "dns", code: int = Code.INVALID_CONFIG) -> DNS:
         if not isinstance(raw, dict):
             return cls()
+
+        def strings(key: str) -> list[str]:
+            value = raw.get(key) or []
+            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+                raise CNIError(code, f"{what}.{key} must be a list of strings, got {short_repr(value)}")
+            return list(value)
+
+        domain = raw.get("domain") or ""
+        if not isinstance(domain, str):
+            raise CNIError(code, f"{what}.domain must be a string, got {short_repr(domain)}")
         return cls(
-            nameservers=[str(s) for s in raw.get("nameservers") or []],
-            domain=str(raw.get("domain") or ""),
-            search=[str(s) for s in raw.get("search") or []],
-            options=[str(s) for s in raw.get("options") or []],
+            nameservers=strings("nameservers"), domain=domain, search=strings("search"), options=strings("options")
         )
 
 
-_ROUTE_EXTRA = ("mtu", "advmss", "priority", "table", "scope")
+# Largest value of each optional route field the kernel takes (u32
+# attributes, u8 scope): anything larger is refused while parsing, not by a
+# struct.error deep inside the netlink encoder.
+_ROUTE_EXTRA = {"mtu": 2**32 - 1, "advmss": 2**32 - 1, "priority": 2**32 - 1, "table": 2**32 - 1, "scope": 255}
+# An interface MTU and a result's interface index are C ints.
+_INT_MAX = 2**31 - 1
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about untrusted input."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def bounded_int(value: Any, what: str, high: int) -> int:
+    """A JSON number (or numeric string) as an int in 0..high; ValueError otherwise.
+
+    ``int()`` alone is not enough: ``1e400`` decodes to infinity
+    (OverflowError), and a huge value only fails later in the kernel encoder.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{what} {short_repr(value)} is not an integer")
+    try:
+        number = int(value)
+    except (OverflowError, ValueError):
+        raise ValueError(f"{what} {short_repr(value)} is not an integer") from None
+    if isinstance(value, float) and number != value:
+        raise ValueError(f"{what} {short_repr(value)} is not an integer")
+    if not 0 <= number <= high:
+        raise ValueError(f"{what} {number} is out of range 0-{high}")
+    return number
 
 
 @dataclass
@@ -252,7 +289,7 @@ class Result:
                 Interface(
                     name=str(i["name"]),
                     mac=str(i.get("mac") or ""),
-                    mtu=int(i.get("mtu") or 0),
+                    mtu=bounded_int(i.get("mtu") or 0, "mtu", _INT_MAX),
                     sandbox=str(i.get("sandbox") or ""),
                     pci_id=str(i.get("pciID") or ""),
                     socket_path=str(i.get("socketPath") or ""),
@@ -263,7 +300,9 @@ class Result:
                 IPConfig(
                     address=ipaddress.ip_interface(str(ip["address"])),
                     gateway=ipaddress.ip_address(str(ip["gateway"])) if ip.get("gateway") else None,
-                    interface=int(ip["interface"]) if ip.get("interface") is not None else None,
+                    interface=(
+                        bounded_int(ip["interface"], "interface", _INT_MAX) if ip.get("interface") is not None else None
+                    ),
                 )
                 for ip in raw.get("ips") or []
             ]
@@ -271,13 +310,14 @@ class Result:
                 Route(
                     dst=ipaddress.ip_network(str(r["dst"]), strict=False),
                     gw=ipaddress.ip_address(str(r["gw"])) if r.get("gw") else None,
-                    **{k: int(r[k]) for k in _ROUTE_EXTRA if r.get(k) is not None},
+                    **{k: bounded_int(r[k], k, high) for k, high in _ROUTE_EXTRA.items() if r.get(k) is not None},
                 )
                 for r in raw.get("routes") or []
             ]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CNIError(Code.DECODE, f"cannot parse {what}", f"{type(exc).__name__}: {exc}") from exc
-        return cls(interfaces=interfaces, ips=ips, routes=routes, dns=DNS.from_dict(raw.get("dns")))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CNIError(Code.DECODE, f"cannot parse {what}", f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        dns = DNS.from_dict(raw.get("dns"), f"{what}.dns", Code.DECODE)
+        return cls(interfaces=interfaces, ips=ips, routes=routes, dns=dns)
 
 
 def _upgrade_legacy(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -297,8 +337,46 @@ def _upgrade_legacy(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 # --- invocation ------------------------------------------------------------
 
-# libcni's rule for container IDs and network names.
-VALID_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+# libcni's rule for container IDs and network names; always used with
+# fullmatch (a "$" would let a trailing newline through).
+VALID_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
+
+# Deeper than any real configuration or result nests.  json's decoder
+# recurses once per level, and so would everything that later walks,
+# prints or copies the document: a hostile depth must fail at decoding.
+MAX_JSON_DEPTH = 64
+
+
+def _depth_ok(doc: Any) -> bool:
+    # Iterative on purpose: recursion is exactly what a deep document exhausts.
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+def decode_json(data: bytes | str, what: str, code: int = Code.DECODE) -> Any:
+    """Parse untrusted JSON; any failure (bad syntax, bad UTF-8, hostile nesting) is a CNIError."""
+    try:
+        doc = json.loads(data)
+        too_deep = not _depth_ok(doc)
+    except RecursionError:
+        too_deep = True
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CNIError(code, f"failed to decode {what}", str(exc)[:200]) from None
+    if too_deep:
+        raise CNIError(code, f"failed to decode {what}", f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return doc
+
 
 # Variables each command needs non-empty.  CNI_PATH is only needed when a
 # plugin is delegated to, so it is checked there, not here.
@@ -332,15 +410,24 @@ Handler = Callable[[CmdArgs], Union[Result, None]]
 
 
 def validate_ifname(name: str) -> str | None:
-    """Why an interface name is unusable (as libcni checks it), or None."""
+    """Why an interface name is unusable (libcni's rules and the kernel's), or None."""
     if not name:
         return "is empty"
+    if not name.isascii() or not name.isprintable():
+        # The kernel takes any byte, but a name that is not printable ASCII
+        # cannot be logged, recorded or compared reliably (a non-UTF-8
+        # byte arrives as a lone surrogate).
+        return "must be printable ASCII"
     if len(name) > 15:
         return "is longer than 15 characters"
     if name in (".", ".."):
         return "cannot be . or .."
     if any(c in name for c in "/:") or any(c.isspace() for c in name):
         return "cannot contain '/', ':' or whitespace"
+    if "%" in name:
+        # The kernel expands a name with '%' as a template (net%d becomes
+        # net0), so the interface would not have the name we record.
+        return "cannot contain '%'"
     return None
 
 
@@ -364,10 +451,7 @@ def _parse_invocation(env: Mapping[str, str], stdin: bytes) -> CmdArgs:
     command = _env(env, "CNI_COMMAND")
     if command not in REQUIRED_ENV:
         raise CNIError(Code.INVALID_ENV, f"unknown CNI_COMMAND: {command}")
-    try:
-        conf = json.loads(stdin)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CNIError(Code.DECODE, "failed to decode the network configuration on stdin", str(exc)) from exc
+    conf = decode_json(stdin, "the network configuration on stdin")
     if not isinstance(conf, dict):
         raise CNIError(Code.DECODE, "the network configuration on stdin is not a JSON object")
     version = config_version(conf)
@@ -388,28 +472,31 @@ def _parse_invocation(env: Mapping[str, str], stdin: bytes) -> CmdArgs:
     if missing:
         raise CNIError(Code.INVALID_ENV, f"required env variables [{','.join(missing)}] missing")
     container_id = _env(env, "CNI_CONTAINERID")
-    if container_id and not VALID_NAME.match(container_id):
+    if container_id and not VALID_NAME.fullmatch(container_id):
         raise CNIError(
             Code.INVALID_ENV,
-            f"invalid CNI_CONTAINERID {container_id!r}",
+            f"invalid CNI_CONTAINERID {short_repr(container_id)}",
             "must start with a letter or digit and hold only letters, digits, '_', '.' and '-'",
         )
     ifname = _env(env, "CNI_IFNAME")
     if ifname:
         why = validate_ifname(ifname)
         if why:
-            raise CNIError(Code.INVALID_ENV, f"invalid CNI_IFNAME {ifname!r}: it {why}")
+            raise CNIError(Code.INVALID_ENV, f"invalid CNI_IFNAME {short_repr(ifname)}: it {why}")
+    netns = _env(env, "CNI_NETNS")
+    if "\0" in netns or not netns.isprintable():
+        raise CNIError(Code.INVALID_ENV, f"invalid CNI_NETNS {short_repr(netns)}: it must be a printable path")
     name = conf.get("name")
-    if not isinstance(name, str) or not VALID_NAME.match(name):
+    if not isinstance(name, str) or not VALID_NAME.fullmatch(name):
         raise CNIError(
             Code.INVALID_CONFIG,
-            f"invalid network name {name!r}",
+            f"invalid network name {short_repr(name)}",
             "must start with a letter or digit and hold only letters, digits, '_', '.' and '-'",
         )
     return CmdArgs(
         command=command,
         container_id=container_id,
-        netns=_env(env, "CNI_NETNS"),
+        netns=netns,
         ifname=ifname,
         args=parse_cni_args(_env(env, "CNI_ARGS")),
         path=tuple(p for p in _env(env, "CNI_PATH").split(":") if p),
@@ -423,10 +510,11 @@ def _parse_invocation(env: Mapping[str, str], stdin: bytes) -> CmdArgs:
 def _requested_version(stdin: bytes) -> str:
     """The cniVersion a failed request asked for, to answer in; latest if unknown."""
     try:
-        version = config_version(json.loads(stdin))
-    except (ValueError, UnicodeDecodeError, AttributeError):
+        conf = decode_json(stdin, "stdin")
+    except CNIError:
         return LATEST_VERSION
-    return version if version in SUPPORTED_VERSIONS else LATEST_VERSION
+    version = config_version(conf) if isinstance(conf, dict) else None
+    return version if isinstance(version, str) and version in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
 def _emit(stdout: IO[str], obj: Mapping[str, Any]) -> None:

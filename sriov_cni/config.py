@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sriov_cni import netlink
+from sriov_cni import netlink, safepath, sysfs
 from sriov_cni.allocate import PoolEntry, parse_pool_entry
-from sriov_cni.cni import FIRST_LIST_RESULT, DNS, CmdArgs, CNIError, Code, Result, version_at_least
+from sriov_cni.cni import FIRST_LIST_RESULT, DNS, CmdArgs, CNIError, Code, Result, short_repr, version_at_least
 from sriov_cni.store import DEFAULT_DATA_DIR
 
-_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 VLAN_PROTOS = {"802.1q": netlink.VLAN_PROTO_8021Q, "802.1ad": netlink.VLAN_PROTO_8021AD}
 LINK_STATES = {
@@ -148,7 +148,7 @@ def _on_off(conf: Keys, key: str) -> bool | None:
 
 def _mac(value: str, where: str) -> str:
     mac = value.strip().lower()
-    if not _MAC.match(mac):
+    if not _MAC.fullmatch(mac):
         raise _invalid(f"{where} {value!r} is not a MAC address (expected six hex pairs like 02:00:00:00:00:01)")
     if int(mac[:2], 16) & 1:
         raise _invalid(f"{where} {value!r} is a multicast address; a VF needs a unicast MAC")
@@ -182,8 +182,8 @@ def _device_id(conf: Keys) -> str | None:
     for key, value in candidates:
         if value is None or value == "":
             continue
-        if not isinstance(value, str):
-            raise _invalid(f"{key} must be a PCI address string, got {value!r}")
+        if not isinstance(value, str) or not sysfs.is_pci_address(value):
+            raise _invalid(f"{key} must be a PCI address like 0000:3b:02.0, got {short_repr(value)}")
         return value.lower()
     return None
 
@@ -217,7 +217,7 @@ class Common:
 
 
 def _common(conf: Keys) -> Common:
-    data_dir = _str(conf, "dataDir") or DEFAULT_DATA_DIR
+    data_dir = safepath.absolute(_str(conf, "dataDir") or DEFAULT_DATA_DIR, "dataDir")
     level = (_str(conf, "logLevel") or "info").lower()
     if level not in LOG_LEVELS:
         # The reference plugin falls back the same way; refusing would break
@@ -228,7 +228,9 @@ def _common(conf: Keys) -> Common:
         raise _invalid(f"ipam must be an object, got {ipam!r}")
     # As in the reference, an ipam section without a type runs no IPAM.
     ipam_type = _str(Keys(ipam, conf.notes, "ipam."), "type") if ipam is not None else None
-    return Common(data_dir, level, _str(conf, "logFile"), ipam_type, tuple(conf.notes.entries))
+    log_file = _str(conf, "logFile")
+    log_file = log_file and safepath.absolute(log_file, "logFile")
+    return Common(data_dir, level, log_file, ipam_type, tuple(conf.notes.entries))
 
 
 def load_common(cmd: CmdArgs) -> Common:

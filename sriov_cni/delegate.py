@@ -9,12 +9,11 @@ error object.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from dataclasses import replace
 
-from sriov_cni.cni import CmdArgs, CNIError, Code, Result
+from sriov_cni.cni import CmdArgs, CNIError, Code, Result, bounded_int, decode_json
 
 IN_PROCESS_TYPE = "sriov-ipam"
 
@@ -47,18 +46,22 @@ def run_ipam(command: str, cmd: CmdArgs, ipam_type: str) -> Result | None:
     out = proc.stdout.decode(errors="replace").strip()
     if proc.returncode != 0:
         try:
-            err = json.loads(out)
-            raise CNIError(
-                int(err.get("code") or Code.IPAM),
-                f"IPAM plugin {ipam_type}: {err.get('msg', 'failed')}",
-                str(err.get("details") or ""),
-            )
-        except (ValueError, AttributeError):
-            raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} failed with status {proc.returncode}", out) from None
+            err = decode_json(out, "the error object")
+        except CNIError:
+            err = None
+        if not isinstance(err, dict):
+            raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} failed with status {proc.returncode}", out[:500])
+        try:
+            code = bounded_int(err.get("code"), "code", Code.INTERNAL)
+        except ValueError:
+            # Not a usable error code: report the failure as ours.
+            code = Code.IPAM
+        raise CNIError(
+            code or Code.IPAM,
+            f"IPAM plugin {ipam_type}: {str(err.get('msg') or 'failed')[:500]}",
+            str(err.get("details") or "")[:500],
+        )
     if command != "ADD":
         return None
-    try:
-        raw = json.loads(out)
-    except ValueError as exc:
-        raise CNIError(Code.DECODE, f"IPAM plugin {ipam_type} printed no valid result", out[:500]) from exc
+    raw = decode_json(out, f"the result of IPAM plugin {ipam_type}", Code.IPAM)
     return Result.from_dict(raw, f"result of IPAM plugin {ipam_type}")

@@ -22,6 +22,7 @@ import functools
 import ipaddress
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,7 +163,8 @@ def _link_info(msg: Any) -> LinkInfo:
 
 def _fd_of(netns_path: str) -> int:
     try:
-        return os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO in place of a namespace must not hang the call.
+        return os.open(netns_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError as exc:
         raise NetnsNotFound(f"network namespace {netns_path} does not exist", errno.ENOENT) from exc
     except OSError as exc:
@@ -421,6 +423,8 @@ def _open(path: str | None) -> Namespace:
 # Handles kept open for the duration of a session (one CNI command):
 # opening a handle inside another namespace costs more than most requests.
 _session: dict[str | None, Namespace] | None = None
+# Handles taken out of the session after a failure, closed at its end.
+_retired: list[Namespace] = []
 
 
 @contextmanager
@@ -435,8 +439,9 @@ def session() -> Iterator[None]:
         yield
     finally:
         handles, _session = _session, None
-        for ns in handles.values():
+        for ns in [*handles.values(), *_retired]:
             ns.close()
+        _retired.clear()
 
 
 @contextmanager
@@ -459,19 +464,36 @@ def namespace(path: str | None = None) -> Iterator[Namespace]:
         yield ns
     except NetlinkError:
         # A failed request may leave the handle unusable (the namespace
-        # may be gone); the next use opens a fresh one.
-        _session.pop(path, None)
-        ns.close()
+        # may be gone); the next use opens a fresh one.  Only this handle
+        # leaves the cache (a nested use may already have replaced it, and
+        # dropping that one leaked its socket), and it is closed when the
+        # session ends, since an enclosing block may still hold it.
+        if _session is not None and _session.get(path) is ns:
+            del _session[path]
+        _retired.append(ns)
         raise
 
 
 def netns_inode(path: str) -> int | None:
-    """Identity of a network namespace file, or None when it is gone."""
+    """Identity of a network namespace file, or None when it is gone (or is no namespace file)."""
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):
+        return None
+    # A namespace file (nsfs) stats as a regular file; a FIFO or a device
+    # there is not one, and opening it could block.
+    if not stat.S_ISREG(st.st_mode):
         return None
     return st.st_ino
+
+
+def is_own_netns(path: str) -> bool:
+    """Whether ``path`` is the network namespace this process runs in (the host's)."""
+    try:
+        there, here = os.stat(path), os.stat(own_netns_path())
+    except (OSError, ValueError):
+        return False
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
 
 
 # --- PF-side VF settings ---------------------------------------------------

@@ -143,11 +143,24 @@ def _load(cmd: CmdArgs) -> NetConf:
     return conf
 
 
+def _pod_netns(netns: str) -> int:
+    """The pod namespace's identity; it must exist."""
+    inode = netlink.netns_inode(netns)
+    if inode is None:
+        raise CNIError(Code.INVALID_NETNS, f"network namespace {netns} does not exist")
+    return inode
+
+
+def _not_host(netns: str) -> None:
+    if netlink.is_own_netns(netns):
+        # The VF would stay in the host under the pod's name, holding the
+        # pod's address after DEL gave it back.
+        raise CNIError(Code.INVALID_NETNS, f"CNI_NETNS {netns} is the host's own network namespace, not a pod's")
+
+
 def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
     conf = _load(cmd)
-    netns_inode = netlink.netns_inode(cmd.netns)
-    if netns_inode is None:
-        raise CNIError(Code.INVALID_NETNS, f"network namespace {cmd.netns} does not exist")
+    netns_inode = _pod_netns(cmd.netns)
     store = deps.store(conf.data_dir)
     existing = _find(store, cmd.container_id, cmd.ifname, conf.name)
     if existing is not None:
@@ -161,6 +174,7 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
             if pod.find(cmd.ifname) is not None:
                 raise CNIError(Code.INVALID_CONFIG, f"interface {cmd.ifname} already exists in {cmd.netns}")
     candidates = _candidates(conf)
+    _not_host(cmd.netns)
     vfc = deps.vf_control()
 
     def make(vf: sysfs.VF) -> Allocation:
@@ -315,6 +329,8 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
     prev = conf.prev_result
     if prev is None:
         raise CNIError(Code.INVALID_CONFIG, "CHECK needs prevResult")
+    _pod_netns(cmd.netns)
+    _not_host(cmd.netns)
     alloc = _find(deps.store(conf.data_dir), cmd.container_id, cmd.ifname, conf.name)
     if alloc is None:
         raise CNIError(Code.DEVICE, f"no VF is recorded for {cmd.ifname} of container {cmd.container_id}")

@@ -9,9 +9,9 @@ other's slow steps.
 
 Every write goes to a temporary file that is fsynced and renamed over the
 old one, so a crash at any point leaves each record either old or new,
-never torn.  Files are 0600, directories 0700, and no symlink is followed:
-the store runs as root and must not be steerable into overwriting other
-files.
+never torn.  Files are 0600, directories 0700 and writable by nobody
+else, and no symlink is followed (see :mod:`safepath`): the store runs as
+root and must not be steerable into overwriting other files.
 
 :class:`FileStore` and the in-memory :class:`MemoryStore` both implement
 :class:`Store`; the tests run one conformance suite against both.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from typing import Any, ContextManager, Protocol
 
 import filelock
 
+from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
@@ -129,19 +131,8 @@ def _io_error(what: str, path: Path, exc: OSError) -> CNIError:
     return CNIError(Code.IO_FAILURE, f"{what} {path}: {reason}")
 
 
-def _safe_dir(path: Path) -> None:
-    """Create ``path`` 0700 if missing; refuse a symlink in its place."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise _io_error("cannot create state directory", path, exc) from exc
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise _io_error("state directory is not a plain directory:", path, exc) from exc
-    os.close(fd)
+# Far above a real record (about 1 KiB); a larger file is not ours.
+MAX_RECORD = 64 * 1024
 
 
 class FileStore:
@@ -153,9 +144,8 @@ class FileStore:
 
     def _prepare(self) -> None:
         if not self._ready:
-            os.makedirs(self.root.parent, exist_ok=True)
-            _safe_dir(self.root)
-            _safe_dir(self.vfs_dir)
+            safepath.state_dir(str(self.root))
+            safepath.state_dir(str(self.vfs_dir))
             self._ready = True
 
     @contextmanager
@@ -180,16 +170,24 @@ class FileStore:
 
     def _read(self, path: Path) -> Allocation | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise _io_error("cannot read", path, exc) from exc
-        with os.fdopen(fd) as f:
-            text = f.read()
         try:
-            return Allocation.from_json(text)
-        except (ValueError, TypeError) as exc:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CNIError(Code.IO_FAILURE, f"state file {path} is not a regular file", "remove it")
+            data = os.read(fd, MAX_RECORD + 1)
+        except OSError as exc:
+            raise _io_error("cannot read", path, exc) from exc
+        finally:
+            os.close(fd)
+        try:
+            if len(data) > MAX_RECORD:
+                raise ValueError(f"larger than {MAX_RECORD} bytes")
+            return Allocation.from_json(data.decode())
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
             # Writes are atomic, so this is outside tampering.  Refusing is
             # safer than guessing: a guess could hand the VF out twice.
             raise CNIError(

@@ -16,12 +16,12 @@ from pathlib import Path
 SYS = Path("/sys")
 PROC = Path("/proc")
 
-PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 # VFs bound to these drivers serve DPDK pods: they have no netdev to move.
 DPDK_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio"})
 
-_VIRTFN = re.compile(r"^virtfn(\d+)$")
+_VIRTFN = re.compile(r"virtfn([0-9]+)")
 
 
 class SysfsError(Exception):
@@ -46,7 +46,7 @@ class VF:
 
 
 def is_pci_address(value: str) -> bool:
-    return bool(PCI_ADDRESS.match(value.lower()))
+    return bool(PCI_ADDRESS.fullmatch(value.lower()))
 
 
 def pci_dir(pci: str) -> Path:
@@ -103,7 +103,7 @@ def vf_pcis(pf_pci: str) -> dict[int, str]:
     except OSError:
         return out
     for entry in entries:
-        m = _VIRTFN.match(entry)
+        m = _VIRTFN.fullmatch(entry)
         if m:
             target = _link_name(pci_dir(pf_pci) / entry)
             if target:

@@ -25,9 +25,12 @@ apt_update_once() {
 
 # Packages the host tests and the VM rig use. kmod gives depmod/modinfo for
 # building the guest initramfs; xz-utils/zstd decompress Debian's modules.
-# iputils-ping is the data-path oracle of the driver tests.
+# iputils-ping is the data-path oracle of the driver tests. podman (CNI
+# backend) and containerd (ctr run --cni) are the real runtimes the guest
+# drives the plugin with (tests/vm/test_runtimes_igb.py); runc is named so
+# both use the same OCI runtime.
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
-           iputils-ping ca-certificates python3-pip)
+           iputils-ping ca-certificates python3-pip podman containerd runc)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \

@@ -79,6 +79,7 @@ ANSI_ESCAPE = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|c)")
 # with different rigs) share one cached initramfs.
 INITRAMFS_FORMAT = "1"
 DEFAULT_PFS = 2
+BOOT_ATTEMPTS = 3
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MEMORY_MB = 2048
 
@@ -343,6 +344,41 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
     return cmd
 
 
+def _boot(
+    art: Artifacts, results: Path, pfs: int, memory_mb: int, timeout: float, console: IO[str] | None
+) -> tuple[int, list[str]]:
+    """One boot of the guest; QEMU's exit status and the console's last lines."""
+    qemu = subprocess.Popen(
+        qemu_command(art, results, pfs, memory_mb),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    tail: list[str] = []
+
+    def pump() -> None:
+        assert qemu.stdout is not None
+        for raw in qemu.stdout:
+            line = ANSI_ESCAPE.sub("", raw.decode(errors="replace").replace("\r", ""))
+            tail.append(line)
+            del tail[:-40]
+            if console is not None:
+                console.write(line)
+                console.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        qemu.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        qemu.kill()
+        qemu.wait()
+        raise RigError(f"guest did not finish within {timeout:.0f} s; QEMU killed") from None
+    finally:
+        reader.join(timeout=5)
+    return qemu.returncode, tail
+
+
 def run_in_vm(
     command: list[str],
     *,
@@ -365,34 +401,15 @@ def run_in_vm(
     with tempfile.TemporaryDirectory(prefix="sriov-cni-vm-") as tmp:
         results = Path(tmp)
         (results / "run.sh").write_text(_guest_script(command, cwd or os.getcwd()))
-        qemu = subprocess.Popen(
-            qemu_command(art, results, pfs, memory_mb),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        tail: list[str] = []
-
-        def pump() -> None:
-            assert qemu.stdout is not None
-            for raw in qemu.stdout:
-                line = ANSI_ESCAPE.sub("", raw.decode(errors="replace").replace("\r", ""))
-                tail.append(line)
-                del tail[:-40]
-                if console is not None:
-                    console.write(line)
-                    console.flush()
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            qemu.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            qemu.kill()
-            qemu.wait()
-            raise RigError(f"guest did not finish within {timeout:.0f} s; QEMU killed") from None
-        finally:
-            reader.join(timeout=5)
+        for attempt in range(1, BOOT_ATTEMPTS + 1):
+            returncode, tail = _boot(art, results, pfs, memory_mb, timeout, console)
+            # QEMU's multi-threaded TCG now and then aborts on an internal
+            # assertion while the firmware or kernel boots.  Nothing of the
+            # command has run until init creates the output file, so only
+            # then is booting again safe.
+            if returncode >= 0 or (results / "output").exists() or attempt == BOOT_ATTEMPTS:
+                break
+            print(f"rig: QEMU died during boot (status {returncode}); booting again", file=sys.stderr, flush=True)
         status_file = results / "status"
         error_file = results / "error"
         if error_file.exists():
@@ -400,7 +417,7 @@ def run_in_vm(
         if not status_file.exists():
             last = "".join(tail[-15:]).rstrip()
             raise RigError(
-                f"guest stopped (QEMU status {qemu.returncode}) without reporting a status;"
+                f"guest stopped (QEMU status {returncode}) without reporting a status;"
                 f" last console lines:\n{last}"
             )
         output_file = results / "output"
