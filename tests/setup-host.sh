@@ -26,8 +26,9 @@ apt_update_once() {
 # Packages the host tests and the VM rig use. kmod gives depmod/modinfo for
 # building the guest initramfs; xz-utils/zstd decompress Debian's modules.
 # iputils-ping is the data-path oracle of the driver tests.
+# gcc, libc6-dev (glibc's libc.a) and make build the static CNI shim.
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
-           iputils-ping ca-certificates python3-pip)
+           iputils-ping ca-certificates python3-pip gcc libc6-dev make)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
@@ -96,4 +97,6 @@ if python3 -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(os.path.jo
     pip_opts+=(--break-system-packages)
 fi
 python3 -m pip install "${pip_opts[@]}" -e '.[test]'
+log "building the static CNI shim"
+make -s -C "$repo/shim"
 log "done"
