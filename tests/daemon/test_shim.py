@@ -309,3 +309,30 @@ def test_install_cni_writes_the_shim_atomically_as_both_executables(tmp_path: Pa
         path = dest / name
         assert path.read_bytes() == SHIM.read_bytes()
         assert stat.S_IMODE(path.stat().st_mode) == 0o755
+
+
+def python_sriov(sock: Path, version: str, plugin_importable: bool = True) -> tuple[int, dict[str, Any]]:
+    """The Python ``sriov`` executable, claiming to be ``version``.
+
+    Without ``plugin_importable`` it can run nothing itself, so a call that
+    succeeds was run by the daemon.
+    """
+    block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin'] = None; "
+    code = (f"import sriov_cni; sriov_cni.__version__ = {version!r}; {block}"
+            "from sriov_cni.client import main; main()")
+    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(sock), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
+                          capture_output=True, timeout=60)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_python_client_is_served_by_the_daemon(daemon: Daemon) -> None:
+    rc, out = python_sriov(daemon.socket, __version__, plugin_importable=False)
+    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_python_client_runs_in_process_when_the_daemon_refuses(daemon: Daemon) -> None:
+    # The daemon refuses another version with an error object; the Python
+    # client does not print it but runs the call itself.
+    rc, out = python_sriov(daemon.socket, "0.0.9-old")
+    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
