@@ -29,6 +29,7 @@ import socket
 import stat
 import struct
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
@@ -69,9 +70,20 @@ def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[
 PROGRAMS: dict[str, Program] = {"sriov": _run_sriov, "sriov-ipam": _run_ipam}
 
 
-def _recv_request(conn: socket.socket) -> tuple[tuple[str, str, str, dict[str, str]], list[int]]:
+def _recv_request(conn: socket.socket, timeout: float) -> tuple[tuple[str, str, str, dict[str, str]], list[int]]:
+    deadline = time.monotonic() + timeout
+
+    def until_deadline() -> socket.socket:
+        # One bound for the whole request, not per read: a caller sending a
+        # byte at a time must not hold the child longer.
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        conn.settimeout(left)
+        return conn
+
     fds = array.array("i")
-    msg, ancdata, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
+    msg, ancdata, _, _ = until_deadline().recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
@@ -86,7 +98,7 @@ def _recv_request(conn: socket.socket) -> tuple[tuple[str, str, str, dict[str, s
         )
     body = b""
     while len(body) < size:
-        chunk = conn.recv(size - len(body))
+        chunk = until_deadline().recv(size - len(body))
         if not chunk:
             raise CNIError(Code.DECODE, "truncated request")
         body += chunk
@@ -95,9 +107,8 @@ def _recv_request(conn: socket.socket) -> tuple[tuple[str, str, str, dict[str, s
 
 def _become_caller(conn: socket.socket, request_timeout: float) -> tuple[Program, dict[str, str]]:
     """Take over the caller's descriptors, environment and directory."""
-    conn.settimeout(request_timeout)
     try:
-        (version, program, cwd, env), fds = _recv_request(conn)
+        (version, program, cwd, env), fds = _recv_request(conn, request_timeout)
     except TimeoutError:
         raise CNIError(Code.TRY_AGAIN, f"no complete request within {request_timeout:g} s") from None
     conn.settimeout(None)
