@@ -68,9 +68,15 @@ class Node:
     def build_chroot(self) -> None:
         """After the pods exist: the netns directory is bound as it is then."""
         self.sock.parent.mkdir()
-        client.install(str(self.root / "opt" / "cni" / "bin"))
+        bindir = self.root / "opt" / "cni" / "bin"
+        subprocess.run([sys.executable, "-c", "from sriov_cni.cli import main; main()", "install-cni",
+                        "--dest", str(bindir)], cwd=REPO, check=True, capture_output=True)
         files = sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
         assert files == ["opt/cni/bin/sriov", "opt/cni/bin/sriov-ipam"]
+        for exe in bindir.iterdir():
+            assert exe.read_bytes() == Path(client.SHIM).read_bytes()
+            ldd = subprocess.run(["ldd", str(exe)], capture_output=True, text=True)
+            assert "not a dynamic executable" in ldd.stdout + ldd.stderr
         for inside, outside in zip(INSIDE, (self.sock.parent, Path("/proc"), Path("/var/run/netns"))):
             target = self.root / inside
             target.mkdir(parents=True)
