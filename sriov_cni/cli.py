@@ -97,8 +97,11 @@ def daemon(socket_path: str, request_timeout: float, max_children: int) -> None:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
 
 
-# The daemon's name before the static shim made it the only way in.
-main.add_command(daemon, "helper")
+# The daemon's name before the static shim made it the only way in; kept for
+# scripts and units that still say helper, out of the help's list.
+main.add_command(
+    click.Command("helper", callback=daemon.callback, params=daemon.params, help=daemon.help, hidden=True)
+)
 
 
 @main.command("install-cni")

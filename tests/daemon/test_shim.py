@@ -31,10 +31,10 @@ PT_INTERP = 3
 
 
 class Daemon:
-    def __init__(self, directory: Path, *options: str) -> None:
+    def __init__(self, directory: Path, *options: str, command: str = "daemon") -> None:
         self.socket = directory / "plugin.sock"
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
+            [sys.executable, "-c", "from sriov_cni.cli import main; main()", command,
              "--socket", str(self.socket), *options],
             cwd=REPO, stderr=subprocess.PIPE, text=True,
         )
@@ -335,4 +335,13 @@ def test_python_client_runs_in_process_when_the_daemon_refuses(daemon: Daemon) -
     # The daemon refuses another version with an error object; the Python
     # client does not print it but runs the call itself.
     rc, out = python_sriov(daemon.socket, "0.0.9-old")
+    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_helper_still_starts_the_daemon(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "run", command="helper")
+    try:
+        rc, out = shim(d.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
+    finally:
+        d.stop()
     assert rc == 0 and "1.1.0" in out["supportedVersions"], out
