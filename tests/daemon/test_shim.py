@@ -30,6 +30,12 @@ SHIM = Path(client.SHIM)
 PT_INTERP = 3
 
 
+@pytest.fixture(autouse=True)
+def shim_built() -> None:
+    if not SHIM.exists():
+        pytest.fail("the shim is not built: make -C shim (tests/setup-host.sh does it)", pytrace=False)
+
+
 class Daemon:
     def __init__(self, directory: Path, *options: str, command: str = "daemon") -> None:
         self.socket = directory / "plugin.sock"

@@ -32,6 +32,12 @@ INSIDE = ("run/sriov-cni", "proc", "var/run/netns")
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
 
+@pytest.fixture(autouse=True)
+def shim_built() -> None:
+    if not Path(client.SHIM).exists():
+        pytest.fail("the shim is not built: make -C shim (tests/setup-host.sh does it)", pytrace=False)
+
+
 class Node:
     """A daemon on ``work/sock/plugin.sock`` and the runtime's chroot ``work/root``."""
 
