@@ -58,12 +58,12 @@ else
 fi
 run sriov-cni status --data-dir "$state"
 
-step "2. Start the warm helper (optional: without it each call runs in process)"
-sock="$work/helper.sock"
-sriov-cni helper --socket "$sock" 2>/dev/null &
+step "2. Start the daemon (optional here: without it the Python sriov runs each call in process)"
+sock="$work/run/plugin.sock"
+sriov-cni daemon --socket "$sock" 2>/dev/null &
 helper_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-export SRIOV_CNI_HELPER_SOCKET="$sock"
+export SRIOV_CNI_SOCKET="$sock"
 
 conf=$(cat <<JSON
 {"cniVersion": "1.0.0", "name": "demo-net", "type": "sriov", "pfNames": ["$pf"],

@@ -1,9 +1,11 @@
 #!/bin/bash
 # Install sriov-cni on a node without Kubernetes tooling (bootstrap, or
-# nodes managed by configuration management): a virtualenv under
-# /opt/sriov-cni, the CNI executables in /opt/cni/bin, and two systemd
-# units: sriov-cni-setup (VFs and tuning at boot) and sriov-cni-helper
-# (the warm helper that serves CNI calls).
+# nodes managed by configuration management): the static shim as sriov and
+# sriov-ipam in /opt/cni/bin (what the container runtime runs), a
+# virtualenv under /opt/sriov-cni for the daemon, and two systemd units:
+# sriov-cni-setup (VFs and tuning at boot) and sriov-cni-daemon (runs the
+# CNI calls the shim forwards). Needs gcc and libc6-dev (or a shim built
+# with make -C shim beforehand) and python3 >= 3.11 with venv.
 #   sudo deploy/install-node.sh [--no-start]
 set -euo pipefail
 PREFIX=${PREFIX:-/opt/sriov-cni}
@@ -11,14 +13,21 @@ CNI_BIN=${CNI_BIN:-/opt/cni/bin}
 src=$(cd "$(dirname "$0")/.." && pwd)
 
 [ "$(id -u)" = 0 ] || { echo "install-node.sh: run as root" >&2; exit 1; }
+# Built into the package before pip copies it, so install-cni finds it.
+make -s -C "$src/shim"
 python3 -m venv "$PREFIX/venv"
 "$PREFIX/venv/bin/pip" install --quiet "$src"
 "$PREFIX/venv/bin/sriov-cni" install-cni --dest "$CNI_BIN"
 install -d -m 0755 /etc/sriov-cni
 install -m 0644 "$src/deploy/node-config.example.yaml" /etc/sriov-cni/node.yaml.example
-install -m 0644 "$src/deploy/sriov-cni-setup.service" "$src/deploy/sriov-cni-helper.service" /etc/systemd/system/
+# The daemon's unit was called sriov-cni-helper before the shim existed.
+if [ -f /etc/systemd/system/sriov-cni-helper.service ]; then
+    systemctl disable --now sriov-cni-helper.service || true
+    rm -f /etc/systemd/system/sriov-cni-helper.service
+fi
+install -m 0644 "$src/deploy/sriov-cni-setup.service" "$src/deploy/sriov-cni-daemon.service" /etc/systemd/system/
 systemctl daemon-reload
-units=(sriov-cni-helper.service)
+units=(sriov-cni-daemon.service)
 # Setup needs this node's own config: the example names PFs this node may
 # not have, and a failing boot-time setup helps nobody.
 if [ -f /etc/sriov-cni/node.yaml ]; then
@@ -30,4 +39,4 @@ fi
 if [ "${1:-}" != "--no-start" ]; then
     systemctl enable --now "${units[@]}"
 fi
-echo "sriov-cni installed: CNI executables in $CNI_BIN"
+echo "sriov-cni installed: the shim in $CNI_BIN, the daemon in $PREFIX"

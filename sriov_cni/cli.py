@@ -83,19 +83,37 @@ def status(as_json: bool, data_dir: Path) -> None:
 
 
 @main.command()
-@click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True, help="Where to listen.")
-def helper(socket_path: str) -> None:
-    """Run the warm helper that serves sriov CNI calls (root only, until stopped)."""
-    server.serve(socket_path)
+@click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True,
+              help="Where to listen; its directory is made root-only (0700).")
+@click.option("--request-timeout", default=server.REQUEST_TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds a caller has to send its request.")
+@click.option("--max-children", default=server.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
+              help="Calls run at once; more wait their turn.")
+def daemon(socket_path: str, request_timeout: float, max_children: int) -> None:
+    """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until stopped)."""
+    try:
+        server.serve(socket_path, request_timeout, max_children)
+    except (server.DaemonError, OSError) as exc:
+        raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
+
+
+# The daemon's name before the static shim made it the only way in; kept for
+# scripts and units that still say helper, out of the help's list.
+main.add_command(
+    click.Command("helper", callback=daemon.callback, params=daemon.params, help=daemon.help, hidden=True)
+)
 
 
 @main.command("install-cni")
 @click.option("--dest", default="/opt/cni/bin", show_default=True, help="The runtime's CNI plugin directory.")
-@click.option("--python", "python", help="Interpreter path as seen where the executables run [default: this one].")
+@click.option("--python", "python",
+              help="Write Python scripts run by this interpreter (a path valid where they run) instead of the shim.")
 def install_cni(dest: str, python: str | None) -> None:
-    """Write the sriov and sriov-ipam CNI executables for this installation."""
+    """Write the sriov and sriov-ipam CNI executables: the static shim, which needs only the daemon."""
     try:
         for path in client.install(dest, python):
             click.echo(f"wrote {path}")
+    except client.ShimNotBuilt as exc:
+        raise CommandError(str(exc)) from exc
     except OSError as exc:
         raise CommandError(f"cannot write into {dest}: {exc.strerror}") from exc

@@ -1,10 +1,13 @@
-"""The ``sriov`` executable: hand the call to the warm helper, or run it here.
+"""The Python ``sriov`` executable: hand the call to the daemon, or run it here.
 
-This module imports only the standard library, so the executable can start
-Python without site-packages (``-S``) and still be fast.  When the helper
+On a node that has this package installed, the ``sriov`` console script is
+this module. It imports only the standard library, so it can start Python
+without site-packages (``-S``) and still be fast. When the sriov-cni daemon
 (:mod:`sriov_cni.server`) answers, it runs the call in a warm forked process
-with our stdin, stdout and stderr; otherwise, or when the helper is of
-another version, the same plugin code runs in this process.
+with our stdin, stdout and stderr; otherwise, or when the daemon is of
+another version, the same plugin code runs in this process. Nodes without
+Python run the static shim (shim/sriov-shim.c) instead, which speaks the
+same protocol; :func:`install` writes it.
 """
 
 from __future__ import annotations
@@ -16,39 +19,57 @@ import sys
 
 from sriov_cni import __version__
 
-SOCKET_ENV = "SRIOV_CNI_HELPER_SOCKET"
+SOCKET_ENV = "SRIOV_CNI_SOCKET"
+# The variable's name before the daemon served the shim; still honoured.
+OLD_SOCKET_ENV = "SRIOV_CNI_HELPER_SOCKET"
 DEFAULT_SOCKET = "/run/sriov-cni/plugin.sock"
-FALLBACK = 255
+# The daemon's answer when it ran nothing; a CNI error object follows.
+REFUSED = 255
+# Built by `make -C shim`.
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sriov-shim")
+EXECUTABLES = ("sriov", "sriov-ipam")
 
-# The helper path must start faster than the work it saves, so this module
+
+class ShimNotBuilt(Exception):
+    """install() was asked for the shim, but this installation has none."""
+
+# The daemon path must start faster than the work it saves, so this module
 # avoids even json and socket (they pull in re, enum and selectors): the
-# request is "version NUL cwd NUL KEY=VALUE NUL ...", after a 4-byte length.
+# request is "version NUL program NUL cwd NUL KEY=VALUE NUL ...", after a
+# 4-byte length.
 
 
-def encode_request(version: str, cwd: str, env: dict[str, str]) -> bytes:
-    fields = [version, cwd] + [f"{k}={v}" for k, v in env.items()]
+def encode_request(version: str, program: str, cwd: str, env: dict[str, str]) -> bytes:
+    fields = [version, program, cwd] + [f"{k}={v}" for k, v in env.items()]
     return "\0".join(fields).encode("utf-8", "surrogateescape")
 
 
-def decode_request(data: bytes) -> tuple[str, str, dict[str, str]]:
-    version, cwd, *pairs = data.decode("utf-8", "surrogateescape").split("\0")
+def decode_request(data: bytes) -> tuple[str, str, str, dict[str, str]]:
+    fields = data.decode("utf-8", "surrogateescape").split("\0")
+    if len(fields) < 3:
+        raise ValueError("request without version, program and working directory")
+    version, program, cwd, *pairs = fields
     env = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if sep:
             env[key] = value
-    return version, cwd, env
+    return version, program, cwd, env
 
 
-def via_helper(path: str) -> int | None:
-    """The plugin's exit status as run by the helper; None when it did not run it."""
+def socket_path() -> str:
+    return os.environ.get(SOCKET_ENV) or os.environ.get(OLD_SOCKET_ENV) or DEFAULT_SOCKET
+
+
+def via_daemon(path: str) -> int | None:
+    """The plugin's exit status as run by the daemon; None when it did not run it."""
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         try:
             conn.connect(path)
         except OSError:
             return None
-        body = encode_request(__version__, os.getcwd(), dict(os.environ))
+        body = encode_request(__version__, "sriov", os.getcwd(), dict(os.environ))
         try:
             conn.sendmsg(
                 [_struct.pack("!I", len(body))],
@@ -61,13 +82,16 @@ def via_helper(path: str) -> int | None:
     finally:
         conn.close()
     if not answer:
-        # The helper took the call and died without an answer: the plugin
+        # The daemon took the call and died without an answer: the plugin
         # may have run, so running it again here could double an ADD.
         sys.stdout.write(
-            '{"cniVersion": "1.0.0", "code": 999, "msg": "the sriov-cni helper ended without an answer"}\n'
+            '{"cniVersion": "1.0.0", "code": 11, "msg": "the sriov-cni daemon at '
+            + path.replace("\\", "\\\\").replace('"', '\\"')
+            + ' ended without an answer (did it die or restart?); the call may have partly run'
+            ' and was not retried"}\n'
         )
         return 1
-    return None if answer[0] == FALLBACK else answer[0]
+    return None if answer[0] == REFUSED else answer[0]
 
 
 def in_process() -> None:
@@ -81,21 +105,25 @@ def in_process() -> None:
 
 
 def main() -> None:
-    status = via_helper(os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+    status = via_daemon(socket_path())
     if status is None:
         in_process()
     sys.exit(status)
 
 
 def install(dest: str, python: str | None = None) -> list[str]:
-    """Write CNI executables into ``dest`` (e.g. /opt/cni/bin) for this package.
+    """Write the CNI executables ``sriov`` and ``sriov-ipam`` into ``dest``.
 
-    ``python`` is the interpreter the executables run with, as a path valid
-    where they will run (default: this one).  ``sriov`` starts it with
-    ``-S``: site-packages are loaded only when the call runs in process, not
-    when the helper serves it.
+    By default both are the static shim, which needs the daemon and nothing
+    else on the node. With ``python`` (an interpreter path valid where they
+    will run) they are scripts of this installation instead, which run in
+    process when no daemon answers; ``sriov`` starts it with ``-S``:
+    site-packages are loaded only when the call runs in process.
     """
-    python = python or sys.executable
+    import shutil  # not at the top: it costs every call of the executable
+
+    if python is None and not os.path.exists(SHIM):
+        raise ShimNotBuilt(f"the shim is not built ({SHIM} is missing): run make -C shim")
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     scripts = {
         "sriov": (f"#!{python} -S\n", "sriov_cni.client"),
@@ -103,14 +131,20 @@ def install(dest: str, python: str | None = None) -> list[str]:
     }
     written = []
     os.makedirs(dest, exist_ok=True)
-    for name, (shebang, module) in scripts.items():
+    for name in EXECUTABLES:
         path = os.path.join(dest, name)
+        # Written beside the target and renamed over it: a runtime calling
+        # the plugin meanwhile runs the old file or the new, never half of one.
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(
-                f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
-                f"from {module} import main\nmain()\n"
-            )
+        if python is None:
+            shutil.copyfile(SHIM, tmp)
+        else:
+            shebang, module = scripts[name]
+            with open(tmp, "w") as f:
+                f.write(
+                    f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
+                    f"from {module} import main\nmain()\n"
+                )
         os.chmod(tmp, 0o755)
         os.rename(tmp, path)
         written.append(path)

@@ -1,90 +1,167 @@
-"""The warm helper: a node-local fork server for the ``sriov`` plugin.
+"""The sriov-cni daemon: runs the CNI plugins for the executables on the node.
 
-Starting Python and importing pyroute2 costs more than everything a CNI
-call then does.  The helper pays that once: it imports the plugin, listens
-on a Unix socket, and for each request forks a child that takes over the
-caller's stdin, stdout and stderr (passed as file descriptors) and its
-environment, then runs exactly :func:`sriov_cni.plugin.run`, the same code
-the executable runs in-process when no helper is there.  The child's exit
-status goes back to the caller, which exits with it.
+The executables a container runtime runs, ``sriov`` and ``sriov-ipam``, are
+either the static shim (shim/sriov-shim.c, on nodes without our Python) or
+the Python client (:mod:`sriov_cni.client`). Both connect here and send
+their version, their name, their working directory and environment, with
+their stdin, stdout and stderr attached as descriptors. For each call the
+daemon forks a child that takes those over and runs exactly the code the
+executable would run in process (:func:`sriov_cni.plugin.run`, or the IPAM's
+dispatch); the child's exit status goes back as one byte.  Starting Python
+and importing pyroute2 is paid once, here, not per call.
 
-Only root may connect (checked with SO_PEERCRED).  A request from a client
-of another version is refused, and the client falls back to running in
-process, so an upgraded package is never served by old code.
+A call the daemon will not run (another version, a malformed, oversized or
+stalled request, an unknown executable name) is answered with ``REFUSED``
+and a CNI error object saying why. The shim prints that object; the Python
+client instead runs the call in process, so an upgraded package is never
+served by old code.
+
+Only root may connect (checked with SO_PEERCRED), and the socket's directory
+is made root-only.
 """
 
 from __future__ import annotations
 
 import array
+import json
 import os
-import signal
 import socket
+import stat
 import struct
 import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import IO
 
 from sriov_cni import __version__
-from sriov_cni.client import DEFAULT_SOCKET, FALLBACK, decode_request
+from sriov_cni.client import DEFAULT_SOCKET, REFUSED, decode_request
+from sriov_cni.cni import CNIError, Code
 
+# The shim has the same limit compiled in (shim/sriov-shim.c MAX_HEADER).
 MAX_HEADER = 1 << 20
+# A caller that connects and then sends nothing (or half a request) must not
+# hold a child, and a slot of MAX_CHILDREN, forever.
+REQUEST_TIMEOUT = 10.0
+# Each child is a forked copy of the daemon; calls beyond this wait in the
+# listen queue until one ends, so a flood cannot exhaust the node's memory.
+MAX_CHILDREN = 64
+
+Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str]], int]
 
 
-def _recv_request(conn: socket.socket) -> tuple[tuple[str, str, dict[str, str]], list[int]]:
+class DaemonError(Exception):
+    """The daemon cannot listen where it was asked to."""
+
+
+def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
+    from sriov_cni import plugin
+
+    plugin.configure_logging_from_env(env)
+    return plugin.run(env, stdin, stdout, stderr)
+
+
+def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
+    from ipam import main as ipam_main
+    from sriov_cni.cni import dispatch
+
+    return dispatch(ipam_main.HANDLERS, env, stdin, stdout, stderr, ipam_main.ABOUT)
+
+
+PROGRAMS: dict[str, Program] = {"sriov": _run_sriov, "sriov-ipam": _run_ipam}
+
+
+def _recv_request(conn: socket.socket, timeout: float) -> tuple[tuple[str, str, str, dict[str, str]], list[int]]:
+    deadline = time.monotonic() + timeout
+
+    def until_deadline() -> socket.socket:
+        # One bound for the whole request, not per read: a caller sending a
+        # byte at a time must not hold the child longer.
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        conn.settimeout(left)
+        return conn
+
     fds = array.array("i")
-    msg, ancdata, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
+    msg, ancdata, _, _ = until_deadline().recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
     if len(msg) != 4 or len(fds) != 3:
-        raise ValueError("malformed request")
+        raise CNIError(Code.DECODE, "malformed request: no length or not three descriptors")
     (size,) = struct.unpack("!I", msg)
     if size > MAX_HEADER:
-        raise ValueError("request header too large")
+        raise CNIError(
+            Code.INVALID_ENV,
+            f"the request's environment and working directory take {size} bytes, "
+            f"more than the {MAX_HEADER} the sriov-cni daemon accepts",
+        )
     body = b""
     while len(body) < size:
-        chunk = conn.recv(size - len(body))
+        chunk = until_deadline().recv(size - len(body))
         if not chunk:
-            raise ValueError("truncated request")
+            raise CNIError(Code.DECODE, "truncated request")
         body += chunk
     return decode_request(body), list(fds)
 
 
-def _become_caller(conn: socket.socket) -> dict[str, str] | None:
-    """Take over the caller's descriptors, environment and directory; None: refuse."""
-    (version, cwd, env), fds = _recv_request(conn)
+def _become_caller(conn: socket.socket, request_timeout: float) -> tuple[Program, dict[str, str]]:
+    """Take over the caller's descriptors, environment and directory."""
+    try:
+        (version, program, cwd, env), fds = _recv_request(conn, request_timeout)
+    except TimeoutError:
+        raise CNIError(Code.TRY_AGAIN, f"no complete request within {request_timeout:g} s") from None
+    conn.settimeout(None)
     if version != __version__:
-        return None
+        raise CNIError(
+            Code.TRY_AGAIN,
+            f"version skew: the sriov-cni daemon is {__version__}, the {program} executable "
+            f"is {version}; install the executables of the daemon's version "
+            "(sriov-cni install-cni) or run the daemon of theirs",
+        )
+    run = PROGRAMS.get(program)
+    if run is None:
+        raise CNIError(
+            Code.INVALID_ENV,
+            f"the sriov-cni daemon runs {' and '.join(sorted(PROGRAMS))}, not {program!r}: "
+            "install the shim under one of those names",
+        )
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     try:
         os.chdir(cwd or "/")
     except OSError:
+        # The caller's directory is a host path this pod may not have; the
+        # plugins use none relative to it.
         os.chdir("/")
     os.environ.clear()
     os.environ.update(env)
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
-    return env
+    return run, env
 
 
-def _serve_one(conn: socket.socket) -> None:
+def _serve_one(conn: socket.socket, request_timeout: float) -> None:
     """Runs in the forked child."""
-    from sriov_cni import plugin
-
     try:
-        env = _become_caller(conn)
-    except (OSError, ValueError):
-        env = None
-    if env is None:
-        # Nothing has run yet, so the caller can safely run it itself.
-        conn.sendall(bytes([FALLBACK]))
+        run, env = _become_caller(conn, request_timeout)
+    except (OSError, ValueError) as exc:
+        refusal = CNIError(Code.DECODE, f"unreadable request: {exc}")
+    except CNIError as exc:
+        refusal = exc
+    else:
+        code = run(env, sys.stdin.buffer.read(), sys.stdout, sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.sendall(bytes([code & 0xFF]))
         return
-    plugin.configure_logging_from_env(env)
-    code = plugin.run(env, sys.stdin.buffer.read(), sys.stdout, sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    conn.sendall(bytes([code & 0xFF]))
+    # Nothing has run: the shim prints the reason, the Python client runs
+    # the call itself.
+    answer = json.dumps(refusal.to_dict("1.0.0"))
+    conn.settimeout(request_timeout)
+    conn.sendall(bytes([REFUSED]) + answer.encode() + b"\n")
 
 
 def _peer_is_root(conn: socket.socket) -> bool:
@@ -93,24 +170,36 @@ def _peer_is_root(conn: socket.socket) -> bool:
     return bool(uid == 0)
 
 
-def _reap(_signum: int, _frame: object) -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
+def _reap(children: set[int], max_children: int) -> None:
+    """Collect ended children; wait for one while ``max_children`` run."""
+    while children:
+        pid, _ = os.waitpid(-1, 0 if len(children) >= max_children else os.WNOHANG)
         if pid == 0:
             return
+        children.discard(pid)
 
 
-def serve(path: str = DEFAULT_SOCKET) -> None:
+def _private_directory(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if os.stat(directory).st_mode & stat.S_ISVTX:
+        # Making /tmp root-only would break the node; the socket needs a
+        # directory of its own.
+        raise DaemonError(f"{directory} is a shared directory (sticky bit): give the socket one of its own")
+    # A hostPath DirectoryOrCreate (or an administrator) may have made it
+    # 0755 already; the mode given to makedirs only applies to a new one.
+    os.chmod(directory, 0o700)
+
+
+def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
+          max_children: int = MAX_CHILDREN) -> None:
     """Listen on ``path`` until terminated."""
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
     import ipam.main  # noqa: F401
     import sriov_cni.plugin  # noqa: F401
 
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    _private_directory(path)
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -122,27 +211,25 @@ def serve(path: str = DEFAULT_SOCKET) -> None:
     finally:
         os.umask(old_umask)
     listener.listen(128)
-    signal.signal(signal.SIGCHLD, _reap)
-    sys.stderr.write(f"sriov-cni helper {__version__} listening on {path}\n")
+    children: set[int] = set()
+    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}\n")
     sys.stderr.flush()
     while True:
-        try:
-            conn, _ = listener.accept()
-        except InterruptedError:
-            continue
+        _reap(children, max_children)
+        conn, _ = listener.accept()
         if not _peer_is_root(conn):
             conn.close()
             continue
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
             listener.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             status = 0
             try:
-                _serve_one(conn)
+                _serve_one(conn, request_timeout)
             except BaseException:  # the child must always reach _exit
                 status = 1
             os._exit(status)
+        children.add(pid)
         conn.close()
 
 

@@ -19,7 +19,7 @@ python3 -m pytest -ra -m "not sriov_vm" || host_status=$?
 echo "=== driver tests (sriov_vm) in the igb guest ==="
 vm_status=0
 started=$(date +%s)
-python3 tests/vm/rig.py --timeout 1800 -- python3 -m pytest -ra -v -m sriov_vm tests || vm_status=$?
+python3 tests/vm/rig.py --timeout 3600 -- python3 -m pytest -ra -v -m sriov_vm tests || vm_status=$?
 echo "run.sh: guest part took $(( $(date +%s) - started )) s"
 
 echo "run.sh: host tests exit $host_status, guest tests exit $vm_status"

@@ -28,9 +28,11 @@ apt_update_once() {
 # iputils-ping is the data-path oracle of the driver tests. podman (CNI
 # backend) and containerd (ctr run --cni) are the real runtimes the guest
 # drives the plugin with (tests/vm/test_runtimes_igb.py); runc is named so
-# both use the same OCI runtime.
+# both use the same OCI runtime. gcc, libc6-dev (glibc's libc.a) and make
+# build the static CNI shim.
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
-           iputils-ping ca-certificates python3-pip podman containerd runc)
+           iputils-ping ca-certificates python3-pip podman containerd runc
+           gcc libc6-dev make)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
@@ -99,4 +101,6 @@ if python3 -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(os.path.jo
     pip_opts+=(--break-system-packages)
 fi
 python3 -m pip install "${pip_opts[@]}" -e '.[test]'
+log "building the static CNI shim"
+make -s -C "$repo/shim"
 log "done"

@@ -3,9 +3,10 @@
 
 Both plugins take the same real VF through the same cycle (ADD into a pod
 namespace, DEL back) with host-local IPAM, interleaved in one run, so the
-ratio holds even on a slow or emulated machine.  ``sriov`` is measured
-through the warm helper and in process (no helper), and with its in-process
-IPAM.  Needs root and an SR-IOV PF (inside the QEMU guest: the emulated
+ratio holds even on a slow or emulated machine.  ``sriov`` is measured as
+a node without Python runs it (the static shim forwarding to the daemon),
+as the Python executable through the daemon and in process (no daemon), and
+with its in-process IPAM.  Needs root and an SR-IOV PF (inside the QEMU guest: the emulated
 igb); prints figures, asserts nothing.
 
     python3 tests/vm/rig.py -- python3 tests/bench/bench_plugin.py
@@ -91,19 +92,21 @@ def main() -> None:
     vf_pci, vf_netdev = ensure_vf(pf)
     work = Path(tempfile.mkdtemp(prefix="sriov-bench-"))
     bindir = work / "bin"
-    client.install(str(bindir))
+    client.install(str(bindir), sys.executable)
+    shimdir = work / "shim-bin"
+    client.install(str(shimdir))
     for name in ("host-device", "host-local"):
         os.symlink(GO_PLUGINS / name, bindir / name)
     netns = "sriov-bench"
     subprocess.run(["ip", "netns", "add", netns], check=True)
-    sock = str(work / "helper.sock")
-    helper = subprocess.Popen(
-        [sys.executable, "-m", "sriov_cni.server", sock], cwd=ROOT, stderr=subprocess.DEVNULL
+    sock = str(work / "run" / "plugin.sock")
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket", sock],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
     )
-    for _ in range(400):
-        if os.path.exists(sock):
-            break
-        time.sleep(0.05)
+    assert daemon.stderr is not None
+    if "listening" not in daemon.stderr.readline():
+        sys.exit("the sriov-cni daemon did not start")
 
     def ipam(kind: str) -> dict[str, object]:
         return {"type": kind, "subnet": "10.99.0.0/24", "dataDir": str(work / f"ipam-{kind}")}
@@ -121,23 +124,29 @@ def main() -> None:
             {"cniVersion": "1.0.0", "name": "bench", "type": "host-device", "device": vf_netdev, "ipam": ipam("host-local")},
             base_env,
         ),
-        "sriov, warm helper": (
+        "sriov, shim + daemon": (
+            shimdir / "sriov",
+            {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf_pci,
+             "dataDir": str(work / "state"), "ipam": ipam("host-local")},
+            dict(base_env, SRIOV_CNI_SOCKET=sock),
+        ),
+        "sriov, Python + daemon": (
             bindir / "sriov",
             {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf_pci,
              "dataDir": str(work / "state"), "ipam": ipam("host-local")},
-            dict(base_env, SRIOV_CNI_HELPER_SOCKET=sock),
+            dict(base_env, SRIOV_CNI_SOCKET=sock),
         ),
-        "sriov, helper + sriov-ipam": (
-            bindir / "sriov",
+        "sriov, shim + sriov-ipam": (
+            shimdir / "sriov",
             {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf_pci,
              "dataDir": str(work / "state"), "ipam": ipam("sriov-ipam")},
-            dict(base_env, SRIOV_CNI_HELPER_SOCKET=sock),
+            dict(base_env, SRIOV_CNI_SOCKET=sock),
         ),
         "sriov, in process": (
             bindir / "sriov",
             {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf_pci,
              "dataDir": str(work / "state"), "ipam": ipam("host-local")},
-            dict(base_env, SRIOV_CNI_HELPER_SOCKET=str(work / "no-helper.sock")),
+            dict(base_env, SRIOV_CNI_SOCKET=str(work / "no-daemon.sock")),
         ),
     }
     times: dict[str, list[float]] = {name: [] for name in peers}
@@ -150,10 +159,10 @@ def main() -> None:
                 t_del, r_del = invoke(exe, "DEL", conf, env)
                 times[name].append(t_add + t_del)
                 rss[name] = max(rss[name], r_add, r_del)
-        helper_hwm = vm_hwm_kib(helper.pid)
+        daemon_hwm = vm_hwm_kib(daemon.pid)
     finally:
-        helper.terminate()
-        helper.wait()
+        daemon.terminate()
+        daemon.wait()
         subprocess.run(["ip", "netns", "del", netns], check=False)
 
     go = statistics.median(times["host-device (Go)"])
@@ -163,7 +172,9 @@ def main() -> None:
         med = statistics.median(samples)
         p90 = sorted(samples)[int(0.9 * (len(samples) - 1))]
         print(f"{name:30} {med * 1000:10.1f} {p90 * 1000:8.1f} {med / go:6.2f} {rss[name] / 1024:13.1f}")
-    print(f"warm helper process peak RSS: {helper_hwm / 1024:.1f} MiB (one per node, shared by every call)")
+    shim = statistics.median(times["sriov, shim + daemon"])
+    print(f"shim + daemon / Go host-device: {shim / go:.2f} (same VF, host-local IPAM, this run)")
+    print(f"daemon process peak RSS: {daemon_hwm / 1024:.1f} MiB (one per node, shared by every call)")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
@@ -42,7 +43,9 @@ from runtimelib import (
     vf_picture,
     wait_pod_carrier,
 )
-from vmlib import Sriov, vf_pci_dirs, wait_until
+from vmlib import Sriov, sriov_daemon, vf_pci_dirs, wait_until
+
+from sriov_cni.client import DEFAULT_SOCKET
 
 pytestmark = pytest.mark.sriov_vm
 
@@ -55,17 +58,32 @@ ARP_NOTIFY = "/proc/sys/net/ipv4/conf/eth0/arp_notify"  # the conflist's tuning 
 # module's tests are done; every test runs once per provider.
 
 
-@contextmanager
-def package_executables(dest: Path) -> Iterator[None]:
-    """What the installed package's ``sriov-cni install-cni`` writes."""
+def install_cni(dest: Path, *args: str) -> None:
     exe = shutil.which("sriov-cni")
     if exe is None:
         pytest.fail("sriov-cni is not on PATH: run tests/setup-host.sh")
-    run(exe, "install-cni", "--dest", str(dest))
+    run(exe, "install-cni", "--dest", str(dest), *args)
+
+
+@contextmanager
+def shim_and_daemon(dest: Path) -> Iterator[None]:
+    """The static shim ``install-cni`` writes, served by ``sriov-cni daemon`` on the default socket."""
+    install_cni(dest)
+    with sriov_daemon(DEFAULT_SOCKET):
+        yield
+
+
+@contextmanager
+def package_executables(dest: Path) -> Iterator[None]:
+    """The installed package's own Python executables, which run each call in process."""
+    install_cni(dest, "--python", sys.executable)
     yield
 
 
-PROVIDERS: dict[str, Callable[[Path], AbstractContextManager[None]]] = {"package": package_executables}
+PROVIDERS: dict[str, Callable[[Path], AbstractContextManager[None]]] = {
+    "package": package_executables,
+    "shim": shim_and_daemon,
+}
 
 
 @pytest.fixture(scope="module", params=sorted(PROVIDERS))

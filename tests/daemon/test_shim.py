@@ -1,0 +1,353 @@
+"""The static shim against a real daemon process on a temporary socket.
+
+Everything runs for real: the daemon is ``sriov-cni daemon`` in its own
+process, the shim is the binary ``make -C shim`` built, and the calls that
+run a plugin run ``sriov-ipam`` (the plugin half that needs no SR-IOV NIC)
+with its store in the test's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sriov_cni import __version__, client, server
+
+REPO = Path(__file__).resolve().parents[2]
+SHIM = Path(client.SHIM)
+PT_INTERP = 3
+
+
+@pytest.fixture(autouse=True)
+def shim_built() -> None:
+    if not SHIM.exists():
+        pytest.fail("the shim is not built: make -C shim (tests/setup-host.sh does it)", pytrace=False)
+
+
+class Daemon:
+    def __init__(self, directory: Path, *options: str, command: str = "daemon") -> None:
+        self.socket = directory / "plugin.sock"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from sriov_cni.cli import main; main()", command,
+             "--socket", str(self.socket), *options],
+            cwd=REPO, stderr=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stderr is not None
+        banner = self.proc.stderr.readline()
+        assert f"listening on {self.socket}" in banner, banner
+
+    def children(self) -> list[int]:
+        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+            return [int(pid) for pid in f.read().split()]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path / "run")
+    yield d
+    d.stop()
+
+
+def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, name: str = "sriov",
+         **extra: str) -> tuple[int, dict[str, Any]]:
+    """Run the shim as ``name`` (a symlink, as install-cni's copies are named)."""
+    link = socket_path.parent.parent / "bin" / name
+    link.parent.mkdir(exist_ok=True)
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(exe)
+    env = {"CNI_COMMAND": command, "SRIOV_CNI_SOCKET": str(socket_path), "PATH": "/usr/bin:/bin", **extra}
+    # The timeout only keeps a broken shim from hanging the suite.
+    proc = subprocess.run([str(link)], input=stdin, env=env, capture_output=True, timeout=60)
+    out = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, out
+
+
+def ipam_conf(tmp_path: Path) -> bytes:
+    net = f"shim-{uuid.uuid4().hex[:8]}"
+    return json.dumps({
+        "cniVersion": "1.0.0", "name": net, "type": "sriov",
+        "ipam": {"type": "sriov-ipam", "subnet": "10.77.0.0/24", "dataDir": str(tmp_path / "ipam")},
+    }).encode()
+
+
+def ipam_env(container: str) -> dict[str, str]:
+    return {"CNI_CONTAINERID": container, "CNI_NETNS": "/proc/1/ns/net", "CNI_IFNAME": "net1",
+            "CNI_PATH": "/opt/cni/bin"}
+
+
+def wait_for(probe: Any) -> Any:
+    """``probe()`` once it is true (polled: these are other processes' states)."""
+    for _ in range(1200):
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition never held")
+
+
+def test_the_shim_is_a_static_executable() -> None:
+    data = SHIM.read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2, "a 64-bit ELF file"
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    types = [struct.unpack_from("<I", data, phoff + i * phentsize)[0] for i in range(phnum)]
+    assert types and PT_INTERP not in types, "a program interpreter means shared libraries"
+    ldd = subprocess.run(["ldd", str(SHIM)], capture_output=True, text=True)
+    assert "not a dynamic executable" in ldd.stdout + ldd.stderr
+
+
+def test_calls_run_through_the_daemon_as_sriov_ipam(daemon: Daemon, tmp_path: Path) -> None:
+    conf = ipam_conf(tmp_path)
+    rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", **ipam_env("c1"))
+    assert rc == 0, out
+    assert out["ips"][0]["address"].startswith("10.77.0."), out
+    leases = [p.name for p in (tmp_path / "ipam").rglob("10.77.0.*")]
+    assert leases == [out["ips"][0]["address"].split("/")[0]]
+    rc, out = shim(daemon.socket, "DEL", conf, name="sriov-ipam", **ipam_env("c1"))
+    assert (rc, out) == (0, {})
+    assert not list((tmp_path / "ipam").rglob("10.77.0.*"))
+    rc, out = shim(daemon.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
+    assert rc == 0 and "1.0.0" in out["supportedVersions"], out
+
+
+def test_socket_missing_is_try_again_naming_socket_and_daemon(tmp_path: Path) -> None:
+    sock = tmp_path / "run" / "plugin.sock"
+    sock.parent.mkdir()
+    rc, out = shim(sock, "ADD", ipam_conf(tmp_path))
+    assert rc == 1 and out["code"] == 11, out
+    assert str(sock) in out["msg"] and "sriov-cni daemon" in out["msg"]
+
+
+def test_old_socket_variable_still_names_the_socket(tmp_path: Path) -> None:
+    sock = tmp_path / "old" / "plugin.sock"
+    sock.parent.mkdir()
+    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_HELPER_SOCKET": str(sock)}
+    proc = subprocess.run([str(SHIM)], input=b"{}", env=env, capture_output=True, timeout=60)
+    assert proc.returncode == 1 and str(sock) in json.loads(proc.stdout)["msg"]
+
+
+def test_connection_refused_is_try_again(tmp_path: Path) -> None:
+    sock = tmp_path / "run" / "plugin.sock"
+    sock.parent.mkdir()
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound.bind(str(sock))  # a socket file nobody listens on: a daemon that died
+    try:
+        rc, out = shim(sock, "DEL", ipam_conf(tmp_path))
+    finally:
+        bound.close()
+    assert rc == 1 and out["code"] == 11, out
+    assert "Connection refused" in out["msg"] and str(sock) in out["msg"]
+
+
+def test_a_daemon_that_never_accepts_is_given_up_on(tmp_path: Path) -> None:
+    sock = tmp_path / "run" / "plugin.sock"
+    sock.parent.mkdir()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(0)
+    # A stopped daemon: its listen queue fills and stays full.
+    queued = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    queued.connect(str(sock))
+    try:
+        rc, out = shim(sock, "ADD", ipam_conf(tmp_path))
+    finally:
+        queued.close()
+        listener.close()
+    assert rc == 1 and out["code"] == 11, out
+    assert "did not accept within 5 s" in out["msg"]
+
+
+def test_version_skew_is_refused_naming_both_versions(daemon: Daemon, tmp_path: Path) -> None:
+    other = tmp_path / "old-shim"
+    subprocess.run(["gcc", "-O2", "-static", '-DSHIM_VERSION="0.0.9-old"', "-o", str(other),
+                    str(REPO / "shim" / "sriov-shim.c")], check=True)
+    rc, out = shim(daemon.socket, "ADD", ipam_conf(tmp_path), exe=other, name="sriov-ipam",
+                   **ipam_env("skew"))
+    assert rc == 1 and out["code"] == 11, out
+    assert "0.0.9-old" in out["msg"] and __version__ in out["msg"]
+    assert not (tmp_path / "ipam").exists(), "nothing ran"
+
+
+def test_oversized_request_is_an_error_not_a_hang(daemon: Daemon, tmp_path: Path) -> None:
+    # One variable is limited to 128 KiB by execve; ten of them exceed 1 MiB.
+    big = {f"BIG{i}": "x" * (120 << 10) for i in range(10)}
+    rc, out = shim(daemon.socket, "ADD", ipam_conf(tmp_path), name="sriov-ipam", **ipam_env("big"), **big)
+    assert rc == 1 and out["code"] == 4, out
+    assert str(server.MAX_HEADER) in out["msg"]
+
+
+def raw_request(sock: Path, header: bytes) -> bytes:
+    """Send a request the shim would never send; the daemon's whole answer."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(sock))
+    r, w = os.pipe()
+    try:
+        conn.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", r, w, w))])
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
+        return answer
+    finally:
+        conn.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_daemon_refuses_an_oversized_request_without_reading_it(daemon: Daemon) -> None:
+    answer = raw_request(daemon.socket, struct.pack("!I", server.MAX_HEADER + 1))
+    assert answer[0] == client.REFUSED
+    out = json.loads(answer[1:])
+    assert out["code"] == 4 and str(server.MAX_HEADER + 1) in out["msg"], out
+
+
+def test_a_stalled_request_is_dropped_after_the_timeout(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "run", "--request-timeout", "0.5")
+    try:
+        # The length promises 100 bytes that never come.
+        answer = raw_request(d.socket, struct.pack("!I", 100))
+    finally:
+        d.stop()
+    assert answer[0] == client.REFUSED
+    out = json.loads(answer[1:])
+    assert out["code"] == 11 and "no complete request within 0.5 s" in out["msg"], out
+
+
+def test_daemon_child_killed_mid_call_is_reported_not_retried(daemon: Daemon, tmp_path: Path) -> None:
+    link = tmp_path / "bin" / "sriov-ipam"
+    link.parent.mkdir()
+    link.symlink_to(SHIM)
+    env = {"CNI_COMMAND": "ADD", "SRIOV_CNI_SOCKET": str(daemon.socket), **ipam_env("killed")}
+    # The child blocks reading the config from our stdin pipe until killed.
+    proc = subprocess.Popen([str(link)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    children = wait_for(lambda: daemon.children())
+    os.kill(children[0], 9)
+    out, _ = proc.communicate(timeout=60)
+    result = json.loads(out)
+    assert proc.returncode == 1 and result["code"] == 11, result
+    assert "ended without an answer" in result["msg"] and "not retried" in result["msg"]
+    assert not (tmp_path / "ipam").exists()
+    # The daemon itself is unharmed.
+    rc, out2 = shim(daemon.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
+    assert rc == 0, out2
+
+
+def test_at_most_max_children_calls_run_at_once(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "run", "--max-children", "1")
+    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(d.socket)}
+    version = tmp_path / "version.json"
+    version.write_text('{"cniVersion": "1.0.0"}')
+    try:
+        link = tmp_path / "bin" / "sriov"
+        link.parent.mkdir()
+        link.symlink_to(SHIM)
+        first = subprocess.Popen([str(link)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        busy = wait_for(lambda: d.children())
+        with version.open("rb") as stdin:
+            second = subprocess.Popen([str(link)], stdin=stdin, stdout=subprocess.PIPE, env=env)
+        # The second shim waits for its answer while the daemon waits for
+        # its one child to end instead of accepting the second call.
+        wait_for(lambda: Path(f"/proc/{second.pid}/wchan").read_text() == "unix_stream_read_generic")
+        wait_for(lambda: Path(f"/proc/{d.proc.pid}/wchan").read_text() == "do_wait")
+        assert d.children() == busy and second.poll() is None
+        first_out, _ = first.communicate(b'{"cniVersion": "1.0.0"}', timeout=60)
+        second_out, _ = second.communicate(timeout=60)
+    finally:
+        d.stop()
+    assert first.returncode == 0, first_out
+    assert second.returncode == 0, second_out
+
+
+def test_socket_directory_is_made_root_only_even_when_it_exists(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    run.chmod(0o755)
+    d = Daemon(run)
+    try:
+        assert stat.S_IMODE(run.stat().st_mode) == 0o700
+        assert stat.S_IMODE(d.socket.stat().st_mode) == 0o600
+    finally:
+        d.stop()
+
+
+def test_a_shared_socket_directory_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
+         "--socket", str(shared / "plugin.sock")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1 and "sticky bit" in proc.stderr and "Traceback" not in proc.stderr
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_install_cni_writes_the_shim_atomically_as_both_executables(tmp_path: Path) -> None:
+    dest = tmp_path / "cni-bin"
+    dest.mkdir()
+    (dest / "sriov").write_text("an older plugin\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", "from sriov_cni.cli import main; main()", "install-cni", "--dest", str(dest)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["sriov", "sriov-ipam"], "no temporary files left"
+    for name in ("sriov", "sriov-ipam"):
+        path = dest / name
+        assert path.read_bytes() == SHIM.read_bytes()
+        assert stat.S_IMODE(path.stat().st_mode) == 0o755
+
+
+def python_sriov(sock: Path, version: str, plugin_importable: bool = True) -> tuple[int, dict[str, Any]]:
+    """The Python ``sriov`` executable, claiming to be ``version``.
+
+    Without ``plugin_importable`` it can run nothing itself, so a call that
+    succeeds was run by the daemon.
+    """
+    block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin'] = None; "
+    code = (f"import sriov_cni; sriov_cni.__version__ = {version!r}; {block}"
+            "from sriov_cni.client import main; main()")
+    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(sock), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
+                          capture_output=True, timeout=60)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_python_client_is_served_by_the_daemon(daemon: Daemon) -> None:
+    rc, out = python_sriov(daemon.socket, __version__, plugin_importable=False)
+    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_python_client_runs_in_process_when_the_daemon_refuses(daemon: Daemon) -> None:
+    # The daemon refuses another version with an error object; the Python
+    # client does not print it but runs the call itself.
+    rc, out = python_sriov(daemon.socket, "0.0.9-old")
+    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_helper_still_starts_the_daemon(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "run", command="helper")
+    try:
+        rc, out = shim(d.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
+    finally:
+        d.stop()
+    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
