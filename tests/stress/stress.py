@@ -20,15 +20,14 @@ Two nodes:
     already imported, and run :func:`sriov_cni.plugin.run` directly.
 ``igb``
     The QEMU guest's igb PFs and their real VFs.  Plugin calls exec the
-    ``sriov`` executable; with ``--daemon`` it is served by ``sriov-cni
-    helper`` and the faults include SIGKILLs of the helper's per-call
-    child and restarts of the helper itself.
+    static shim, as on a node, served by ``sriov-cni daemon``; the faults
+    include SIGKILLs of the daemon's per-call child and daemon restarts.
 
 Faults: SIGKILL of a call at a random point (a hung call is killed at the
 deadline, as a runtime does), the pod's netns deleted before DEL, duplicate
 DELs, ADD retried after a failure, a delegated IPAM plugin that fails or
 hangs, ENOSPC on the state directory (a small tmpfs holding the store and
-the IPAM data), and, with ``--daemon``, helper restarts.
+the IPAM data), and, on igb, daemon restarts.
 
 The seed fixes which operations and faults are chosen and when; with
 ``--concurrency 1`` it also fixes their order.  The last line of output is
@@ -37,7 +36,7 @@ the summary; the exit status is 1 if any invariant was violated.
 Usage::
 
     python3 tests/stress/stress.py --ops 10000 --seed 1
-    python3 tests/stress/stress.py --node igb --ops 500 --seed 1 --daemon
+    python3 tests/vm/rig.py -- python3 tests/stress/stress.py --node igb --ops 500 --seed 1
 """
 
 from __future__ import annotations
@@ -217,7 +216,7 @@ class ForkTransport:
 
 
 class ExecTransport:
-    """Exec the ``sriov`` executable; optionally with a warm helper behind it."""
+    """Exec a CNI executable; optionally with the daemon behind it."""
 
     def __init__(self, exe: list[str], daemon: list[str] | None, socket_path: str) -> None:
         from sriov_cni import client
@@ -232,14 +231,14 @@ class ExecTransport:
 
     def _start_daemon(self) -> None:
         assert self.daemon_cmd is not None
-        # The helper replaces a leftover socket only once it is ready, so wait
+        # The daemon replaces a leftover socket only once it is ready, so wait
         # for a fresh one rather than for any.
         Path(self.socket_path).unlink(missing_ok=True)
         self.daemon = subprocess.Popen(self.daemon_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not os.path.exists(self.socket_path):
             if time.monotonic() > deadline or self.daemon.poll() is not None:
-                raise RuntimeError(f"the helper did not come up on {self.socket_path}")
+                raise RuntimeError(f"the daemon did not come up on {self.socket_path}")
             time.sleep(0.05)
 
     def start(self, env: dict[str, str], stdin: bytes) -> Running:
@@ -252,11 +251,21 @@ class ExecTransport:
         return Running(proc.pid, proc.stdout.fileno(), proc.stderr.fileno(), popen=proc)
 
     def kill_target(self, call: Running) -> int | None:
-        """The process running the plugin: the helper's child for this call, if any."""
+        """The process running the plugin: the daemon's child for this call, if any."""
         if self.daemon is None:
             return call.pid
-        children = _children(self.daemon.pid)
-        return children[0] if children else None
+        # The child serving this call holds the caller's stdout: the same pipe.
+        try:
+            pipe = os.readlink(f"/proc/{call.pid}/fd/1")
+        except OSError:
+            return None
+        for child in _children(self.daemon.pid):
+            try:
+                if os.readlink(f"/proc/{child}/fd/1") == pipe:
+                    return child
+            except OSError:
+                continue
+        return None
 
     def restart(self) -> bool:
         if self.daemon is None:
@@ -565,7 +574,7 @@ class Op:
 
 class Driver:
     def __init__(self, node: StressNode, transport: Transport, state: StateDir, rng: random.Random,
-                 concurrency: int, deadline: float, work: Path) -> None:
+                 concurrency: int, deadline: float, work: Path, ipam_exe: Path) -> None:
         self.node = node
         self.transport = transport
         self.state = state
@@ -579,7 +588,7 @@ class Driver:
         self.cni_bin.mkdir()
         wrapper = self.cni_bin / "stress-ipam"
         wrapper.write_text(IPAM_WRAPPER.replace("{hang}", str(deadline + IPAM_HANG_EXTRA)).replace(
-            "{exe}", str(REPO / "bin" / "sriov-ipam")))
+            "{exe}", str(ipam_exe)))
         wrapper.chmod(0o755)
         self.attachments: list[Attachment] = []
         self.busy: set[str] = set()
@@ -750,7 +759,7 @@ class Driver:
         _kill(pid)
         op.deadline = float("inf")
         # Only the call's own process dying leaves it without an answer; a
-        # killed helper child is something the executable must report.
+        # killed daemon child is something the executable must report.
         op.killed = op.killed or pid == op.call.pid
 
     def reap(self, op: Op) -> None:
@@ -931,7 +940,7 @@ def _addresses(directory: Path) -> set[str]:
 
 
 def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, vfs: int = 8,
-           deadline: float = 10.0, daemon: bool = False) -> tuple[str, list[str]]:
+           deadline: float = 10.0) -> tuple[str, list[str]]:
     """Run; return the summary line and the violations."""
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="sriov-stress-"))
@@ -944,15 +953,18 @@ def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, v
         if node_kind == "host":
             node = HostNode(work, 2, vfs)
             transport = ForkTransport(node.deps)
+            ipam_exe = REPO / "bin" / "sriov-ipam"
         else:
+            from sriov_cni import client
+
             node = IgbNode(vfs)
-            socket_path = str(work / "plugin.sock")
-            exe = [str(REPO / "bin" / "sriov")]
-            helper = [sys.executable, str(REPO / "bin" / "sriov-cni"), "helper", "--socket", socket_path]
-            transport = ExecTransport(exe, helper if daemon else None, socket_path)
-            if daemon:
-                os.environ["SRIOV_CNI_SOCKET"] = socket_path
-        driver = Driver(node, transport, state, rng, concurrency, deadline, work)
+            shims = work / "shims"
+            client.install(str(shims), None)
+            socket_path = str(work / "daemon" / "plugin.sock")
+            daemon = [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket", socket_path]
+            transport = ExecTransport([str(shims / "sriov")], daemon, socket_path)
+            ipam_exe = shims / "sriov-ipam"
+        driver = Driver(node, transport, state, rng, concurrency, deadline, work, ipam_exe)
         start_pf, start_host = node.pf_side(), node.host_netdevs()
         started = time.monotonic()
         driver.run(ops)
@@ -978,10 +990,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--vfs", type=int, default=8, help="VFs per PF (2 PFs)")
     parser.add_argument("--deadline", type=float, default=10.0, help="seconds before a call is killed as hung")
-    parser.add_argument("--daemon", action="store_true", help="igb: serve calls from the warm helper")
     args = parser.parse_args()
-    summary, violations = stress(args.ops, args.seed, args.node, args.concurrency, args.vfs, args.deadline,
-                                 args.daemon)
+    summary, violations = stress(args.ops, args.seed, args.node, args.concurrency, args.vfs, args.deadline)
     print(summary, flush=True)
     sys.exit(1 if violations else 0)
 

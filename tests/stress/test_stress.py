@@ -28,4 +28,4 @@ def test_host_stress() -> None:
 
 @pytest.mark.sriov_vm
 def test_igb_stress() -> None:
-    check(*stress(IGB_OPS, seed=20261122, node_kind="igb", concurrency=4, vfs=7, deadline=20.0, daemon=True))
+    check(*stress(IGB_OPS, seed=20261122, node_kind="igb", concurrency=4, vfs=7, deadline=60.0))
