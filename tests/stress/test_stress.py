@@ -1,31 +1,20 @@
 """The seeded fault-injection stress run (tests/stress/stress.py) as part of the suite.
 
-The host run is a shorter version of the documented 10,000-operation run;
-the igb run drives the real driver in the QEMU guest through the warm
-helper, so its faults include SIGKILLs of the helper's per-call child and
-helper restarts.  Each fails with the seed and every violation.
+A shorter version of the documented 10,000-operation host run.  It fails
+with the seed, the summary line and every violation.
 """
 
 from __future__ import annotations
 
-import pytest
-
 from stress import stress
 
 HOST_OPS = 1000
-IGB_OPS = 500
-
-
-def check(summary: str, violations: list[str]) -> None:
-    print(summary)
-    assert not violations, summary + "\n" + "\n".join(violations)
-    assert " kill=" in summary and " netns_deleted=" in summary and " enospc=" in summary, summary
 
 
 def test_host_stress() -> None:
-    check(*stress(HOST_OPS, seed=20261122, node_kind="host", concurrency=4, vfs=8, deadline=5.0))
-
-
-@pytest.mark.sriov_vm
-def test_igb_stress() -> None:
-    check(*stress(IGB_OPS, seed=20261122, node_kind="igb", concurrency=4, vfs=7, deadline=60.0))
+    summary, violations = stress(HOST_OPS, seed=20261122, node_kind="host", concurrency=4, vfs=8, deadline=5.0)
+    print(summary)
+    assert not violations, summary + "\n" + "\n".join(violations)
+    # The run must have exercised what it claims to: each fault kind at least once.
+    for fault in ("kill=", "netns_deleted=", "enospc=", "ipam_fail=", "duplicate_del=", "add_retry="):
+        assert f" {fault}" in summary, summary
