@@ -804,10 +804,8 @@ class Driver:
             else:
                 # Half done, perhaps: the runtime only knows to DEL again.
                 att.state = "unknown"
-            if ok:
-                pass
-            elif not (op.faults & {"kill", "ipam_fail", "ipam_hang", "enospc", "deadline_kill"}) and ans.rc is not None:
-                self.violate(f"DEL {att.container} failed with no fault injected: {ans.stdout.strip()} {att.history}")
+                if ans.rc is not None and not op.faults & {"kill", "ipam_fail", "ipam_hang", "enospc"}:
+                    self.violate(f"DEL {att.container} failed with no fault injected: {ans.stdout.strip()} {att.history}")
         elif op.command == "CHECK" and not ok and ans.rc is not None \
                 and not (op.faults & {"ipam_fail", "ipam_hang", "enospc"}):
             self.violate(f"CHECK {att.container} of a live attachment failed: {ans.stdout.strip()} {att.history}")
