@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import pytest
 
 from sriov_cni import client
 from test_plugin_igb import host_link, ns_path, records, restored, vfinfo, view
-from vmlib import Sriov, ip_json, vf_pci_dirs, wait_until
+from vmlib import Sriov, ip_json, sriov_daemon, vf_pci_dirs, wait_until
 
 pytestmark = pytest.mark.sriov_vm
 
@@ -47,24 +48,15 @@ class Node:
         self.sock = work / "sock" / "plugin.sock"
         self.mounts: list[Path] = []
         self.daemon: subprocess.Popen[str] | None = None
+        self._daemon_scope = ExitStack()
         self.calls = 0
 
     def start_daemon(self) -> None:
-        self.daemon = subprocess.Popen(
-            [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket", str(self.sock)],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
-        )
-        assert self.daemon.stderr is not None
-        banner = self.daemon.stderr.readline()
-        assert "listening on" in banner, banner
+        self.daemon = self._daemon_scope.enter_context(sriov_daemon(str(self.sock)))
 
     def stop_daemon(self) -> None:
-        if self.daemon is not None:
-            self.daemon.terminate()
-            self.daemon.wait(timeout=60)
-            assert self.daemon.stderr is not None
-            self.daemon.stderr.close()
-            self.daemon = None
+        self._daemon_scope.close()
+        self.daemon = None
 
     def daemon_children(self) -> list[int]:
         assert self.daemon is not None
