@@ -2,10 +2,11 @@
 
 ADD records the VF's original state and the settings it is about to make
 before changing anything, applies the PF-side settings, then moves the
-netdev through a throw-away namespace into the pod.  Everything ADD did can
-be undone from that record alone, so DEL, a failed ADD, GC and the
-reclaiming of a stale allocation all go through :func:`restore`, in the one
-order drivers accept: PF side first, then the netdev.
+netdev into the pod and renames it there in the same request.  Everything
+ADD did can be undone from that record alone, so DEL, a failed ADD, GC and
+the reclaiming of a stale allocation all go through :func:`restore`, in the
+one order drivers accept: PF side first (the admin MAC only lifted), then
+the netdev, then the admin MAC as recorded.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sriov_cni.store import Allocation, OriginalState
 # meanwhile, so MAC changes are read back and retried for up to 2 s.
 MAC_ATTEMPTS = 20
 MAC_RETRY_DELAY = 0.1
+ZERO_MAC = "00:00:00:00:00:00"
 
 
 def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation) -> OriginalState:
@@ -142,7 +144,11 @@ def apply_pf_settings(vfc: VfControl, alloc: Allocation) -> None:
 
 
 def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
-    """Put back every PF-side setting the allocation changed; returns failures."""
+    """Put back every PF-side setting the allocation changed; returns failures.
+
+    The admin MAC is only lifted here (see :func:`_lift_admin_mac`); the
+    recorded one goes back after the netdev, in :func:`restore_admin_mac`.
+    """
     if alloc.original is None:
         return []
     setters = _pf_setters(vfc, alloc)
@@ -154,10 +160,60 @@ def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
         if original.get(key) is None:
             continue
         try:
-            setters[key](original[key])
+            if key == "mac":
+                _lift_admin_mac(vfc, alloc, original[key])
+            else:
+                setters[key](original[key])
         except (netlink.NetlinkError, CNIError) as exc:
             failures.append(f"{key}: {exc}")
     return failures
+
+
+def _lift_admin_mac(vfc: VfControl, alloc: Allocation, original: str) -> None:
+    """Clear the admin MAC ADD set, so the VF netdev may take its own MAC back.
+
+    igb refuses a VF's own MAC change while the PF holds an admin MAC for it
+    ("attempted to override administratively set MAC address"), and writing
+    the recorded reading straight back would lock the VF to it: igb reports a
+    MAC the VF chose itself in the same attribute as an admin MAC, so the
+    reading cannot tell the two apart.  A zero admin MAC removes the lock.
+    Drivers that refuse a zero MAC (bnxt) get the recorded one directly.
+    """
+    if alloc.dpdk:
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, original)
+        return
+    try:
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, ZERO_MAC)
+    except (netlink.InvalidArgument, CNIError):
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, original)
+
+
+def restore_admin_mac(vfc: VfControl, alloc: Allocation) -> list[str]:
+    """Put the PF's reading of the VF's MAC back to the recorded one, zero included.
+
+    Runs after the netdev is home, and whether or not ADD set a MAC: igb
+    records whatever MAC the VF netdev programs (when it is opened in a pod,
+    or when DEL gives it back its own MAC), so the reading drifts even when
+    nothing was configured.  It is written only when it differs, so a MAC the
+    VF chose itself, read back unchanged, does not become an admin lock.
+    """
+    orig = alloc.original
+    if orig is None or not orig.admin_mac:
+        return []
+    info = vfc.vfs(alloc.pf_netdev).get(alloc.vf_index)
+    if info is None or info.mac == orig.admin_mac:
+        return []
+    try:
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, orig.admin_mac)
+    except netlink.InvalidArgument as exc:
+        if orig.admin_mac != ZERO_MAC:
+            return [f"mac: {exc}"]
+        # A driver that cannot clear an admin MAC (bnxt) keeps the last one;
+        # the next pod's MAC replaces it, and failing DEL would not help.
+        log.warning("PF %s keeps MAC %s for VF %d: it refuses to clear it", alloc.pf_netdev, info.mac, alloc.vf_index)
+    except (netlink.NetlinkError, CNIError) as exc:
+        return [f"mac: {exc}"]
+    return []
 
 
 def _move(src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None) -> None:
@@ -212,6 +268,8 @@ def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInf
 
 
 def _set_effective_mac(ns: Namespace, index: int, mac: str) -> None:
+    """Give the (down) VF netdev ``mac``, once the PF side holds it as admin MAC or none."""
+    reset = False
     # After an admin MAC change the VF driver may still be resetting; the
     # netdev can show the new MAC by itself or refuse briefly.
     for _ in range(MAC_ATTEMPTS):
@@ -219,7 +277,20 @@ def _set_effective_mac(ns: Namespace, index: int, mac: str) -> None:
             return
         try:
             ns.set_mac(index, mac)
-        except (netlink.Busy, netlink.InvalidArgument, netlink.NetlinkError) as exc:
+        except netlink.AddressRefused as exc:
+            if not reset:
+                # igbvf asks the PF for every MAC change, and once the PF
+                # holds an admin MAC it refuses (EADDRNOTAVAIL); the VF only
+                # adopts the admin MAC when it resets, which igbvf does when
+                # an opened netdev is closed.  A VF not opened since probe
+                # takes the change without asking, which is why only a VF's
+                # second pod ran into this.
+                ns.set_up(index, True)
+                ns.set_up(index, False)
+                reset = True
+                continue
+            log.debug("setting MAC %s: %s; retrying", mac, exc)
+        except netlink.NetlinkError as exc:
             log.debug("setting MAC %s: %s; retrying", mac, exc)
         time.sleep(MAC_RETRY_DELAY)
     if ns.get(index).mac != mac:
@@ -315,5 +386,6 @@ def restore(vfc: VfControl, alloc: Allocation) -> None:
         restore_netdev(alloc)
     except (netlink.NetlinkError, CNIError, sysfs.SysfsError) as exc:
         failures.append(f"netdev: {exc}")
+    failures += restore_admin_mac(vfc, alloc)
     if failures:
         raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} could not be fully restored", "; ".join(failures))

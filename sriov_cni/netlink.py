@@ -87,6 +87,10 @@ class NetnsNotFound(NetlinkError):
     pass
 
 
+class AddressRefused(NetlinkError):
+    """The device refused a MAC address (igbvf: the PF holds an admin MAC for the VF)."""
+
+
 _BY_ERRNO: dict[int, type[NetlinkError]] = {
     errno.ENODEV: LinkNotFound,
     errno.ENOENT: LinkNotFound,
@@ -97,6 +101,7 @@ _BY_ERRNO: dict[int, type[NetlinkError]] = {
     errno.ERANGE: InvalidArgument,
     errno.EBUSY: Busy,
     errno.EAGAIN: Busy,
+    errno.EADDRNOTAVAIL: AddressRefused,
 }
 
 

@@ -34,15 +34,9 @@ def vfinfo(pf: str, vf: int) -> dict[str, Any]:
     return dict(info)
 
 
-def restored(after: dict[str, Any], before: dict[str, Any], netdev_mac: str) -> None:
-    """The PF's view of a VF is as before DEL's restore, but for the address igb reports.
-
-    With no admin MAC, igb reports the MAC the VF itself programmed through
-    the mailbox: zero until igbvf first opened, then the netdev's own MAC
-    (which DEL puts back); so either is "no admin MAC".
-    """
-    assert {k: v for k, v in after.items() if k != "address"} == {k: v for k, v in before.items() if k != "address"}
-    assert after["address"] in (before["address"], netdev_mac), after
+def restored(after: dict[str, Any], before: dict[str, Any]) -> None:
+    """The PF's view of a VF is exactly as before ADD, the MAC it reports included."""
+    assert after == before
 
 
 def host_link(name: str, netns: str | None = None) -> dict[str, Any] | None:
@@ -117,7 +111,7 @@ def test_every_setting_applied_and_restored(igb_pfs: list[str], sriov: Sriov, ne
 
     assert rc == 0, res
     assert netdev_before is not None
-    restored(vfinfo(pf, 0), info_before, netdev_before["address"])
+    restored(vfinfo(pf, 0), info_before)
     assert view(host_link(vf0)) == netdev_before
     assert host_link("net1", pod) is None
     assert records(tmp_path) == []
@@ -142,7 +136,7 @@ def test_link_state_refused_by_igb_rolls_back(igb_pfs: list[str], sriov: Sriov, 
     assert rc == 1
     assert res["code"] == 100 and "link_state" in res["msg"], res
     assert netdev_before is not None
-    restored(vfinfo(pf, 0), info_before, netdev_before["address"])
+    restored(vfinfo(pf, 0), info_before)
     assert view(host_link(vf0)) == netdev_before
     assert [str(x["ifname"]) for x in ip_json("link", "show", netns=pod)] == ["lo"]
     assert records(tmp_path) == []
@@ -201,7 +195,7 @@ def test_parallel_adds_exhaustion_and_status(igb_pfs: list[str], sriov: Sriov, n
     for i, name in enumerate(vfs):
         link = host_link(name)
         assert link is not None
-        restored(vfinfo(pf, i), before[i], link["address"])
+        restored(vfinfo(pf, i), before[i])
     assert set(vfs) <= {str(x["ifname"]) for x in ip_json("link", "show")}
     assert records(tmp_path) == []
     assert cni("STATUS", conf) == (0, None)
@@ -229,7 +223,7 @@ def test_pod_netns_deleted_before_del(igb_pfs: list[str], sriov: Sriov, tmp_path
     assert host_link("podnet0") is None
     assert view(host_link(vf0)) == netdev_before
     assert netdev_before is not None
-    restored(vfinfo(pf, 0), info_before, netdev_before["address"])
+    restored(vfinfo(pf, 0), info_before)
     assert records(tmp_path) == []
 
 

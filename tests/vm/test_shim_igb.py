@@ -131,7 +131,7 @@ def vf_state(pf: str, vfs: list[str]) -> dict[str, tuple[dict[str, Any], dict[st
 def assert_restored(pf: str, vfs: list[str], before: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> None:
     for i, name in enumerate(vfs):
         info, netdev = before[name]
-        restored(vfinfo(pf, i), info, netdev["address"])
+        restored(vfinfo(pf, i), info)
         assert view(host_link(name)) == netdev
 
 
