@@ -6,7 +6,7 @@ Example (every key but ``pf`` and ``numVfs`` optional)::
       - pf: ens1f0            # netdev name or PCI address
         numVfs: 7
         mtu: 9000             # PF MTU is raised to this, never lowered
-        vfDriver: kernel      # kernel (default) or vfio-pci (DPDK)
+        vfDriver: kernel      # kernel (default), or vfio-pci or uio_pci_generic (DPDK)
         tuning:               # absent: IRQs and queues are left to the kernel
           irqCpus: local      # local (NUMA node of the PF, default) or a cpulist "2-7"
           excludeCpus: "0"    # removed from irqCpus; isolated CPUs always are
@@ -29,7 +29,7 @@ import yaml
 
 from sriov_cni import cpulist
 
-VF_DRIVERS = ("kernel", "vfio-pci")
+VF_DRIVERS = ("kernel", "vfio-pci", "uio_pci_generic")
 
 
 class NodeConfigError(Exception):

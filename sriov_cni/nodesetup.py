@@ -109,6 +109,41 @@ def _run_tuning(pf: sysfs.PF, policy: tuning.Policy, pinned: dict[str, int]) -> 
     return summary
 
 
+def _driver_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], fresh: bool) -> Step | None:
+    """Put the PF's VFs on ``spec.vf_driver``; ``kernel`` takes DPDK-bound VFs back to their own driver.
+
+    Allocated VFs are left alone: a pod is using them as they are.  With
+    ``kernel`` the step shows only when there is something to rebind.
+    """
+    driver = None if spec.vf_driver == "kernel" else spec.vf_driver
+    taken = {a.vf_pci for a in allocations}
+
+    def misplaced() -> list[str]:
+        out = []
+        for vf in sysfs.vf_pcis(pf.pci).values():
+            current = sysfs.driver(vf)
+            wrong = current in sysfs.DPDK_DRIVERS if driver is None else current != driver
+            if wrong and vf not in taken:
+                out.append(vf)
+        return out
+
+    def rebind() -> str:
+        try:
+            n = sum(vfs.bind(vf, driver) for vf in misplaced())
+        except vfs.VfError as exc:
+            raise SetupError(str(exc)) from exc
+        return f"{n} VFs rebound"
+
+    # Freshly created VFs come up on the kernel driver, so only a DPDK
+    # driver has work to do after a count change.
+    if not spec.num_vfs:
+        return None
+    pending = (fresh and driver is not None) or (not fresh and bool(misplaced()))
+    if driver is None and not pending:
+        return None
+    return Step(target, f"VFs on {spec.vf_driver}", rebind if pending else None)
+
+
 def _pf_steps(index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], links: Links) -> tuple[list[Step], dict[str, Any]]:
     where = f"pfs[{index}]"
     target = f"{pf.netdev or spec.pf} ({pf.pci})"
@@ -141,19 +176,9 @@ def _pf_steps(index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocati
             return "done"
 
         steps.append(Step(target, f"sriov_numvfs {current} -> {spec.num_vfs}", create))
-    if spec.vf_driver == "vfio-pci" and spec.num_vfs:
-        unbound = current != spec.num_vfs or any(
-            sysfs.driver(vf) != "vfio-pci" for vf in sysfs.vf_pcis(pf.pci).values()
-        )
-
-        def bind() -> str:
-            try:
-                n = sum(vfs.bind_vfio(vf) for vf in sysfs.vf_pcis(pf.pci).values())
-            except vfs.VfError as exc:
-                raise SetupError(str(exc)) from exc
-            return f"{n} VFs rebound"
-
-        steps.append(Step(target, "VFs on vfio-pci", bind if unbound else None))
+    driver_step = _driver_step(target, spec, pf, allocations, fresh=current != spec.num_vfs)
+    if driver_step is not None:
+        steps.append(driver_step)
     if pf.netdev is None:
         if spec.mtu is not None or spec.tuning is not None:
             raise SetupError(f"{where}: {spec.pf} has no netdev, so mtu and tuning cannot apply")

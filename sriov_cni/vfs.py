@@ -102,28 +102,32 @@ def set_numvfs(pf_pci: str, count: int, want_netdevs: bool, timeout: float = WRI
     return enabled
 
 
-def bind_vfio(vf_pci: str) -> bool:
-    """Bind a VF to vfio-pci for DPDK; False when it already was.
+def bind(vf_pci: str, driver: str | None) -> bool:
+    """Bind a VF to ``driver``, or with None to the kernel's own driver for it; False when it already was.
 
-    driver_override makes the bind stick to vfio-pci only; it is cleared
-    afterwards so a later rebind to the kernel driver is not blocked.
+    driver_override makes the probe pick exactly ``driver`` (a DPDK driver
+    claims no device by ID); it is cleared afterwards so that a later rebind
+    to the kernel driver is not blocked.
     """
     current = sysfs.driver(vf_pci)
-    if current == "vfio-pci":
+    if current == driver or (driver is None and current is not None and current not in sysfs.DPDK_DRIVERS):
         return False
-    vfio = sysfs.SYS / "bus" / "pci" / "drivers" / "vfio-pci"
-    if not vfio.is_dir():
-        raise VfError("vfio-pci driver is not loaded (modprobe vfio-pci)")
-    if not (sysfs.pci_dir(vf_pci) / "iommu_group").exists():
-        raise VfError(f"{vf_pci} has no IOMMU group: enable VT-d/AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt")
+    if driver is not None:
+        if not (sysfs.SYS / "bus" / "pci" / "drivers" / driver).is_dir():
+            raise VfError(f"{driver} driver is not loaded (modprobe {driver})")
+        if driver == "vfio-pci" and not (sysfs.pci_dir(vf_pci) / "iommu_group").exists():
+            raise VfError(f"{vf_pci} has no IOMMU group: enable VT-d/AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt")
+    override = sysfs.pci_dir(vf_pci) / "driver_override"
     try:
         if current is not None:
             sysfs.write(sysfs.SYS / "bus" / "pci" / "drivers" / current / "unbind", vf_pci)
-        sysfs.write(sysfs.pci_dir(vf_pci) / "driver_override", "vfio-pci")
-        sysfs.write(vfio / "bind", vf_pci)
-        sysfs.write(sysfs.pci_dir(vf_pci) / "driver_override", "\n")
+        if driver is not None:
+            sysfs.write(override, driver)
+        sysfs.write(sysfs.SYS / "bus" / "pci" / "drivers_probe", vf_pci)
+        sysfs.write(override, "\n")
     except sysfs.SysfsError as exc:
-        raise VfError(f"binding {vf_pci} to vfio-pci: {exc}") from exc
-    if sysfs.driver(vf_pci) != "vfio-pci":
-        raise VfError(f"{vf_pci} is still on {sysfs.driver(vf_pci) or 'no driver'} after binding to vfio-pci")
+        raise VfError(f"binding {vf_pci} to {driver or 'its kernel driver'}: {exc}") from exc
+    after = sysfs.driver(vf_pci)
+    if after is None or (after != driver if driver is not None else after in sysfs.DPDK_DRIVERS):
+        raise VfError(f"{vf_pci} is on {after or 'no driver'} after binding to {driver or 'its kernel driver'}")
     return True
