@@ -61,8 +61,8 @@ MODULES = (
     "igb",
     "igbvf",
     "veth",
-    # DPDK-style bindings of a VF: uio_pci_generic binds through
-    # driver_override without an IOMMU; vfio-pci needs the emulated one.
+    # DPDK-style bindings of a VF: uio_pci_generic needs no IOMMU; vfio-pci
+    # needs the emulated intel-iommu (see qemu_command).
     "uio_pci_generic",
     "vfio_pci",
     "vfio_iommu_type1",
@@ -316,6 +316,10 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
     cmd = [
         "qemu-system-x86_64",
         "-M", "q35",
+        # An emulated VT-d, so VFs get IOMMU groups and bind to vfio-pci.  The
+        # guest runs it in passthrough mode (iommu=pt): virtio-9p does not
+        # translate its DMA through the IOMMU, so remapping would break it.
+        "-device", "intel-iommu,intremap=off",
         "-accel", "tcg,thread=multi",
         "-cpu", "max",
         "-smp", "4",
@@ -329,7 +333,7 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
         "-initrd", str(art.initramfs),
         # pci=realloc: SeaBIOS sizes the root ports' windows for the PF BARs
         # only; the kernel must grow them for the VF BARs or sriov_numvfs fails.
-        "-append", "console=ttyS0 quiet loglevel=4 panic=-1 pci=realloc mitigations=off",
+        "-append", "console=ttyS0 quiet loglevel=4 panic=-1 pci=realloc mitigations=off intel_iommu=on iommu=pt",
         "-fsdev", "local,id=hostroot,path=/,security_model=passthrough,readonly=on,multidevs=remap",
         "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
         "-fsdev", f"local,id=results,path={results},security_model=passthrough,multidevs=remap",

@@ -1,9 +1,9 @@
 """DPDK-bound VFs on the real igb driver (runs in the rig's QEMU guest).
 
-``sriov-cni setup`` binds igb's VFs to uio_pci_generic (the guest's kernel
-has no VFIO no-IOMMU mode, and uio_pci_generic needs no IOMMU); the plugin
-then configures them from the PF side only, and ``vfDriver: kernel`` gives
-them back to igbvf.  Effects are read from sysfs and the PF's vfinfo_list.
+``sriov-cni setup`` binds igb's VFs to uio_pci_generic, or to vfio-pci
+behind the rig's emulated VT-d; the plugin then configures them from the PF
+side only, and ``vfDriver: kernel`` gives them back to igbvf.  Effects are
+read from sysfs, /dev and the PF's vfinfo_list.
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ from vmlib import Sriov, ip_json, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
 
-DRIVER = "uio_pci_generic"
-
-
 def drivers(pf: str) -> list[str]:
     return [(d / "driver").resolve().name for d in vf_pci_dirs(pf)]
 
@@ -37,24 +34,32 @@ def status_vfs(node: Node, pf: str) -> list[dict[str, Any]]:
 
 def conf(node: Node, **keys: Any) -> dict[str, Any]:
     ipam = {"type": "sriov-ipam", "dataDir": str(node.data / "ipam"), "ranges": [[{"subnet": "10.82.0.0/24"}]]}
-    return {"cniVersion": "1.0.0", "name": "dpdknet", "type": "sriov", "dataDir": str(node.data), "ipam": ipam,
+    return {"cniVersion": "1.1.0", "name": "dpdknet", "type": "sriov", "dataDir": str(node.data), "ipam": ipam,
             **keys}
 
 
-def test_uio_bound_vfs_configured_from_the_pf_side_then_rebound(node: Node, igb_pfs: list[str], sriov: Sriov,
-                                                                netns: Callable[[], str]) -> None:
+def device_node(vf: Path, driver: str) -> Path:
+    """The character device a DPDK application opens for this VF."""
+    if driver == "vfio-pci":
+        return Path("/dev/vfio", (vf / "iommu_group").resolve().name)
+    [uio] = list((vf / "uio").iterdir())
+    return Path("/dev", uio.name)
+
+
+@pytest.mark.parametrize("driver", ["uio_pci_generic", "vfio-pci"])
+def test_dpdk_bound_vfs_configured_from_the_pf_side_then_rebound(driver: str, node: Node, igb_pfs: list[str],
+                                                                 sriov: Sriov, netns: Callable[[], str]) -> None:
     pf = igb_pfs[0]
-    done = node.setup(f"pfs: [{{pf: {pf}, numVfs: 2, vfDriver: {DRIVER}}}]")
+    done = node.setup(f"pfs: [{{pf: {pf}, numVfs: 2, vfDriver: {driver}}}]")
     assert done.returncode == 0, done.stdout + done.stderr
     dirs = vf_pci_dirs(pf)
     pci0, pci1 = (d.name for d in dirs)
-    assert drivers(pf) == [DRIVER, DRIVER]
+    assert drivers(pf) == [driver, driver]
     for d in dirs:
         assert not (d / "net").exists()
-        [uio] = list((d / "uio").iterdir())
-        assert Path("/dev", uio.name).exists()
+        assert device_node(d, driver).exists()
     assert [(v["pci"], v["driver"], v["state"], v["netdev"]) for v in status_vfs(node, pf)] == [
-        (pci0, DRIVER, "free", None), (pci1, DRIVER, "free", None)]
+        (pci0, driver, "free", None), (pci1, driver, "free", None)]
     before = [vfinfo(pf, 0), vfinfo(pf, 1)]
 
     # The device plugin's choice, with every PF-side setting a DPDK NAD uses.
@@ -68,7 +73,7 @@ def test_uio_bound_vfs_configured_from_the_pf_side_then_rebound(node: Node, igb_
     info = vfinfo(pf, 0)
     assert (info["address"], info["vlan_list"], info["spoofchk"]) == (mac, [{"vlan": 100}], False)
     assert [link["ifname"] for link in ip_json("link", "show", netns=pod0)] == ["lo"]
-    assert drivers(pf) == [DRIVER, DRIVER]
+    assert drivers(pf) == [driver, driver]
 
     # Self-allocation counts the other DPDK-bound VF as free.
     pool = conf(node, pfNames=[pf], vlan=200)
