@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from sriov_cni import netlink, sysfs
 from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
-from sriov_cni.store import Allocation, Store
+from sriov_cni.store import Allocation, Claim, Store
 
 
 class VfState(enum.Enum):
@@ -131,44 +131,52 @@ def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
     return out
 
 
+@dataclass
+class Reservation:
+    """A VF taken for an ADD: its new record, the stale record it replaced if any, and its claim."""
+
+    alloc: Allocation
+    stale: Allocation | None
+    claim: Claim
+
+
 def reserve(
     store: Store,
     candidates: list[sysfs.VF],
     make: Callable[[sysfs.VF], Allocation],
     in_host: Callable[[str], bool],
     explicit: bool,
-) -> tuple[Allocation, Allocation | None]:
-    """Take the first free VF among ``candidates`` and record it.
+) -> Reservation:
+    """Take the first free VF among ``candidates``, claim it and record it.
 
-    Returns the new allocation and, when a stale one was reclaimed, the stale
-    record: the caller must put that VF back as it was before using it.
-    ``explicit`` means the caller named the VF (deviceID), so failure messages
-    speak of that VF rather than of a pool.
+    A stale VF (its container died without DEL) is taken only when no VF is
+    free; the caller must put it back as it was before using it.  A VF whose
+    claim another call holds (a DEL giving it back) is passed over.
+    ``explicit`` means the caller named the VF (deviceID), so failure
+    messages speak of that VF rather than of a pool.
     """
     with store.locked():
-        stale: tuple[sysfs.VF, Allocation] | None = None
+        stale: list[tuple[sysfs.VF, Allocation]] = []
         owners: list[str] = []
         for vf in candidates:
             alloc = store.get(vf.pci)
             state = vf_state(vf.pci, alloc, in_host)
             if state is VfState.FREE:
-                new = make(vf)
-                store.put(new)
-                return new, None
-            if state is VfState.STALE and alloc is not None and stale is None:
-                stale = (vf, alloc)
+                taken = _take(store, vf, make, None)
+                if taken is not None:
+                    return taken
+                owners.append(f"{vf.pci} (another CNI call is giving it back)")
+            elif state is VfState.STALE and alloc is not None:
+                stale.append((vf, alloc))
             elif state is VfState.ALLOCATED and alloc is not None:
                 owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
             else:
                 owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
-        if stale is not None:
-            vf, old = stale
-            new = make(vf)
-            # The VF is still dirty from the dead container: its original
-            # state is the stale record's, not what we would snapshot now.
-            new.original = old.original
-            store.put(new)
-            return new, old
+        for vf, old in stale:
+            taken = _take(store, vf, make, old)
+            if taken is not None:
+                return taken
+            owners.append(f"{vf.pci} (another CNI call is giving it back)")
     if explicit:
         raise CNIError(Code.NO_FREE_VF, f"VF {owners[0]} is not free" if owners else "VF is not free")
     raise CNIError(
@@ -176,3 +184,20 @@ def reserve(
         f"no free VF in the pool ({len(candidates)} VFs, all taken)",
         "; ".join(owners),
     )
+
+
+def _take(store: Store, vf: sysfs.VF, make: Callable[[sysfs.VF], Allocation], old: Allocation | None) -> Reservation | None:
+    claim = store.claim(vf.pci)
+    if claim is None:
+        return None
+    try:
+        new = make(vf)
+        if old is not None:
+            # The VF is still dirty from the dead container: its original
+            # state is the stale record's, not what we would snapshot now.
+            new.original = old.original
+        store.put(new)
+    except BaseException:
+        claim.release()
+        raise
+    return Reservation(new, old, claim)

@@ -19,7 +19,11 @@ from sriov_cni import __version__, allocate, attachments, bind, config, delegate
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
 from sriov_cni.cni import log as logger
 from sriov_cni.config import NetConf
-from sriov_cni.store import Allocation, FileStore, Store
+from sriov_cni.store import LOCK_TIMEOUT, Allocation, FileStore, Store
+
+# How long DEL and GC wait for a VF another call is changing (an ADD still
+# running for the same attachment, typically) before answering "try again".
+CLAIM_WAIT = LOCK_TIMEOUT
 
 ABOUT = f"sriov CNI plugin {__version__}"
 
@@ -194,48 +198,52 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
         )
 
     with netlink.namespace() as host:
-        alloc, stale = allocate.reserve(
+        reservation = allocate.reserve(
             store, candidates, make, lambda name: host.find(name) is not None, conf.device_id is not None
         )
-        logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
-        ipam_type = conf.ipam_type
-        ipam_added = False
-        try:
-            if stale is not None:
-                _reclaim(cmd, conf, vfc, stale)
-            if alloc.original is None:
-                alloc.original = bind.snapshot(vfc, host, alloc)
-            # Record what is about to change before changing it: after a
-            # crash at any later point the record still restores everything.
-            alloc.applied = bind.wanted_pf_settings(conf)
-            _save(store, alloc)
-            bind.apply_pf_settings(vfc, alloc)
-            if alloc.dpdk:
-                zero = "00:00:00:00:00:00"
-                mac = conf.mac or (alloc.original.admin_mac if alloc.original.admin_mac != zero else "")
-                iface = Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
-            else:
-                alloc.in_pod = True
+        alloc, stale = reservation.alloc, reservation.stale
+        # Held until this ADD has returned or rolled back: a DEL or another
+        # ADD reclaiming the VF (its pod's netns may vanish meanwhile) waits.
+        with reservation.claim:
+            logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
+            ipam_type = conf.ipam_type
+            ipam_added = False
+            try:
+                if stale is not None:
+                    _reclaim(cmd, conf, vfc, stale)
+                if alloc.original is None:
+                    alloc.original = bind.snapshot(vfc, host, alloc)
+                # Record what is about to change before changing it: after a
+                # crash at any later point the record still restores everything.
+                alloc.applied = bind.wanted_pf_settings(conf)
                 _save(store, alloc)
-                link = bind.attach(alloc, conf, cmd.netns, cmd.ifname)
-                iface = Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci)
-                # A VF's queue IRQs exist only while it is up, and the move
-                # closed it: the node's tuning is applied now, not at setup.
-                for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
-                    logger.warning("tuning: %s", warning)
-            ipam_result = None
-            if ipam_type:
-                ipam_result = delegate.run_ipam("ADD", cmd, ipam_type)
-                ipam_added = True
-                assert ipam_result is not None
-                if not ipam_result.ips:
-                    raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} returned no IP address")
-                if not alloc.dpdk:
-                    _configure_ips(cmd.netns, cmd.ifname, ipam_result)
-            return _result(conf, iface, ipam_result)
-        except BaseException:
-            _roll_back(cmd, vfc, store, alloc, ipam_type if ipam_added else None)
-            raise
+                bind.apply_pf_settings(vfc, alloc)
+                if alloc.dpdk:
+                    admin = alloc.original.admin_mac
+                    mac = conf.mac or (admin if admin != bind.ZERO_MAC else "")
+                    iface = Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
+                else:
+                    alloc.in_pod = True
+                    _save(store, alloc)
+                    link = bind.attach(alloc, conf, cmd.netns, cmd.ifname)
+                    iface = Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci)
+                    # A VF's queue IRQs exist only while it is up, and the move
+                    # closed it: the node's tuning is applied now, not at setup.
+                    for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
+                        logger.warning("tuning: %s", warning)
+                ipam_result = None
+                if ipam_type:
+                    ipam_result = delegate.run_ipam("ADD", cmd, ipam_type)
+                    ipam_added = True
+                    assert ipam_result is not None
+                    if not ipam_result.ips:
+                        raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} returned no IP address")
+                    if not alloc.dpdk:
+                        _configure_ips(cmd.netns, cmd.ifname, ipam_result)
+                return _result(conf, iface, ipam_result)
+            except BaseException:
+                _roll_back(cmd, vfc, store, alloc, ipam_type if ipam_added else None)
+                raise
 
 
 def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, store: Store, alloc: Allocation, ipam_type: str | None) -> None:
@@ -266,8 +274,22 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation) -> None:
 
 
 def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
-    _give_back(vfc, alloc)
-    _forget(store, alloc)
+    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`)."""
+    claim = store.claim(alloc.vf_pci, wait=CLAIM_WAIT)
+    if claim is None:
+        raise CNIError(
+            Code.TRY_AGAIN, f"VF {alloc.vf_pci} stayed claimed by another CNI call for {CLAIM_WAIT:g} s"
+        )
+    with claim:
+        with store.locked():
+            owned = _owned(store, alloc)
+        if not owned:
+            # An ADD reclaimed the VF (its pod's netns was gone) while this
+            # call waited; it is that ADD's now, already put back.
+            logger.info("VF %s was reclaimed by another container meanwhile; nothing to release", alloc.vf_pci)
+            return
+        _give_back(vfc, alloc)
+        _forget(store, alloc)
     logger.info("released VF %s", alloc.vf_pci)
 
 

@@ -7,6 +7,13 @@ Callers hold the lock only around short read-decide-write sections
 netlink moves, so concurrent ADDs neither collide nor queue behind each
 other's slow steps.
 
+Changing a VF (configuring it, giving it back) needs its claim, a flock on
+``<dataDir>/claims/<PCI>.lock`` held for the whole change.  Without it a
+DEL of a pod whose netns is gone and an ADD reclaiming that same stale
+record would both restore the VF, and the DEL could undo the settings the
+ADD just made for its own pod.  The kernel drops a claim when its holder
+dies, so a killed call never leaves a VF claimed.
+
 Every write goes to a temporary file that is fsynced and renamed over the
 old one, so a crash at any point leaves each record either old or new,
 never torn.  Files are 0600, directories 0700 and writable by nobody
@@ -25,7 +32,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -110,9 +117,31 @@ class Allocation:
         return alloc
 
 
+class Claim:
+    """The exclusive right to change one VF, until released (also as a context manager)."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+
+    def release(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Store(Protocol):
     def locked(self) -> ContextManager[None]:
         """Exclusive access to the whole store, node-wide."""
+        ...
+
+    def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
+        """The VF's claim, or None when another holder keeps it longer than ``wait`` seconds."""
         ...
 
     def all(self) -> list[Allocation]: ...
@@ -139,6 +168,7 @@ class FileStore:
     def __init__(self, data_dir: str | Path = DEFAULT_DATA_DIR, lock_timeout: float = LOCK_TIMEOUT) -> None:
         self.root = Path(data_dir)
         self.vfs_dir = self.root / "vfs"
+        self.claims_dir = self.root / "claims"
         self._lock_timeout = lock_timeout
         self._ready = False
 
@@ -146,6 +176,7 @@ class FileStore:
         if not self._ready:
             safepath.state_dir(str(self.root))
             safepath.state_dir(str(self.vfs_dir))
+            safepath.state_dir(str(self.claims_dir))
             self._ready = True
 
     @contextmanager
@@ -164,6 +195,18 @@ class FileStore:
             yield
         finally:
             lock.release()
+
+    def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
+        self._prepare()
+        path = self.claims_dir / f"{vf_pci}.lock"
+        lock = filelock.UnixFileLock(str(path), timeout=wait, mode=0o600)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            return None
+        except OSError as exc:
+            raise _io_error("cannot lock", path, exc) from exc
+        return Claim(lock.release)
 
     def _path(self, vf_pci: str) -> Path:
         return self.vfs_dir / f"{vf_pci}.json"
@@ -254,11 +297,23 @@ class MemoryStore:
     def __init__(self) -> None:
         self._records: dict[str, str] = {}
         self._lock = threading.RLock()
+        self._claimed: set[str] = set()
 
     @contextmanager
     def locked(self) -> Iterator[None]:
         with self._lock:
             yield
+
+    def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                if vf_pci not in self._claimed:
+                    self._claimed.add(vf_pci)
+                    return Claim(lambda: self._claimed.discard(vf_pci))
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
 
     def all(self) -> list[Allocation]:
         return [Allocation.from_json(self._records[k]) for k in sorted(self._records)]

@@ -1,0 +1,137 @@
+"""VF claims: one CNI call at a time changes a VF (see sriov_cni/store.py).
+
+The race they close: a pod's netns is gone, so its record is stale; the
+runtime's DEL for that pod and another pod's ADD, reclaiming the stale VF,
+run at once.  Both used to restore the VF, and the DEL could undo the PF
+settings the ADD had just made for its own pod.  Here another process holds
+the claim, as a DEL or ADD in flight would.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from sriov_cni import plugin
+from sriov_cni.store import FileStore, MemoryStore, Store
+
+from pluginlib import Node
+from test_plugin_del_gc import ok, stale_record
+
+
+@contextmanager
+def claimed_elsewhere(data_dir: Path, vf_pci: str, then: Callable[[], None] = lambda: None,
+                      hold: float = 60.0) -> Iterator[None]:
+    """A child process holds ``vf_pci``'s claim for ``hold`` seconds, runs ``then``, and exits."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(ready_r)
+            claim = FileStore(data_dir).claim(vf_pci)
+            assert claim is not None
+            os.write(ready_w, b"x")
+            time.sleep(hold)
+            then()
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"x", "the child could not claim the VF"
+        yield
+    finally:
+        os.close(ready_r)
+        if hold > 5:
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
+def test_add_passes_over_a_stale_vf_another_call_is_giving_back(node: Node) -> None:
+    pf = node.add_pf(1)
+    stale_record(node, vlan=[42, 0, 0x8100])
+    node.fake.state[pf.name][0]["vlan"] = 42
+    before = node.picture()
+
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci):
+        res = node.cni("ADD", node.conf(), netns=node.pod(), container="new")
+        assert res.rc != 0 and res.code == 101, res.stdout
+        assert "another CNI call is giving it back" in res.out["details"]
+        assert node.fake.calls == []
+        assert {k: v for k, v in node.picture().items() if k != "pods"} == {
+            k: v for k, v in before.items() if k != "pods"}
+
+    node.add(node.conf(), netns=node.pod(), container="new")
+    assert node.fake.calls[0] == ("vlan", pf.name, 0, (0, 0, 0x8100))
+
+
+def test_add_passes_over_a_free_vf_still_claimed(node: Node) -> None:
+    pf = node.add_pf(2)
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci):
+        res = node.add(node.conf("1.1.0"), netns=node.pod(), container="c1")
+    assert res.out["interfaces"][0]["pciID"] == pf.vfs[1].pci
+
+
+def test_del_waits_for_the_claim_then_answers_try_again(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    pf = node.add_pf(1)
+    pod = node.pod()
+    conf = node.conf(vlan=7)
+    node.add(conf, netns=pod)
+    during = node.picture()
+    monkeypatch.setattr(plugin, "CLAIM_WAIT", 0.3)
+
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci):
+        res = node.cni("DEL", conf, netns=pod)
+        assert res.rc != 0 and res.code == 11, res.stdout
+        assert "stayed claimed by another CNI call" in res.out["details"]
+        assert node.picture() == during
+
+    ok(node.cni("DEL", conf, netns=pod))
+    assert node.records() == []
+
+
+def test_del_of_a_vf_reclaimed_while_it_waited_leaves_it_alone(node: Node) -> None:
+    """The DEL of a dead pod finds, once it has the claim, that an ADD reclaimed the VF."""
+    pf = node.add_pf(1)
+    dead = stale_record(node, vlan=[42, 0, 0x8100])
+    node.fake.state[pf.name][0]["vlan"] = 42
+
+    def reclaim() -> None:
+        taken = FileStore(node.data_dir).get(pf.vfs[0].pci)
+        assert taken is not None
+        taken.container_id = "new"
+        FileStore(node.data_dir).put(taken)
+
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, reclaim, hold=0.5):
+        ok(node.cni("DEL", node.conf(), netns=dead.netns, container=dead.container_id))
+
+    assert node.fake.calls == []
+    assert node.fake.state[pf.name][0]["vlan"] == 42
+    [record] = FileStore(node.data_dir).all()
+    assert record.container_id == "new"
+
+
+@pytest.fixture(params=["file", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return FileStore(tmp_path) if request.param == "file" else MemoryStore()
+
+
+def test_a_claim_has_one_holder_until_released(store: Store) -> None:
+    first = store.claim("0000:3b:10.0")
+    assert first is not None
+    assert store.claim("0000:3b:10.0") is None
+    assert store.claim("0000:3b:10.0", wait=0.2) is None
+    other = store.claim("0000:3b:10.1")
+    assert other is not None
+    first.release()
+    first.release()  # idempotent
+    with store.claim("0000:3b:10.0") as again:  # type: ignore[union-attr]
+        assert again is not None
+        assert store.claim("0000:3b:10.0") is None
+    assert store.claim("0000:3b:10.0") is not None
