@@ -42,6 +42,12 @@ DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 # sections; a holder stuck longer than this is a bug, and the runtime retries.
 LOCK_TIMEOUT = 30.0
 
+# When a list, every locked() section of a FileStore appends (seconds waited
+# for the lock, seconds it was held): the daemon's call statistics report
+# them, so the promise of short critical sections can be checked on a node.
+# None (the default) records nothing.
+lock_times: list[tuple[float, float]] | None = None
+
 
 @dataclass
 class OriginalState:
@@ -152,6 +158,7 @@ class FileStore:
     def locked(self) -> Iterator[None]:
         self._prepare()
         lock = filelock.UnixFileLock(str(self.root / "lock"), timeout=self._lock_timeout, mode=0o600)
+        asked = time.perf_counter()
         try:
             lock.acquire()
         except filelock.Timeout as exc:
@@ -160,10 +167,13 @@ class FileStore:
             ) from exc
         except OSError as exc:
             raise _io_error("cannot lock", self.root / "lock", exc) from exc
+        held = time.perf_counter()
         try:
             yield
         finally:
             lock.release()
+            if lock_times is not None:
+                lock_times.append((held - asked, time.perf_counter() - held))
 
     def _path(self, vf_pci: str) -> Path:
         return self.vfs_dir / f"{vf_pci}.json"
