@@ -146,15 +146,21 @@ def reserve(
     speak of that VF rather than of a pool.
     """
     with store.locked():
-        stale: tuple[sysfs.VF, Allocation] | None = None
-        owners: list[str] = []
+        # A VF without a record is judged without reading any record: only
+        # when none is free are the records read (for a stale one, or to say
+        # who holds the VFs), so one allocation costs the same however many
+        # VFs of the pool are taken.
+        taken = store.ids()
         for vf in candidates:
-            alloc = store.get(vf.pci)
-            state = vf_state(vf.pci, alloc, in_host)
-            if state is VfState.FREE:
+            if vf.pci not in taken and vf_state(vf.pci, None, in_host) is VfState.FREE:
                 new = make(vf)
                 store.put(new)
                 return new, None
+        stale: tuple[sysfs.VF, Allocation] | None = None
+        owners: list[str] = []
+        for vf in candidates:
+            alloc = store.get(vf.pci) if vf.pci in taken else None
+            state = vf_state(vf.pci, alloc, in_host)
             if state is VfState.STALE and alloc is not None and stale is None:
                 stale = (vf, alloc)
             elif state is VfState.ALLOCATED and alloc is not None:

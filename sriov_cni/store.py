@@ -26,6 +26,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -123,6 +124,10 @@ class Store(Protocol):
 
     def all(self) -> list[Allocation]: ...
 
+    def ids(self) -> AbstractSet[str]:
+        """PCI addresses of the VFs with a record, without reading any."""
+        ...
+
     def get(self, vf_pci: str) -> Allocation | None: ...
 
     def put(self, alloc: Allocation) -> None: ...
@@ -206,15 +211,20 @@ class FileStore:
                 f"{exc}; check which container uses this VF, then remove the file",
             ) from exc
 
-    def all(self) -> list[Allocation]:
+    def _record_names(self) -> list[str]:
         self._prepare()
+        return sorted(name for name in os.listdir(self.vfs_dir) if name.endswith(".json"))
+
+    def all(self) -> list[Allocation]:
         out = []
-        for name in sorted(os.listdir(self.vfs_dir)):
-            if name.endswith(".json"):
-                alloc = self._read(self.vfs_dir / name)
-                if alloc is not None:
-                    out.append(alloc)
+        for name in self._record_names():
+            alloc = self._read(self.vfs_dir / name)
+            if alloc is not None:
+                out.append(alloc)
         return out
+
+    def ids(self) -> set[str]:
+        return {name[: -len(".json")] for name in self._record_names()}
 
     def get(self, vf_pci: str) -> Allocation | None:
         self._prepare()
@@ -272,6 +282,9 @@ class MemoryStore:
 
     def all(self) -> list[Allocation]:
         return [Allocation.from_json(self._records[k]) for k in sorted(self._records)]
+
+    def ids(self) -> AbstractSet[str]:
+        return self._records.keys()
 
     def get(self, vf_pci: str) -> Allocation | None:
         text = self._records.get(vf_pci)
