@@ -9,7 +9,7 @@ other's slow steps.
 
 Every write goes to a temporary file that is fsynced and renamed over the
 old one, so a crash at any point leaves each record either old or new,
-never torn.  Files are 0600, directories 0700 and writable by nobody
+never torn (one fsync per write; see :meth:`FileStore.put`).  Files are 0600, directories 0700 and writable by nobody
 else, and no symlink is followed (see :mod:`safepath`): the store runs as
 root and must not be steerable into overwriting other files.
 
@@ -244,12 +244,13 @@ class FileStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            # The record's data is synced before the rename, so no crash
+            # can leave it torn or empty.  The directory is not synced: a
+            # rename lost with the page cache (power loss, kernel crash) leaves
+            # the previous record whole, and the VFs it describes do not
+            # survive a reboot either (the driver recreates them unset, the
+            # pods' namespaces are gone).  remove() has never synced it.
             os.rename(tmp, path)
-            dfd = os.open(self.vfs_dir, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
         except OSError as exc:
             try:
                 os.unlink(tmp)
