@@ -56,6 +56,8 @@ sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests" / "node")]
 
 from sriov_cni import client, server  # noqa: E402
 
+from hostnode import CODE_ENV  # noqa: E402
+
 import phases  # noqa: E402
 
 GO_PLUGINS = Path("/usr/lib/cni")
@@ -125,18 +127,20 @@ def host_node(work: Path, per_pf: int) -> Bench:
 class Daemon:
     """The sriov-cni daemon of the node, reporting every call's costs into ``stats``."""
 
-    def __init__(self, bench: Bench, sock: Path, stats: Path, profile: bool = False) -> None:
+    def __init__(self, bench: Bench, sock: Path, stats: Path, profile: bool = False, code: Path = ROOT) -> None:
+        """``code``: the checkout whose package the daemon runs (another revision's has no reports)."""
         self.sock = sock
         self.stats = stats
         stats.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, **{server.STATS_ENV: str(stats)})
+        env["PYTHONPATH"] = env[CODE_ENV] = str(code)
         if profile:
             env[server.PROFILE_ENV] = "1"
         command = [str(sock) if part == "SOCKET" else part for part in bench.daemon_command]
         if "SOCKET" not in bench.daemon_command:
             command.append(str(sock))
         self.seen: set[str] = set()
-        self.proc = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(command, cwd=code, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stderr is not None
         if "listening" not in self.proc.stderr.readline():
             sys.exit("the sriov-cni daemon did not start")
@@ -394,6 +398,8 @@ def main() -> None:
                         help="igb: real SR-IOV PFs; host: the veth fixtures (auto: igb when a PF is found)")
     parser.add_argument("--pf", action="append", help="SR-IOV PF netdev (repeatable; default: every PF found)")
     parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the shim against the daemon of this git revision, interleaved (before/after)")
     parser.add_argument("--skip", action="append", default=[], choices=("cycles", "phases", "concurrency", "scale"))
     args = parser.parse_args()
 
@@ -448,6 +454,18 @@ def main() -> None:
         "sriov, shim + sriov-ipam": Peer(shimdir / "sriov", sriov("sriov-ipam"), dict(via, CNI_CONTAINERID="ipam"),
                                          True),
     }
+    baseline: Daemon | None = None
+    if args.baseline:
+        code = work / "baseline"
+        code.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(code)], input=archive.stdout, check=True)
+        baseline = Daemon(bench, work / "run-baseline" / "plugin.sock", work / "stats-baseline", code=code)
+        peers[f"sriov, shim + daemon@{args.baseline[:7]}"] = Peer(
+            shimdir / "sriov", sriov("host-local"),
+            dict(base_env, SRIOV_CNI_SOCKET=str(baseline.sock), CNI_CONTAINERID="base"),
+            False,  # its reports, if that revision writes any, are not collected
+        )
     if kind == "igb":
         peers["sriov, in process"] = Peer(
             bindir / "sriov", sriov("host-local"), dict(base_env, SRIOV_CNI_SOCKET=str(work / "no-daemon.sock")), False
@@ -470,6 +488,8 @@ def main() -> None:
             part("concurrency", concurrency(bench, work, shimdir / "sriov", via, daemon))
     finally:
         daemon.stop()
+        if baseline is not None:
+            baseline.stop()
         subprocess.run(["ip", "netns", "del", netns], check=False)
         if bench.close is not None:
             bench.close()

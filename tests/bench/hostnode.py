@@ -8,11 +8,12 @@ cannot stand in for) kept in memory by ``FakeVfControl``.  Every forked call
 starts from the daemon's copy of it, which holds as long as the benchmark's
 configurations ask for no PF-side settings.
 
-    python3 tests/bench/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ...
+    [SRIOV_BENCH_CODE=DIR] python3 tests/bench/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ...
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +21,10 @@ from typing import IO
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "plugin")]
+# The package to serve: this checkout's, or another revision's (CODE_ENV) to
+# measure against.
+CODE_ENV = "SRIOV_BENCH_CODE"
+sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT / "tests" / "plugin")]
 
 import pytest  # noqa: E402
 from pluginlib import FakeVfControl, Node  # noqa: E402
