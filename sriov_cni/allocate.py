@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from sriov_cni import netlink, sysfs
@@ -131,6 +132,20 @@ def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
     return out
 
 
+def _unrecorded_free(
+    candidates: list[sysfs.VF], taken: AbstractSet[str], in_host: Callable[[str], bool]
+) -> Iterator[sysfs.VF]:
+    """The free VFs among those without a record, judged without reading any record.
+
+    Records are read only when none is free (a stale one to reclaim, or the
+    owners to name), so one allocation costs the same however many VFs of
+    the pool are taken.
+    """
+    for vf in candidates:
+        if vf.pci not in taken and vf_state(vf.pci, None, in_host) is VfState.FREE:
+            yield vf
+
+
 def reserve(
     store: Store,
     candidates: list[sysfs.VF],
@@ -145,17 +160,26 @@ def reserve(
     ``explicit`` means the caller named the VF (deviceID), so failure messages
     speak of that VF rather than of a pool.
     """
+    # The common case holds the lock only to publish the choice: a free VF
+    # is chosen and its record written and synced without the lock; under
+    # it, the record is renamed into place unless another ADD recorded that
+    # VF meanwhile (then the next free one is tried).
+    for vf in _unrecorded_free(candidates, store.ids(), in_host):
+        new = make(vf)
+        staged = store.stage(new)
+        try:
+            with store.locked():
+                if vf.pci not in store.ids():
+                    store.commit(staged)
+                    return new, None
+        finally:
+            store.discard(staged)
     with store.locked():
-        # A VF without a record is judged without reading any record: only
-        # when none is free are the records read (for a stale one, or to say
-        # who holds the VFs), so one allocation costs the same however many
-        # VFs of the pool are taken.
+        for vf in _unrecorded_free(candidates, store.ids(), in_host):
+            new = make(vf)
+            store.put(new)
+            return new, None
         taken = store.ids()
-        for vf in candidates:
-            if vf.pci not in taken and vf_state(vf.pci, None, in_host) is VfState.FREE:
-                new = make(vf)
-                store.put(new)
-                return new, None
         stale: tuple[sysfs.VF, Allocation] | None = None
         owners: list[str] = []
         for vf in candidates:

@@ -5,7 +5,9 @@ One JSON file per allocated VF, named after its PCI address, under
 Callers hold the lock only around short read-decide-write sections
 (choosing a VF and recording it, updating a record), never across IPAM or
 netlink moves, so concurrent ADDs neither collide nor queue behind each
-other's slow steps.
+other's slow steps.  A write is staged (written and synced) before the lock
+is taken and committed (renamed into place) under it, so no fsync happens
+while the lock is held.
 
 Every write goes to a temporary file that is fsynced and renamed over the
 old one, so a crash at any point leaves each record either old or new,
@@ -117,6 +119,15 @@ class Allocation:
         return alloc
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A record written but not yet in the store: :meth:`Store.stage`."""
+
+    vf_pci: str
+    # FileStore: the synced temporary file; MemoryStore: the record itself.
+    data: str
+
+
 class Store(Protocol):
     def locked(self) -> ContextManager[None]:
         """Exclusive access to the whole store, node-wide."""
@@ -130,7 +141,21 @@ class Store(Protocol):
 
     def get(self, vf_pci: str) -> Allocation | None: ...
 
-    def put(self, alloc: Allocation) -> None: ...
+    def put(self, alloc: Allocation) -> None:
+        """Record ``alloc``, replacing the VF's record; under :meth:`locked`."""
+        ...
+
+    def stage(self, alloc: Allocation) -> Staged:
+        """The slow, durable half of :meth:`put`, done before taking the lock.
+
+        Nothing is recorded until :meth:`commit`, under the lock; a staged
+        write that is not committed must be given to :meth:`discard`.
+        """
+        ...
+
+    def commit(self, staged: Staged) -> None: ...
+
+    def discard(self, staged: Staged) -> None: ...
 
     def remove(self, vf_pci: str) -> None: ...
 
@@ -230,9 +255,8 @@ class FileStore:
         self._prepare()
         return self._read(self._path(vf_pci))
 
-    def put(self, alloc: Allocation) -> None:
+    def stage(self, alloc: Allocation) -> Staged:
         self._prepare()
-        path = self._path(alloc.vf_pci)
         tmp = self.vfs_dir / f".{alloc.vf_pci}.{os.getpid()}.tmp"
         data = alloc.to_json().encode()
         try:
@@ -244,19 +268,33 @@ class FileStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            # The record's data is synced before the rename, so no crash
-            # can leave it torn or empty.  The directory is not synced: a
-            # rename lost with the page cache (power loss, kernel crash) leaves
-            # the previous record whole, and the VFs it describes do not
-            # survive a reboot either (the driver recreates them unset, the
-            # pods' namespaces are gone).  remove() has never synced it.
-            os.rename(tmp, path)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            self.discard(Staged(alloc.vf_pci, str(tmp)))
+            raise _io_error("cannot record allocation in", self._path(alloc.vf_pci), exc) from exc
+        return Staged(alloc.vf_pci, str(tmp))
+
+    def commit(self, staged: Staged) -> None:
+        path = self._path(staged.vf_pci)
+        # The record's data was synced before the rename, so no crash can
+        # leave it torn or empty.  The directory is not synced: a rename lost
+        # with the page cache (power loss, kernel crash) leaves the previous
+        # record whole, and the VFs it describes do not survive a reboot
+        # either (the driver recreates them unset, the pods' namespaces are
+        # gone).  remove() has never synced it.
+        try:
+            os.rename(staged.data, path)
+        except OSError as exc:
+            self.discard(staged)
             raise _io_error("cannot record allocation in", path, exc) from exc
+
+    def discard(self, staged: Staged) -> None:
+        try:
+            os.unlink(staged.data)
+        except OSError:
+            pass  # committed already, or never written
+
+    def put(self, alloc: Allocation) -> None:
+        self.commit(self.stage(alloc))
 
     def remove(self, vf_pci: str) -> None:
         self._prepare()
@@ -292,9 +330,18 @@ class MemoryStore:
         return Allocation.from_json(text) if text is not None else None
 
     def put(self, alloc: Allocation) -> None:
+        self.commit(self.stage(alloc))
+
+    def stage(self, alloc: Allocation) -> Staged:
         # Stored serialized, like the file store, so callers never share
         # mutable records with the store.
-        self._records[alloc.vf_pci] = alloc.to_json()
+        return Staged(alloc.vf_pci, alloc.to_json())
+
+    def commit(self, staged: Staged) -> None:
+        self._records[staged.vf_pci] = staged.data
+
+    def discard(self, staged: Staged) -> None:
+        pass
 
     def remove(self, vf_pci: str) -> None:
         self._records.pop(vf_pci, None)
