@@ -32,6 +32,7 @@ prints figures, asserts nothing.
     python3 tests/bench/bench_plugin.py                     # host fixtures
     python3 tests/vm/rig.py -- python3 tests/bench/bench_plugin.py
     python3 tests/bench/bench_plugin.py --pf ens1f0 --cycles 50   # a real node
+    python3 tests/bench/bench_plugin.py --baseline main     # also main's daemon, interleaved
 """
 
 from __future__ import annotations
