@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from sriov_cni import netlink, sysfs
@@ -140,6 +141,20 @@ class Reservation:
     claim: Claim
 
 
+def _unrecorded_free(
+    candidates: list[sysfs.VF], taken: AbstractSet[str], in_host: Callable[[str], bool]
+) -> Iterator[sysfs.VF]:
+    """The free VFs among those without a record, judged without reading any record.
+
+    Records are read only when none is free (a stale one to reclaim, or the
+    owners to name), so one allocation costs the same however many VFs of
+    the pool are taken.
+    """
+    for vf in candidates:
+        if vf.pci not in taken and vf_state(vf.pci, None, in_host) is VfState.FREE:
+            yield vf
+
+
 def reserve(
     store: Store,
     candidates: list[sysfs.VF],
@@ -155,28 +170,53 @@ def reserve(
     ``explicit`` means the caller named the VF (deviceID), so failure
     messages speak of that VF rather than of a pool.
     """
+    busy: list[str] = []
+    # The common case holds the lock only to publish the choice: a free VF
+    # is claimed, its record written and synced without the lock; under
+    # it, the record is renamed into place unless another ADD recorded that
+    # VF meanwhile (then the next free one is tried).
+    for vf in _unrecorded_free(candidates, store.ids(), in_host):
+        claim = store.claim(vf.pci)
+        if claim is None:
+            busy.append(f"{vf.pci} (another CNI call is giving it back)")
+            continue
+        try:
+            new = make(vf)
+            staged = store.stage(new)
+            try:
+                with store.locked():
+                    if vf.pci not in store.ids():
+                        store.commit(staged)
+                        return Reservation(new, None, claim)
+            finally:
+                store.discard(staged)
+        except BaseException:
+            claim.release()
+            raise
+        claim.release()
     with store.locked():
+        for vf in _unrecorded_free(candidates, store.ids(), in_host):
+            taken = _take(store, vf, make, None)
+            if taken is not None:
+                return taken
+        recorded = store.ids()
         stale: list[tuple[sysfs.VF, Allocation]] = []
         owners: list[str] = []
         for vf in candidates:
-            alloc = store.get(vf.pci)
+            alloc = store.get(vf.pci) if vf.pci in recorded else None
             state = vf_state(vf.pci, alloc, in_host)
-            if state is VfState.FREE:
-                taken = _take(store, vf, make, None)
-                if taken is not None:
-                    return taken
-                owners.append(f"{vf.pci} (another CNI call is giving it back)")
-            elif state is VfState.STALE and alloc is not None:
+            if state is VfState.STALE and alloc is not None:
                 stale.append((vf, alloc))
             elif state is VfState.ALLOCATED and alloc is not None:
                 owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
-            else:
+            elif state is not VfState.FREE:
                 owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
         for vf, old in stale:
             taken = _take(store, vf, make, old)
             if taken is not None:
                 return taken
             owners.append(f"{vf.pci} (another CNI call is giving it back)")
+    owners += busy
     if explicit:
         raise CNIError(Code.NO_FREE_VF, f"VF {owners[0]} is not free" if owners else "VF is not free")
     raise CNIError(

@@ -45,10 +45,16 @@ def _owned(store: Store, alloc: Allocation) -> bool:
 
 
 def _save(store: Store, alloc: Allocation) -> None:
-    with store.locked():
-        if not _owned(store, alloc):
-            raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} was taken over while this ADD ran")
-        store.put(alloc)
+    # Written and synced before the lock, renamed into place under it: the
+    # lock is held for the ownership check and a rename, not an fsync.
+    staged = store.stage(alloc)
+    try:
+        with store.locked():
+            if not _owned(store, alloc):
+                raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} was taken over while this ADD ran")
+            store.commit(staged)
+    finally:
+        store.discard(staged)
 
 
 def _forget(store: Store, alloc: Allocation) -> None:

@@ -18,6 +18,14 @@ served by old code.
 
 Only root may connect (checked with SO_PEERCRED), and the socket's directory
 is made root-only.
+
+For measuring a node, the daemon started with ``SRIOV_CNI_DAEMON_STATS`` set
+to a directory makes each child write there, after answering, what its call
+cost: ``<pid>.json`` with the program, the CNI command, the seconds it ran
+and the CPU seconds it used, its peak and private memory and the VF store's lock wait and hold times.
+With ``SRIOV_CNI_DAEMON_PROFILE=1`` as well, the call runs under cProfile and
+``<pid>.prof`` holds the dump (tests/bench/bench_plugin.py reads both).
+Unset, nothing is measured.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import IO
 
 from sriov_cni import __version__
@@ -45,6 +54,8 @@ REQUEST_TIMEOUT = 10.0
 # Each child is a forked copy of the daemon; calls beyond this wait in the
 # listen queue until one ends, so a flood cannot exhaust the node's memory.
 MAX_CHILDREN = 64
+STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
+PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
 
 Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str]], int]
 
@@ -105,7 +116,7 @@ def _recv_request(conn: socket.socket, timeout: float) -> tuple[tuple[str, str, 
     return decode_request(body), list(fds)
 
 
-def _become_caller(conn: socket.socket, request_timeout: float) -> tuple[Program, dict[str, str]]:
+def _become_caller(conn: socket.socket, request_timeout: float) -> tuple[str, Program, dict[str, str]]:
     """Take over the caller's descriptors, environment and directory."""
     try:
         (version, program, cwd, env), fds = _recv_request(conn, request_timeout)
@@ -140,22 +151,92 @@ def _become_caller(conn: socket.socket, request_timeout: float) -> tuple[Program
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
-    return run, env
+    return program, run, env
 
 
-def _serve_one(conn: socket.socket, request_timeout: float) -> None:
+@dataclass(frozen=True)
+class Measure:
+    """Where each child writes what its call cost, and whether under cProfile."""
+
+    directory: str
+    profile: bool
+
+    @classmethod
+    def from_env(cls) -> Measure | None:
+        directory = os.environ.get(STATS_ENV)
+        return cls(directory, os.environ.get(PROFILE_ENV) == "1") if directory else None
+
+
+def _private_kib() -> int:
+    """Memory only this child holds: pages it wrote after the fork, or mapped anew."""
+    total = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total
+
+
+def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure,
+                  reply: Callable[[int], None]) -> None:
+    import cProfile
+    import resource
+
+    from sriov_cni import store
+
+    store.lock_times = []
+    profiler = cProfile.Profile() if measure.profile else None
+    start, cpu_start = time.perf_counter(), time.process_time()
+    if profiler is not None:
+        code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr)
+    else:
+        code = run(env, stdin, sys.stdout, sys.stderr)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    reply(code)
+    # The caller waits for its stdout to close, not only for the answer:
+    # close it before spending time on the statistics.
+    for fd in (0, 1, 2):
+        os.close(fd)
+    base = os.path.join(measure.directory, str(os.getpid()))
+    if profiler is not None:
+        profiler.dump_stats(base + ".prof")
+    stats = {
+        "program": program,
+        "command": env.get("CNI_COMMAND", ""),
+        "container": env.get("CNI_CONTAINERID", ""),
+        "status": code,
+        "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "private_kib": _private_kib(),
+        "lock_wait_hold": store.lock_times,
+    }
+    # Renamed into place: a reader sees a whole file or none.
+    with open(base + ".tmp", "w") as f:
+        json.dump(stats, f)
+    os.rename(base + ".tmp", base + ".json")
+
+
+def _serve_one(conn: socket.socket, request_timeout: float, measure: Measure | None = None) -> None:
     """Runs in the forked child."""
     try:
-        run, env = _become_caller(conn, request_timeout)
+        program, run, env = _become_caller(conn, request_timeout)
     except (OSError, ValueError) as exc:
         refusal = CNIError(Code.DECODE, f"unreadable request: {exc}")
     except CNIError as exc:
         refusal = exc
     else:
-        code = run(env, sys.stdin.buffer.read(), sys.stdout, sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        conn.sendall(bytes([code & 0xFF]))
+
+        def reply(code: int) -> None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            conn.sendall(bytes([code & 0xFF]))
+
+        stdin = sys.stdin.buffer.read()
+        if measure is None:
+            reply(run(env, stdin, sys.stdout, sys.stderr))
+        else:
+            _run_measured(program, run, env, stdin, measure, reply)
         return
     # Nothing has run: the shim prints the reason, the Python client runs
     # the call itself.
@@ -191,6 +272,23 @@ def _private_directory(path: str) -> None:
     os.chmod(directory, 0o700)
 
 
+def _warm_netlink() -> None:
+    """Decode one link here, so that each child starts with the decoder warm.
+
+    pyroute2 fills its message classes' attribute tables and caches on first
+    use; done once in the daemon, every forked call inherits them.  The
+    handle is closed before any fork: a netlink socket (and its event loop)
+    must never be shared by two processes.
+    """
+    from sriov_cni import netlink
+
+    try:
+        with netlink.namespace() as host:
+            host.find("lo")
+    except netlink.NetlinkError:
+        pass  # only a head start lost; the calls open their own handles
+
+
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN) -> None:
     """Listen on ``path`` until terminated."""
@@ -199,6 +297,8 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     import ipam.main  # noqa: F401
     import sriov_cni.plugin  # noqa: F401
 
+    _warm_netlink()
+    measure = Measure.from_env()
     _private_directory(path)
     try:
         os.unlink(path)
@@ -225,7 +325,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
             listener.close()
             status = 0
             try:
-                _serve_one(conn, request_timeout)
+                _serve_one(conn, request_timeout, measure)
             except BaseException:  # the child must always reach _exit
                 status = 1
             os._exit(status)

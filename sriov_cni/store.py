@@ -5,7 +5,9 @@ One JSON file per allocated VF, named after its PCI address, under
 Callers hold the lock only around short read-decide-write sections
 (choosing a VF and recording it, updating a record), never across IPAM or
 netlink moves, so concurrent ADDs neither collide nor queue behind each
-other's slow steps.
+other's slow steps.  A write is staged (written and synced) before the lock
+is taken and committed (renamed into place) under it, so no fsync happens
+while the lock is held.
 
 Changing a VF (configuring it, giving it back) needs its claim, a flock on
 ``<dataDir>/claims/<PCI>.lock`` held for the whole change.  Without it a
@@ -16,7 +18,7 @@ dies, so a killed call never leaves a VF claimed.
 
 Every write goes to a temporary file that is fsynced and renamed over the
 old one, so a crash at any point leaves each record either old or new,
-never torn.  Files are 0600, directories 0700 and writable by nobody
+never torn (one fsync per write; see :meth:`FileStore.put`).  Files are 0600, directories 0700 and writable by nobody
 else, and no symlink is followed (see :mod:`safepath`): the store runs as
 root and must not be steerable into overwriting other files.
 
@@ -33,6 +35,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -48,6 +51,12 @@ DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 # Long enough for many concurrent ADDs to pass through their short critical
 # sections; a holder stuck longer than this is a bug, and the runtime retries.
 LOCK_TIMEOUT = 30.0
+
+# When a list, every locked() section of a FileStore appends (seconds waited
+# for the lock, seconds it was held): the daemon's call statistics report
+# them, so the promise of short critical sections can be checked on a node.
+# None (the default) records nothing.
+lock_times: list[tuple[float, float]] | None = None
 
 
 @dataclass
@@ -135,6 +144,15 @@ class Claim:
         self.release()
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A record written but not yet in the store: :meth:`Store.stage`."""
+
+    vf_pci: str
+    # FileStore: the synced temporary file; MemoryStore: the record itself.
+    data: str
+
+
 class Store(Protocol):
     def locked(self) -> ContextManager[None]:
         """Exclusive access to the whole store, node-wide."""
@@ -146,9 +164,27 @@ class Store(Protocol):
 
     def all(self) -> list[Allocation]: ...
 
+    def ids(self) -> AbstractSet[str]:
+        """PCI addresses of the VFs with a record, without reading any."""
+        ...
+
     def get(self, vf_pci: str) -> Allocation | None: ...
 
-    def put(self, alloc: Allocation) -> None: ...
+    def put(self, alloc: Allocation) -> None:
+        """Record ``alloc``, replacing the VF's record; under :meth:`locked`."""
+        ...
+
+    def stage(self, alloc: Allocation) -> Staged:
+        """The slow, durable half of :meth:`put`, done before taking the lock.
+
+        Nothing is recorded until :meth:`commit`, under the lock; a staged
+        write that is not committed must be given to :meth:`discard`.
+        """
+        ...
+
+    def commit(self, staged: Staged) -> None: ...
+
+    def discard(self, staged: Staged) -> None: ...
 
     def remove(self, vf_pci: str) -> None: ...
 
@@ -183,6 +219,7 @@ class FileStore:
     def locked(self) -> Iterator[None]:
         self._prepare()
         lock = filelock.UnixFileLock(str(self.root / "lock"), timeout=self._lock_timeout, mode=0o600)
+        asked = time.perf_counter()
         try:
             lock.acquire()
         except filelock.Timeout as exc:
@@ -191,10 +228,13 @@ class FileStore:
             ) from exc
         except OSError as exc:
             raise _io_error("cannot lock", self.root / "lock", exc) from exc
+        held = time.perf_counter()
         try:
             yield
         finally:
             lock.release()
+            if lock_times is not None:
+                lock_times.append((held - asked, time.perf_counter() - held))
 
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
         self._prepare()
@@ -239,23 +279,27 @@ class FileStore:
                 f"{exc}; check which container uses this VF, then remove the file",
             ) from exc
 
-    def all(self) -> list[Allocation]:
+    def _record_names(self) -> list[str]:
         self._prepare()
+        return sorted(name for name in os.listdir(self.vfs_dir) if name.endswith(".json"))
+
+    def all(self) -> list[Allocation]:
         out = []
-        for name in sorted(os.listdir(self.vfs_dir)):
-            if name.endswith(".json"):
-                alloc = self._read(self.vfs_dir / name)
-                if alloc is not None:
-                    out.append(alloc)
+        for name in self._record_names():
+            alloc = self._read(self.vfs_dir / name)
+            if alloc is not None:
+                out.append(alloc)
         return out
+
+    def ids(self) -> set[str]:
+        return {name[: -len(".json")] for name in self._record_names()}
 
     def get(self, vf_pci: str) -> Allocation | None:
         self._prepare()
         return self._read(self._path(vf_pci))
 
-    def put(self, alloc: Allocation) -> None:
+    def stage(self, alloc: Allocation) -> Staged:
         self._prepare()
-        path = self._path(alloc.vf_pci)
         tmp = self.vfs_dir / f".{alloc.vf_pci}.{os.getpid()}.tmp"
         data = alloc.to_json().encode()
         try:
@@ -267,18 +311,33 @@ class FileStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.rename(tmp, path)
-            dfd = os.open(self.vfs_dir, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            self.discard(Staged(alloc.vf_pci, str(tmp)))
+            raise _io_error("cannot record allocation in", self._path(alloc.vf_pci), exc) from exc
+        return Staged(alloc.vf_pci, str(tmp))
+
+    def commit(self, staged: Staged) -> None:
+        path = self._path(staged.vf_pci)
+        # The record's data was synced before the rename, so no crash can
+        # leave it torn or empty.  The directory is not synced: a rename lost
+        # with the page cache (power loss, kernel crash) leaves the previous
+        # record whole, and the VFs it describes do not survive a reboot
+        # either (the driver recreates them unset, the pods' namespaces are
+        # gone).  remove() has never synced it.
+        try:
+            os.rename(staged.data, path)
+        except OSError as exc:
+            self.discard(staged)
             raise _io_error("cannot record allocation in", path, exc) from exc
+
+    def discard(self, staged: Staged) -> None:
+        try:
+            os.unlink(staged.data)
+        except OSError:
+            pass  # committed already, or never written
+
+    def put(self, alloc: Allocation) -> None:
+        self.commit(self.stage(alloc))
 
     def remove(self, vf_pci: str) -> None:
         self._prepare()
@@ -318,14 +377,26 @@ class MemoryStore:
     def all(self) -> list[Allocation]:
         return [Allocation.from_json(self._records[k]) for k in sorted(self._records)]
 
+    def ids(self) -> AbstractSet[str]:
+        return self._records.keys()
+
     def get(self, vf_pci: str) -> Allocation | None:
         text = self._records.get(vf_pci)
         return Allocation.from_json(text) if text is not None else None
 
     def put(self, alloc: Allocation) -> None:
+        self.commit(self.stage(alloc))
+
+    def stage(self, alloc: Allocation) -> Staged:
         # Stored serialized, like the file store, so callers never share
         # mutable records with the store.
-        self._records[alloc.vf_pci] = alloc.to_json()
+        return Staged(alloc.vf_pci, alloc.to_json())
+
+    def commit(self, staged: Staged) -> None:
+        self._records[staged.vf_pci] = staged.data
+
+    def discard(self, staged: Staged) -> None:
+        pass
 
     def remove(self, vf_pci: str) -> None:
         self._records.pop(vf_pci, None)

@@ -1,16 +1,38 @@
 #!/usr/bin/env python3
-"""ADD+DEL latency and peak memory of ``sriov`` against Go ``host-device``.
+"""ADD+DEL latency, memory, phases, concurrency and allocation scale of ``sriov``.
 
-Both plugins take the same real VF through the same cycle (ADD into a pod
-namespace, DEL back) with host-local IPAM, interleaved in one run, so the
-ratio holds even on a slow or emulated machine.  ``sriov`` is measured as
-a node without Python runs it (the static shim forwarding to the daemon),
-as the Python executable through the daemon and in process (no daemon), and
-with its in-process IPAM.  Needs root and an SR-IOV PF (inside the QEMU guest: the emulated
-igb); prints figures, asserts nothing.
+Cycles: Go ``host-device`` and ``sriov`` take the same VF through the same
+cycle (ADD into a pod namespace, DEL back) with host-local IPAM,
+interleaved in one run, so the ratio holds even on a slow or emulated
+machine.  ``sriov`` is measured as a node without Python runs it (the static
+shim forwarding to the daemon), as the Python executable through the daemon
+and in process (no daemon), and with its in-process IPAM.  Memory is the
+peak RSS of the executable's own process (by GNU time, which forks it from a
+small process: a process forked from this one would inherit this one's peak)
+and of the daemon's child serving the call, with the child's private part
+(what each call costs beyond the shared daemon), as the children report them
+(``SRIOV_CNI_DAEMON_STATS``, see sriov_cni/server.py).
 
+Phases: one ADD and one DEL through the shim, profiled in the daemon's child
+(``SRIOV_CNI_DAEMON_PROFILE``), charged to phases by tests/bench/phases.py.
+
+Concurrency: 14 ADDs through the shim at once over a pool of 2 PFs x 7 VFs,
+against the same 14 one after another; the VF store's lock wait and hold
+times per ADD as the children report them.
+
+Scale: the cost of one allocation (``allocate.reserve``) as a pool of 8 to
+1024 VFs fills, on a generated sysfs tree with the in-memory store.
+
+Nodes: ``igb`` (the QEMU guest's emulated igb, or a real node with ``--pf``)
+runs everything on real VFs; ``host`` runs on the host test fixtures (veth
+ends as VF netdevs in a temporary sysfs, the PF side faked in the daemon;
+the in-process peer needs a real PF side and is left out).  Needs root;
+prints figures, asserts nothing.
+
+    python3 tests/bench/bench_plugin.py                     # host fixtures
     python3 tests/vm/rig.py -- python3 tests/bench/bench_plugin.py
     python3 tests/bench/bench_plugin.py --pf ens1f0 --cycles 50   # a real node
+    python3 tests/bench/bench_plugin.py --baseline main     # also main's daemon, interleaved
 """
 
 from __future__ import annotations
@@ -18,98 +40,405 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests" / "node")]
 
-from sriov_cni import client  # noqa: E402
+from sriov_cni import client, server  # noqa: E402
+
+from hostnode import CODE_ENV  # noqa: E402
+
+import phases  # noqa: E402
 
 GO_PLUGINS = Path("/usr/lib/cni")
+GNU_TIME = "/usr/bin/time"
+CONCURRENT = 14
+SCALE_POOLS = (8, 64, 256, 1024)
 
 
-def find_pf() -> str:
-    for dev in sorted(Path("/sys/class/net").iterdir()):
-        if (dev / "device" / "sriov_totalvfs").exists():
-            return dev.name
-    sys.exit("no SR-IOV PF found (is this the guest, or give --pf)")
+# --- the node ------------------------------------------------------------------
 
 
-def ensure_vf(pf: str) -> tuple[str, str]:
-    """The PCI address and netdev of VF 0, creating VFs if there are none."""
-    dev = Path("/sys/class/net") / pf / "device"
-    subprocess.run(["ip", "link", "set", pf, "up"], check=True)
-    if int((dev / "sriov_numvfs").read_text()) == 0:
-        (dev / "sriov_numvfs").write_text("1")
-    vf_pci = os.path.basename(os.readlink(dev / "virtfn0"))
+@dataclass
+class Vf:
+    pci: str
+    netdev: str
+
+
+@dataclass
+class Bench:
+    """The VFs, PFs and daemon command of the node under test."""
+
+    kind: str
+    pfs: list[str]
+    vfs: list[Vf]
+    daemon_command: list[str]
+    close: Any = None
+
+
+def find_pfs() -> list[str]:
+    return [dev.name for dev in sorted(Path("/sys/class/net").iterdir()) if (dev / "device" / "sriov_totalvfs").exists()]
+
+
+def vf_netdev(vf_pci: str) -> str:
     net = Path("/sys/bus/pci/devices") / vf_pci / "net"
-    for _ in range(200):
+    for _ in range(400):
         if net.exists() and os.listdir(net):
-            return vf_pci, os.listdir(net)[0]
+            return os.listdir(net)[0]
         time.sleep(0.05)
     sys.exit(f"VF {vf_pci} never got a netdev")
 
 
-def invoke(exe: Path, command: str, conf: dict[str, object], env: dict[str, str]) -> tuple[float, int]:
-    """Seconds and peak RSS (KiB) of one plugin process."""
-    start = time.perf_counter()
+def igb_node(pfs: list[str], per_pf: int) -> Bench:
+    """Real PFs with ``per_pf`` VFs each (created if they have another number)."""
+    vfs = []
+    for pf in pfs:
+        dev = Path("/sys/class/net") / pf / "device"
+        subprocess.run(["ip", "link", "set", pf, "up"], check=True)
+        want = min(per_pf, int((dev / "sriov_totalvfs").read_text()))
+        if int((dev / "sriov_numvfs").read_text()) != want:
+            (dev / "sriov_numvfs").write_text("0")
+            (dev / "sriov_numvfs").write_text(str(want))
+        for i in range(want):
+            pci = os.path.basename(os.readlink(dev / f"virtfn{i}"))
+            vfs.append(Vf(pci, vf_netdev(pci)))
+    command = [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket"]
+    return Bench("igb", pfs, vfs, command)
+
+
+def host_node(work: Path, per_pf: int) -> Bench:
+    from hostnode import HostNode
+
+    node = HostNode(work / "node", 2, per_pf)
+    vfs = [Vf(vf.pci, str(vf.netdev)) for pf in node.node.pfs for vf in pf.vfs]
+    return Bench("host", [pf.name for pf in node.node.pfs], vfs, node.daemon_command("SOCKET"), node.close)
+
+
+class Daemon:
+    """The sriov-cni daemon of the node, reporting every call's costs into ``stats``."""
+
+    def __init__(self, bench: Bench, sock: Path, stats: Path, profile: bool = False, code: Path = ROOT) -> None:
+        """``code``: the checkout whose package the daemon runs (another revision's has no reports)."""
+        self.sock = sock
+        self.stats = stats
+        stats.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **{server.STATS_ENV: str(stats)})
+        env["PYTHONPATH"] = env[CODE_ENV] = str(code)
+        if profile:
+            env[server.PROFILE_ENV] = "1"
+        command = [str(sock) if part == "SOCKET" else part for part in bench.daemon_command]
+        if "SOCKET" not in bench.daemon_command:
+            command.append(str(sock))
+        self.seen: set[str] = set()
+        self.proc = subprocess.Popen(command, cwd=code, stderr=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stderr is not None
+        if "listening" not in self.proc.stderr.readline():
+            sys.exit("the sriov-cni daemon did not start")
+
+    def new_calls(self, expected: int) -> list[dict[str, Any]]:
+        """Reports of the calls since the last look, at least ``expected`` of them.
+
+        Each child writes its own after answering, so the last may lag.
+        """
+        deadline = time.monotonic() + 30
+        while True:
+            files = [f for f in self.stats.glob("*.json") if f.name not in self.seen]
+            if len(files) >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        out = []
+        for f in files:
+            self.seen.add(f.name)
+            report = json.loads(f.read_text())
+            report["pid"] = int(f.stem)
+            out.append(report)
+        return out
+
+    def hwm_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+# --- running executables --------------------------------------------------------
+
+
+def start(exe: Path, command: str, conf: dict[str, Any], env: dict[str, str],
+          wrap: list[str] | None = None) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        (wrap or []) + [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=dict(env, CNI_COMMAND=command),
     )
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    assert proc.stdin is not None
     proc.stdin.write(json.dumps(conf).encode())
     proc.stdin.close()
-    out = proc.stdout.read()
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdin = None  # sent in full; communicate() must not flush it again
+    return proc
+
+
+def finish(proc: subprocess.Popen[bytes], what: str) -> str:
+    """The call's stderr, once it ended; exits the benchmark on a failed call."""
+    out, err = proc.communicate()
     if proc.returncode != 0:
-        sys.exit(f"{exe.name} {command} failed ({proc.returncode}): {out.decode()} {err.decode()[-500:]}")
-    return elapsed, usage.ru_maxrss
+        sys.exit(f"{what} failed ({proc.returncode}): {out.decode()} {err.decode()[-800:]}")
+    return err.decode()
 
 
-def vm_hwm_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
+def invoke(exe: Path, command: str, conf: dict[str, Any], env: dict[str, str]) -> float:
+    """Seconds one call of the executable took, until its stdout closed."""
+    t0 = time.perf_counter()
+    finish(start(exe, command, conf, env), f"{exe.name} {command}")
+    return time.perf_counter() - t0
+
+
+def own_peak_kib(exe: Path, command: str, conf: dict[str, Any], env: dict[str, str]) -> int | None:
+    """Peak RSS of the executable's own process, as GNU time reports it."""
+    if not os.path.exists(GNU_TIME):
+        return None
+    err = finish(start(exe, command, conf, env, [GNU_TIME, "-f", "maxrss=%M"]), f"{exe.name} {command}")
+    lines = [line for line in err.splitlines() if line.startswith("maxrss=")]
+    return int(lines[-1].split("=")[1]) if lines else None
+
+
+# --- the parts of the report ---------------------------------------------------
+
+
+@dataclass
+class Peer:
+    exe: Path
+    conf: dict[str, Any]
+    env: dict[str, str]
+    via_daemon: bool
+    times: list[float] = field(default_factory=list)
+    own_kib: int | None = None
+
+
+def cycles(peers: dict[str, Peer], n: int, daemon: Daemon) -> tuple[list[str], list[dict[str, Any]]]:
+    """The table, and the daemon's reports of the timed calls."""
+    for _ in range(n):
+        # Interleaved, so drift in machine speed hits every peer alike.
+        for name, peer in peers.items():
+            t_add = invoke(peer.exe, "ADD", peer.conf, peer.env)
+            t_del = invoke(peer.exe, "DEL", peer.conf, peer.env)
+            peer.times.append(t_add + t_del)
+    timed = daemon.new_calls(2 * n * sum(p.via_daemon for p in peers.values()))
+    # Memory once per peer, outside the timed cycles (GNU time adds a fork).
+    child: dict[str, tuple[int, int]] = {}
+    for name, peer in peers.items():
+        own_add = own_peak_kib(peer.exe, "ADD", peer.conf, peer.env)
+        own_del = own_peak_kib(peer.exe, "DEL", peer.conf, peer.env)
+        peer.own_kib = max(own_add or 0, own_del or 0) or None
+        if peer.via_daemon:
+            sriov = [r for r in daemon.new_calls(2) if r["program"] == "sriov"]
+            child[name] = (max(r["maxrss_kib"] for r in sriov), max(r["private_kib"] for r in sriov))
+    # CPU time of the daemon's child per cycle (ADD + DEL): steadier than
+    # wall time on a shared machine, and what the daemon path can cut.
+    cpu: dict[str, float] = {}
+    for name, peer in peers.items():
+        mine = [r for r in timed if r["program"] == "sriov" and r["container"] == peer.env["CNI_CONTAINERID"]]
+        if mine:
+            cpu[name] = sum(statistics.median(r["cpu_seconds"] for r in mine if r["command"] == command)
+                            for command in ("ADD", "DEL"))
+    go = statistics.median(peers["host-device (Go)"].times)
+    lines = [f"{'plugin':26} {'median ms':>9} {'min ms':>7} {'ratio':>6} {'child CPU ms':>12} {'exe peak MiB':>12} "
+             f"{'child peak MiB':>14} {'child private MiB':>17}"]
+    for name, peer in peers.items():
+        med = statistics.median(peer.times)
+        own = f"{peer.own_kib / 1024:.1f}" if peer.own_kib else "n/a"
+        peak, private = (f"{child[name][0] / 1024:.1f}", f"{child[name][1] / 1024:.1f}") if name in child else ("-", "-")
+        spent = f"{cpu[name] * 1000:.1f}" if name in cpu else "-"
+        lines.append(f"{name:26} {med * 1000:9.1f} {min(peer.times) * 1000:7.1f} {med / go:6.2f} {spent:>12} {own:>12} "
+                     f"{peak:>14} {private:>17}")
+    shim = statistics.median(peers["sriov, shim + daemon"].times)
+    lines.append(f"shim + daemon / Go host-device: {shim / go:.2f} (same VF, host-local IPAM, this run)")
+    lines.append(f"daemon process peak RSS: {daemon.hwm_kib() / 1024:.1f} MiB (one per node, shared by every call)")
+    return lines, timed
+
+
+def profiled(bench: Bench, work: Path, peer: Peer, timed: list[dict[str, Any]]) -> list[str]:
+    """One ADD and one DEL through the shim in a profiling daemon; ``timed``: the same calls unprofiled."""
+    unprofiled: dict[str, list[float]] = {}
+    for report in timed:
+        if report["program"] == "sriov":
+            unprofiled.setdefault(report["command"], []).append(report["seconds"])
+    daemon = Daemon(bench, work / "run-profile" / "plugin.sock", work / "stats-profile", profile=True)
+    env = dict(peer.env, SRIOV_CNI_SOCKET=str(daemon.sock))
+    try:
+        walls = {command: invoke(peer.exe, command, peer.conf, env) for command in ("ADD", "DEL")}
+        reports = daemon.new_calls(2)
+    finally:
+        daemon.stop()
+    lines = []
+    for command in ("ADD", "DEL"):
+        [report] = [r for r in reports if r["program"] == "sriov" and r["command"] == command]
+        samples = unprofiled.get(command) or []
+        lines += phases.table(
+            f"{command} in the daemon's child", daemon.stats / f"{report['pid']}.prof",
+            statistics.median(samples) if samples else None,
+        )
+        lines.append(f"  (the whole shim call took {walls[command] * 1000:.1f} ms with profiling)")
+    return lines
+
+
+def concurrency(bench: Bench, work: Path, shim: Path, base_env: dict[str, str], daemon: Daemon) -> list[str]:
+    conf = {"cniVersion": "1.0.0", "name": "bench-pool", "type": "sriov", "pfNames": bench.pfs,
+            "dataDir": str(work / "state-pool"),
+            "ipam": {"type": "host-local", "subnet": "10.98.0.0/24", "dataDir": str(work / "ipam-pool")}}
+    token = uuid.uuid4().hex[:5]
+    pods = [f"sriov-bench-{token}-{i}" for i in range(CONCURRENT)]
+    for pod in pods:
+        subprocess.run(["ip", "netns", "add", pod], check=True)
+
+    def env(i: int) -> dict[str, str]:
+        return dict(base_env, CNI_CONTAINERID=f"pool{i}", CNI_NETNS=f"/var/run/netns/{pods[i]}")
+
+    def round_(command: str, together: bool) -> float:
+        t0 = time.perf_counter()
+        if together:
+            procs = [start(shim, command, conf, env(i)) for i in range(CONCURRENT)]
+            for i, proc in enumerate(procs):
+                finish(proc, f"{command} {i}")
+        else:
+            for i in range(CONCURRENT):
+                finish(start(shim, command, conf, env(i)), f"{command} {i}")
+        return time.perf_counter() - t0
+
+    try:
+        daemon.new_calls(0)
+        together = round_("ADD", True)
+        round_("DEL", True)
+        one_by_one = round_("ADD", False)
+        round_("DEL", False)
+        reports = [r for r in daemon.new_calls(4 * CONCURRENT)
+                   if r["command"] == "ADD" and r["program"] == "sriov"]
+    finally:
+        for pod in pods:
+            subprocess.run(["ip", "netns", "del", pod], check=False)
+    holds = [hold for r in reports for _, hold in r["lock_wait_hold"]]
+    per_add = [sum(hold for _, hold in r["lock_wait_hold"]) for r in reports]
+    waits = [sum(wait for wait, _ in r["lock_wait_hold"]) for r in reports]
+    ms = 1000.0
+    return [
+        f"{CONCURRENT} ADDs through the shim, pool of {len(bench.pfs)} PFs x {len(bench.vfs) // len(bench.pfs)} VFs: "
+        f"at once {together * ms:.0f} ms, one after another {one_by_one * ms:.0f} ms "
+        f"(at once / sequential {together / one_by_one:.2f})",
+        f"store lock held per ADD (all its sections, {len(per_add)} ADDs): median {statistics.median(per_add) * ms:.2f} ms, "
+        f"max {max(per_add) * ms:.2f} ms; per section ({len(holds)}): median {statistics.median(holds) * ms:.2f} ms, "
+        f"max {max(holds) * ms:.2f} ms",
+        f"store lock waited per ADD: median {statistics.median(waits) * ms:.2f} ms, max {max(waits) * ms:.2f} ms",
+    ]
+
+
+def scale(work: Path) -> list[str]:
+    """Median time of ``allocate.reserve`` while a pool of N VFs fills, generated sysfs, memory store."""
+    from nodetree import FakeHost, Tree
+
+    from sriov_cni import allocate, sysfs
+    from sriov_cni.store import Allocation, MemoryStore
+
+    saved = sysfs.SYS
+    netns = "/proc/self/ns/net"
+    inode = os.stat(netns).st_ino
+    results: dict[int, tuple[float, float]] = {}
+    try:
+        # The first pool filled pays for warming caches and imports: a small
+        # one is filled first and not reported.
+        for size in (SCALE_POOLS[0], *SCALE_POOLS):
+            shutil.rmtree(work / f"scale-{size}", ignore_errors=True)
+            tree = Tree(work / f"scale-{size}")
+            sysfs.SYS = tree.sys
+            tree.pf("0000:01:00.0", "pf0", total=size, numvfs=size)
+            for i in range(size):
+                pci = f"0000:02:{i // 8:02x}.{i % 8}"
+                tree.vf("0000:01:00.0", i, pci, f"pf0v{i}")
+            store = MemoryStore()
+            host = FakeHost()
+            t0 = time.perf_counter()
+            candidates = allocate.pool_vfs([allocate.parse_pool_entry("pf0")])
+            resolve = time.perf_counter() - t0
+
+            def make(vf: sysfs.VF) -> Allocation:
+                return Allocation(vf.pci, vf.pf.pci, "pf0", vf.index, "net", f"c-{vf.pci}", "net1", netns, inode)
+
+            spent = []
+            for _ in range(size):
+                t0 = time.perf_counter()
+                reservation = allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False)
+                spent.append(time.perf_counter() - t0)
+                reservation.claim.release()
+            # The median: a shared machine's preemptions would dominate a mean.
+            results[size] = (statistics.median(spent), resolve)
+            shutil.rmtree(work / f"scale-{size}")
+    finally:
+        sysfs.SYS = saved
+    lines = [f"{'VFs in pool':>11} {'per allocation us (median while filling)':>40} {'pool resolve ms':>15}"]
+    for size, (per, resolve) in results.items():
+        lines.append(f"{size:>11} {per * 1e6:40.1f} {resolve * 1000:15.2f}")
+    first, last = results[SCALE_POOLS[0]][0], results[SCALE_POOLS[-1]][0]
+    lines.append(f"per allocation, {SCALE_POOLS[-1]} / {SCALE_POOLS[0]} VFs: {last / first:.2f} (goal <= 1.2)")
+    return lines
+
+
+# --- main -------------------------------------------------------------------------
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pf", help="SR-IOV PF netdev (default: the first found)")
+    parser.add_argument("--node", choices=("auto", "igb", "host"), default="auto",
+                        help="igb: real SR-IOV PFs; host: the veth fixtures (auto: igb when a PF is found)")
+    parser.add_argument("--pf", action="append", help="SR-IOV PF netdev (repeatable; default: every PF found)")
     parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the shim against the daemon of this git revision, interleaved (before/after)")
+    parser.add_argument("--skip", action="append", default=[], choices=("cycles", "phases", "concurrency", "scale"))
     args = parser.parse_args()
 
-    pf = args.pf or find_pf()
-    vf_pci, vf_netdev = ensure_vf(pf)
     work = Path(tempfile.mkdtemp(prefix="sriov-bench-"))
+    report: list[str] = []
+    if "scale" not in args.skip:
+        lines = scale(work)
+        report += ["", "== allocation scale (generated sysfs, memory store)", *lines]
+        print("\n".join(report), flush=True)
+    kind = args.node
+    pfs = args.pf or find_pfs()
+    if kind == "auto":
+        kind = "igb" if pfs else "host"
+    per_pf = CONCURRENT // 2
+    bench = igb_node(pfs, per_pf) if kind == "igb" else host_node(work, per_pf)
+    vf = bench.vfs[0]
     bindir = work / "bin"
     client.install(str(bindir), sys.executable)
     shimdir = work / "shim-bin"
     client.install(str(shimdir))
     for name in ("host-device", "host-local"):
         os.symlink(GO_PLUGINS / name, bindir / name)
-    netns = "sriov-bench"
+        os.symlink(GO_PLUGINS / name, shimdir / name)
+    netns = f"sriov-bench-{uuid.uuid4().hex[:5]}"
     subprocess.run(["ip", "netns", "add", netns], check=True)
-    sock = str(work / "run" / "plugin.sock")
-    daemon = subprocess.Popen(
-        [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket", sock],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True,
-    )
-    assert daemon.stderr is not None
-    if "listening" not in daemon.stderr.readline():
-        sys.exit("the sriov-cni daemon did not start")
+    daemon = Daemon(bench, work / "run" / "plugin.sock", work / "stats")
 
     def ipam(kind: str) -> dict[str, object]:
         return {"type": kind, "subnet": "10.99.0.0/24", "dataDir": str(work / f"ipam-{kind}")}
+
+    def sriov(ipam_kind: str) -> dict[str, Any]:
+        return {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf.pci,
+                "dataDir": str(work / "state"), "ipam": ipam(ipam_kind)}
 
     base_env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -118,63 +447,59 @@ def main() -> None:
         "CNI_IFNAME": "net1",
         "CNI_PATH": str(bindir),
     }
-    peers: dict[str, tuple[Path, dict[str, object], dict[str, str]]] = {
-        "host-device (Go)": (
+    via = dict(base_env, SRIOV_CNI_SOCKET=str(daemon.sock))
+    peers = {
+        "host-device (Go)": Peer(
             bindir / "host-device",
-            {"cniVersion": "1.0.0", "name": "bench", "type": "host-device", "device": vf_netdev, "ipam": ipam("host-local")},
-            base_env,
+            {"cniVersion": "1.0.0", "name": "bench", "type": "host-device", "device": vf.netdev,
+             "ipam": ipam("host-local")},
+            base_env, False,
         ),
-        "sriov, shim + daemon": (
-            shimdir / "sriov",
-            {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf_pci,
-             "dataDir": str(work / "state"), "ipam": ipam("host-local")},
-            dict(base_env, SRIOV_CNI_SOCKET=sock),
-        ),
-        "sriov, Python + daemon": (
-            bindir / "sriov",
-            {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf_pci,
-             "dataDir": str(work / "state"), "ipam": ipam("host-local")},
-            dict(base_env, SRIOV_CNI_SOCKET=sock),
-        ),
-        "sriov, shim + sriov-ipam": (
-            shimdir / "sriov",
-            {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf_pci,
-             "dataDir": str(work / "state"), "ipam": ipam("sriov-ipam")},
-            dict(base_env, SRIOV_CNI_SOCKET=sock),
-        ),
-        "sriov, in process": (
-            bindir / "sriov",
-            {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf_pci,
-             "dataDir": str(work / "state"), "ipam": ipam("host-local")},
-            dict(base_env, SRIOV_CNI_SOCKET=str(work / "no-daemon.sock")),
-        ),
+        "sriov, shim + daemon": Peer(shimdir / "sriov", sriov("host-local"), dict(via, CNI_CONTAINERID="shim"), True),
+        "sriov, Python + daemon": Peer(bindir / "sriov", sriov("host-local"), dict(via, CNI_CONTAINERID="py"), True),
+        "sriov, shim + sriov-ipam": Peer(shimdir / "sriov", sriov("sriov-ipam"), dict(via, CNI_CONTAINERID="ipam"),
+                                         True),
     }
-    times: dict[str, list[float]] = {name: [] for name in peers}
-    rss: dict[str, int] = {name: 0 for name in peers}
-    try:
-        for _ in range(args.cycles):
-            # Interleaved, so drift in machine speed hits every peer alike.
-            for name, (exe, conf, env) in peers.items():
-                t_add, r_add = invoke(exe, "ADD", conf, env)
-                t_del, r_del = invoke(exe, "DEL", conf, env)
-                times[name].append(t_add + t_del)
-                rss[name] = max(rss[name], r_add, r_del)
-        daemon_hwm = vm_hwm_kib(daemon.pid)
-    finally:
-        daemon.terminate()
-        daemon.wait()
-        subprocess.run(["ip", "netns", "del", netns], check=False)
+    baseline: Daemon | None = None
+    if args.baseline:
+        code = work / "baseline"
+        code.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(code)], input=archive.stdout, check=True)
+        baseline = Daemon(bench, work / "run-baseline" / "plugin.sock", work / "stats-baseline", code=code)
+        peers[f"sriov, shim + daemon@{args.baseline[:7]}"] = Peer(
+            shimdir / "sriov", sriov("host-local"),
+            dict(base_env, SRIOV_CNI_SOCKET=str(baseline.sock), CNI_CONTAINERID="base"),
+            False,  # its reports, if that revision writes any, are not collected
+        )
+    if kind == "igb":
+        peers["sriov, in process"] = Peer(
+            bindir / "sriov", sriov("host-local"), dict(base_env, SRIOV_CNI_SOCKET=str(work / "no-daemon.sock")), False
+        )
+    def part(title: str, lines: list[str]) -> None:
+        report.extend(["", f"== {title}", *lines])
+        print("\n".join(["", f"== {title}", *lines]), flush=True)
 
-    go = statistics.median(times["host-device (Go)"])
-    print(f"ADD+DEL cycles on VF {vf_pci} ({vf_netdev}) of {pf}, {args.cycles} each, host-local IPAM unless noted")
-    print(f"{'plugin':30} {'median ms':>10} {'p90 ms':>8} {'ratio':>6} {'peak RSS MiB':>13}")
-    for name, samples in times.items():
-        med = statistics.median(samples)
-        p90 = sorted(samples)[int(0.9 * (len(samples) - 1))]
-        print(f"{name:30} {med * 1000:10.1f} {p90 * 1000:8.1f} {med / go:6.2f} {rss[name] / 1024:13.1f}")
-    shim = statistics.median(times["sriov, shim + daemon"])
-    print(f"shim + daemon / Go host-device: {shim / go:.2f} (same VF, host-local IPAM, this run)")
-    print(f"daemon process peak RSS: {daemon_hwm / 1024:.1f} MiB (one per node, shared by every call)")
+    timed: list[dict[str, Any]] = []
+    try:
+        if "cycles" not in args.skip:
+            lines, timed = cycles(peers, args.cycles, daemon)
+            part(f"ADD+DEL cycles on VF {vf.pci} ({vf.netdev}), {args.cycles} each, {kind} node, "
+                 "host-local IPAM unless noted", lines)
+        if "phases" not in args.skip:
+            shim_peer = peers["sriov, shim + daemon"]
+            same = [r for r in timed if r["container"] == shim_peer.env["CNI_CONTAINERID"]]
+            part("phases of one ADD and one DEL through the shim", profiled(bench, work, shim_peer, same))
+        if "concurrency" not in args.skip:
+            part("concurrency", concurrency(bench, work, shimdir / "sriov", via, daemon))
+    finally:
+        daemon.stop()
+        if baseline is not None:
+            baseline.stop()
+        subprocess.run(["ip", "netns", "del", netns], check=False)
+        if bench.close is not None:
+            bench.close()
+    print("\n".join(["", "==== summary"] + report))
 
 
 if __name__ == "__main__":

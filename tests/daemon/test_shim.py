@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pstats
 import socket
 import stat
 import struct
@@ -37,12 +38,13 @@ def shim_built() -> None:
 
 
 class Daemon:
-    def __init__(self, directory: Path, *options: str, command: str = "daemon") -> None:
+    def __init__(self, directory: Path, *options: str, command: str = "daemon",
+                 env: dict[str, str] | None = None) -> None:
         self.socket = directory / "plugin.sock"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from sriov_cni.cli import main; main()", command,
              "--socket", str(self.socket), *options],
-            cwd=REPO, stderr=subprocess.PIPE, text=True,
+            cwd=REPO, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})),
         )
         assert self.proc.stderr is not None
         banner = self.proc.stderr.readline()
@@ -351,3 +353,27 @@ def test_helper_still_starts_the_daemon(tmp_path: Path) -> None:
     finally:
         d.stop()
     assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_a_measuring_daemon_reports_each_call_after_answering(tmp_path: Path) -> None:
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    d = Daemon(tmp_path / "run", env={server.STATS_ENV: str(stats), server.PROFILE_ENV: "1"})
+    try:
+        conf = ipam_conf(tmp_path)
+        rc, out = shim(d.socket, "ADD", conf, name="sriov-ipam", **ipam_env("c1"))
+        assert rc == 0 and out["ips"], out
+        # Written after the answer: the child may still be at it.
+        [report_file] = wait_for(lambda: list(stats.glob("*.json")))
+    finally:
+        d.stop()
+    report = json.loads(report_file.read_text())
+    assert report["program"] == "sriov-ipam" and report["command"] == "ADD" and report["container"] == "c1"
+    assert report["status"] == 0 and report["seconds"] > 0
+    # A forked child's peak starts at its own size, not the daemon's.
+    assert 0 < report["private_kib"] <= report["maxrss_kib"]
+    # sriov-ipam has its own store and takes no lock of the VF store.
+    assert report["lock_wait_hold"] == []
+    profile = pstats.Stats(str(stats / f"{report_file.stem}.prof"))
+    assert any(func[2] == "_run_ipam" for func in profile.stats)  # type: ignore[attr-defined]
+

@@ -1,0 +1,72 @@
+"""The host test fixtures as a node for the benchmarks: no SR-IOV NIC needed.
+
+:class:`HostNode` builds PFs whose "VFs" are veth ends in a temporary sysfs
+(tests/plugin/pluginlib.py); run as a program, this module is the sriov-cni
+daemon for such a node: the real :func:`sriov_cni.server.serve`, with
+``sysfs.SYS`` pointed at the tree and the PF side (the one thing a veth
+cannot stand in for) kept in memory by ``FakeVfControl``.  Every forked call
+starts from the daemon's copy of it, which holds as long as the benchmark's
+configurations ask for no PF-side settings.
+
+    [SRIOV_BENCH_CODE=DIR] python3 tests/bench/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ...
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+# The package to serve: this checkout's, or another revision's (CODE_ENV) to
+# measure against.
+CODE_ENV = "SRIOV_BENCH_CODE"
+sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT / "tests" / "plugin")]
+
+import pytest  # noqa: E402
+from pluginlib import FakeVfControl, Node  # noqa: E402
+
+from sriov_cni import plugin, server, sysfs  # noqa: E402
+from sriov_cni.store import FileStore  # noqa: E402
+
+
+class HostNode:
+    """``pfs`` PFs of ``vfs_per_pf`` veth VFs each, in a sysfs tree under ``work``."""
+
+    def __init__(self, work: Path, pfs: int, vfs_per_pf: int) -> None:
+        self._monkeypatch = pytest.MonkeyPatch()
+        self.node = Node(work, self._monkeypatch)
+        for _ in range(pfs):
+            self.node.add_pf(vfs_per_pf, total=vfs_per_pf)
+
+    def daemon_command(self, socket_path: str) -> list[str]:
+        pfs = [f"{pf.name}:{len(pf.vfs)}" for pf in self.node.pfs]
+        return [sys.executable, str(Path(__file__).resolve()), str(self.node.sys), socket_path, *pfs]
+
+    def close(self) -> None:
+        self.node.cleanup()
+        self._monkeypatch.undo()
+
+
+def main() -> None:
+    sys_root, socket_path, *pfs = sys.argv[1:]
+    sysfs.SYS = Path(sys_root)
+    fake = FakeVfControl()
+    for spec in pfs:
+        name, count = spec.rsplit(":", 1)
+        fake.add_pf(name, int(count))
+    deps = plugin.Deps(vf_control=lambda: fake, store=FileStore)  # type: ignore[arg-type,return-value]
+
+    def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
+        plugin.configure_logging_from_env(env)
+        return plugin.run(env, stdin, stdout, stderr, deps)
+
+    server.PROGRAMS["sriov"] = run_sriov
+    server.serve(socket_path)
+
+
+if __name__ == "__main__":
+    main()

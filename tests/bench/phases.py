@@ -1,0 +1,100 @@
+"""Where a plugin call's time goes, by phase, from the daemon child's cProfile dump.
+
+A phase is named by the functions that start it (``PHASES``).  Each
+function's own time is charged to the innermost phase it ran under: to the
+phase it starts, or else to its callers' phases in proportion to the time
+each caller spent in it (cProfile keeps caller edges, not whole stacks, so a
+helper shared by two phases is split by that proportion).  Time in no phase
+is "other" (dispatch, the logger, the call's bookkeeping).  The shares add
+up to the profiled total; cProfile's own overhead inflates Python-heavy
+phases over those waiting on the kernel or a child process.
+"""
+
+from __future__ import annotations
+
+import pstats
+from collections import defaultdict
+from pathlib import Path
+
+# (file name, function) -> phase; "*" matches every function of the file.
+PHASES: dict[tuple[str, str], str] = {
+    ("cni.py", "_parse_invocation"): "config parse",
+    ("config.py", "*"): "config parse",
+    ("plugin.py", "_configure_log"): "logging setup",
+    ("log.py", "configure"): "logging setup",
+    ("store.py", "*"): "store lock + read/write (fsync)",
+    ("_api.py", "*"): "store lock + read/write (fsync)",  # filelock
+    ("_unix.py", "*"): "store lock + read/write (fsync)",  # filelock
+    ("allocate.py", "*"): "allocation (pool, VF state)",
+    ("plugin.py", "_candidates"): "allocation (pool, VF state)",
+    ("plugin.py", "make"): "allocation (pool, VF state)",
+    ("bind.py", "snapshot"): "PF settings (snapshot, apply, restore)",
+    ("bind.py", "apply_pf_settings"): "PF settings (snapshot, apply, restore)",
+    ("bind.py", "restore_pf_settings"): "PF settings (snapshot, apply, restore)",
+    ("bind.py", "wanted_pf_settings"): "PF settings (snapshot, apply, restore)",
+    ("bind.py", "attach"): "move/attach (and back)",
+    ("bind.py", "restore_netdev"): "move/attach (and back)",
+    ("tuning.py", "*"): "VF tuning (IRQs, queues)",
+    ("delegate.py", "*"): "IPAM",
+    ("plugin.py", "_configure_ips"): "pod addresses + routes",
+    ("plugin.py", "_result"): "result",
+    ("cni.py", "_emit"): "result",
+    ("netlink.py", "session"): "netlink sockets + netns entry",
+    ("netlink.py", "namespace"): "netlink sockets + netns entry",
+    ("plugin.py", "cmd_add"): "netns checks, look-ups",
+    ("plugin.py", "cmd_del"): "netns checks, look-ups",
+    ("plugin.py", "_pod_netns"): "netns checks, look-ups",
+    ("plugin.py", "_not_host"): "netns checks, look-ups",
+}
+OTHER = "other"
+
+Func = tuple[str, int, str]
+
+
+def _phase_of(func: Func) -> str | None:
+    name = Path(func[0]).name
+    return PHASES.get((name, func[2])) or PHASES.get((name, "*"))
+
+
+def breakdown(prof: Path) -> tuple[dict[str, float], float]:
+    """Seconds per phase and the profiled total, from one cProfile dump."""
+    stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
+    shares: dict[Func, dict[str, float]] = {}
+    visiting: set[Func] = set()
+
+    def share(func: Func) -> dict[str, float]:
+        if func in shares:
+            return shares[func]
+        phase = _phase_of(func)
+        if phase is not None:
+            shares[func] = {phase: 1.0}
+            return shares[func]
+        callers = stats[func][4] if func in stats else {}
+        weights = {caller: edge[3] for caller, edge in callers.items() if caller not in visiting}
+        total = sum(weights.values())
+        if not weights or total <= 0:
+            return {OTHER: 1.0}
+        visiting.add(func)
+        out: dict[str, float] = defaultdict(float)
+        for caller, weight in weights.items():
+            for name, part in share(caller).items():
+                out[name] += part * weight / total
+        visiting.discard(func)
+        shares[func] = dict(out)
+        return shares[func]
+
+    seconds: dict[str, float] = defaultdict(float)
+    for func, (_, _, own, _, _) in stats.items():
+        for name, part in share(func).items():
+            seconds[name] += own * part
+    return dict(seconds), sum(entry[2] for entry in stats.values())
+
+
+def table(title: str, prof: Path, unprofiled: float | None) -> list[str]:
+    seconds, total = breakdown(prof)
+    lines = [f"{title}: {total * 1000:.1f} ms under cProfile"
+             + (f" ({unprofiled * 1000:.1f} ms without)" if unprofiled is not None else "")]
+    lines.append(f"  {'phase':42} {'ms':>8} {'share':>6}")
+    for name, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {name:42} {value * 1000:8.1f} {value / total:6.1%}")
+    return lines
