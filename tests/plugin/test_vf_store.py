@@ -1,0 +1,224 @@
+"""The VF store: one contract checked on both implementations, then what only the file store does.
+
+The contract tests run against :class:`FileStore` on a temporary directory
+and against :class:`MemoryStore`, the in-memory fake, so the fake cannot
+drift from what the plugin relies on.  The file store's own duties (refusing
+damaged or planted records, reporting a held lock as "try again", atomic
+0600 writes) are checked on the real filesystem, with the lock held by
+another process.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sriov_cni.cni import CNIError, Code
+from sriov_cni.store import Allocation, FileStore, MemoryStore, OriginalState, Store
+
+PCI_A = "0000:3b:10.0"
+PCI_B = "0000:3b:10.1"
+
+
+def allocation(vf_pci: str = PCI_A, container: str = "ctr1", **changes: object) -> Allocation:
+    alloc = Allocation(
+        vf_pci=vf_pci,
+        pf_pci="0000:3b:00.0",
+        pf_netdev="ens1f0",
+        vf_index=int(vf_pci[-1]),
+        network="sriov-net",
+        container_id=container,
+        ifname="net1",
+        netns="/var/run/netns/pod",
+        netns_inode=4026532000,
+        created=1700000000.5,
+    )
+    for key, value in changes.items():
+        setattr(alloc, key, value)
+    return alloc
+
+
+def original() -> OriginalState:
+    return OriginalState(
+        admin_mac="00:00:00:00:00:00", vlan=0, qos=0, vlan_proto=0x8100, spoofchk=True, trust=None,
+        link_state=0, min_tx_rate=0, max_tx_rate=0, netdev="ens1f0v0", mtu=1500,
+        mac="02:00:00:00:00:01", promisc=False, altnames=["enp59s0f0v0"], alias="",
+    )
+
+
+@pytest.fixture(params=["file", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "file":
+        return FileStore(tmp_path / "data")
+    return MemoryStore()
+
+
+# --- the contract ---------------------------------------------------------------
+
+
+def test_an_empty_store_has_nothing_and_removing_nothing_is_fine(store: Store) -> None:
+    with store.locked():
+        assert store.all() == []
+        assert store.get(PCI_A) is None
+        store.remove(PCI_A)
+        assert store.all() == []
+
+
+def test_a_record_reads_back_equal_with_its_snapshot_and_applied_order(store: Store) -> None:
+    # ``applied`` is restored in reverse, so its order is part of the record.
+    applied = {"vlan": [100, 0, 0x8100], "mac": "02:00:00:00:00:99", "spoofchk": False}
+    alloc = allocation(original=original(), applied=applied, in_pod=True)
+    with store.locked():
+        store.put(alloc)
+    got = store.get(PCI_A)
+    assert got == alloc
+    assert got is not None and list(got.applied) == ["vlan", "mac", "spoofchk"]
+    assert got.original == original()
+
+
+def test_put_replaces_remove_forgets_and_all_is_ordered_by_vf(store: Store) -> None:
+    with store.locked():
+        store.put(allocation(PCI_B, "ctr2"))
+        store.put(allocation(PCI_A, "ctr1"))
+        store.put(allocation(PCI_A, "ctr3"))
+    assert [(a.vf_pci, a.container_id) for a in store.all()] == [(PCI_A, "ctr3"), (PCI_B, "ctr2")]
+    with store.locked():
+        store.remove(PCI_A)
+    assert store.get(PCI_A) is None
+    assert [a.vf_pci for a in store.all()] == [PCI_B]
+
+
+def test_records_are_copies_not_shared_objects(store: Store) -> None:
+    alloc = allocation(original=original())
+    with store.locked():
+        store.put(alloc)
+    alloc.container_id = "changed after put"
+    got = store.get(PCI_A)
+    assert got is not None and got.container_id == "ctr1"
+    got.in_pod = True
+    assert got.original is not None
+    got.original.altnames.append("changed after get")
+    again = store.get(PCI_A)
+    assert again is not None and not again.in_pod and again.original == original()
+
+
+def test_a_record_without_snapshot_stays_without_one(store: Store) -> None:
+    with store.locked():
+        store.put(allocation())
+    got = store.get(PCI_A)
+    assert got is not None and got.original is None and got.applied == {}
+
+
+# --- the file store's own duties --------------------------------------------------
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> FileStore:
+    return FileStore(tmp_path / "data", lock_timeout=0.2)
+
+
+def refused(files: FileStore, path: Path, words: str) -> CNIError:
+    """get() and all() both refuse the record at ``path``, naming it."""
+    with pytest.raises(CNIError) as by_get:
+        files.get(PCI_A)
+    with pytest.raises(CNIError) as by_all:
+        files.all()
+    for err in (by_get.value, by_all.value):
+        assert err.code == Code.IO_FAILURE and str(path) in err.msg and words in err.msg, err.msg
+    return by_get.value
+
+
+@pytest.mark.parametrize("content", [b"{\"vf_pci\": \"0000:3b:1", b"[]", b"{}", b"\xff\xfe", b""])
+def test_a_damaged_record_is_refused_not_read_as_free(files: FileStore, content: bytes) -> None:
+    # Reading it as "no record" would hand the VF out a second time.
+    with files.locked():
+        files.put(allocation())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.write_bytes(content)
+    err = refused(files, path, "unreadable")
+    assert "remove the file" in err.details
+
+
+def test_an_oversized_record_is_refused(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.write_bytes(allocation().to_json().encode().ljust(70 * 1024))
+    refused(files, path, "unreadable")
+
+
+def test_a_symlinked_record_is_not_followed(files: FileStore, tmp_path: Path) -> None:
+    with files.locked():
+        files.put(allocation())
+    elsewhere = tmp_path / "planted.json"
+    elsewhere.write_text(allocation(container="someone else").to_json())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.unlink()
+    path.symlink_to(elsewhere)
+    refused(files, path, "cannot read")
+
+
+def test_a_fifo_in_place_of_a_record_is_refused_without_blocking(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.unlink()
+    os.mkfifo(path)
+    refused(files, path, "not a regular file")
+
+
+@pytest.fixture
+def lock_held_elsewhere(files: FileStore) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the store's lock (flock(1), as any flock user would)."""
+    with files.locked():
+        pass  # creates the directory and the lock file
+    holder = subprocess.Popen(
+        ["flock", str(files.root / "lock"), "sh", "-c", "echo held; read _"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    try:
+        yield holder
+    finally:
+        release(holder)
+
+
+def release(holder: subprocess.Popen[str]) -> None:
+    if holder.returncode is None:
+        holder.communicate("\n", timeout=60)
+        assert holder.returncode == 0
+
+
+def test_a_lock_held_too_long_is_try_again_naming_the_store(
+    files: FileStore, lock_held_elsewhere: subprocess.Popen[str]
+) -> None:
+    with pytest.raises(CNIError) as err:
+        with files.locked():
+            pytest.fail("entered a lock another process holds")
+    assert err.value.code == Code.TRY_AGAIN == 11
+    assert str(files.root) in err.value.msg
+    release(lock_held_elsewhere)
+    with files.locked():
+        files.put(allocation())
+    assert files.get(PCI_A) == allocation()
+
+
+def test_records_are_0600_in_0700_directories_and_no_temporary_file_stays(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation())
+        files.put(allocation(container="ctr2"))
+    assert os.listdir(files.vfs_dir) == [f"{PCI_A}.json"]
+    assert stat.S_IMODE((files.vfs_dir / f"{PCI_A}.json").stat().st_mode) == 0o600
+    for directory in (files.root, files.vfs_dir):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+def test_records_outlive_the_store_object(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation(original=original()))
+    assert FileStore(files.root).all() == [allocation(original=original())]
