@@ -14,7 +14,8 @@ else, and no symlink is followed (see :mod:`safepath`): the store runs as
 root and must not be steerable into overwriting other files.
 
 :class:`FileStore` and the in-memory :class:`MemoryStore` both implement
-:class:`Store`; the tests run one conformance suite against both.
+:class:`Store`; one conformance suite (tests/plugin/test_vf_store.py) runs
+against both, so the fake behaves as the plugin expects of the real store.
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ class FileStore:
 
 
 class MemoryStore:
-    """In-memory :class:`Store` for unit tests."""
+    """In-memory :class:`Store`, the fake the conformance suite holds to FileStore's contract."""
 
     def __init__(self) -> None:
         self._records: dict[str, str] = {}
