@@ -249,6 +249,18 @@ class FileStore:
             raise _io_error("cannot remove", path, exc) from exc
 
 
+def read_allocations(data_dir: Path) -> list[Allocation]:
+    """The allocations recorded under ``data_dir``; none when the plugin never ran there.
+
+    For the node command, which reads the store without locking or creating
+    it: FileStore creates its directories on first use, and reading the
+    node must not change it.
+    """
+    if not (data_dir / "vfs").is_dir():
+        return []
+    return FileStore(data_dir).all()
+
+
 class MemoryStore:
     """In-memory :class:`Store`, the fake the conformance suite holds to FileStore's contract."""
 
