@@ -13,8 +13,10 @@ import (stdlib and the sysfs-level modules only) and cost one failed
 
 from __future__ import annotations
 
-from sriov_cni import cpulist, netlink, sysfs
+from sriov_cni import cpulist, sysfs
 from sriov_cni.irqs import affinity, default_affinity, device_irqs, irq_dir, pin, plan_pins, queue_irqs, vf_start
+from sriov_cni.netns import run_in_netns
+from sriov_cni.nlerrors import NetlinkError
 from sriov_cni.nodestate import STATE_FILE, TuningError, pf_policy, read_state
 from sriov_cni.queues import apply_queues, clear_queues, tx_cpus
 
@@ -61,8 +63,8 @@ def apply_vf_tuning(vf_pci: str, netns: str, ifname: str) -> list[str]:
             apply_queues(ifname, policy, xps)
 
         try:
-            netlink.run_in_netns(netns, in_pod, own_sysfs=True)
-        except (netlink.NetlinkError, TuningError, sysfs.SysfsError) as exc:
+            run_in_netns(netns, in_pod, own_sysfs=True)
+        except (NetlinkError, TuningError, sysfs.SysfsError) as exc:
             warnings.append(f"VF {vf_pci} RPS/XPS on {ifname}: {exc}")
     return warnings
 
@@ -100,8 +102,8 @@ def release_vf_tuning(vf_pci: str, netns: str | None = None, ifname: str | None 
             clear_queues(pod_name)
 
         try:
-            netlink.run_in_netns(netns, in_pod, own_sysfs=True)
-        except netlink.NetlinkError:
+            run_in_netns(netns, in_pod, own_sysfs=True)
+        except NetlinkError:
             pass
     for name in sysfs.netdevs(vf_pci):
         try:

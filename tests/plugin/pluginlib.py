@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import netlink, plugin, sysfs
-from sriov_cni.netlink import VfInfo
+from sriov_cni import netlink, plugin, sysfs, vfsettings
+from sriov_cni.vfsettings import VfInfo
 from sriov_cni.store import FileStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,10 +128,10 @@ def default_vf_state(index: int) -> dict[str, Any]:
         "mac": ZERO_MAC,
         "vlan": 0,
         "qos": 0,
-        "vlan_proto": netlink.VLAN_PROTO_8021Q,
+        "vlan_proto": vfsettings.VLAN_PROTO_8021Q,
         "spoofchk": True,
         "trust": False,
-        "link_state": netlink.LINK_STATE_AUTO,
+        "link_state": vfsettings.LINK_STATE_AUTO,
         "min_tx_rate": 0,
         "max_tx_rate": 0,
     }

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sriov_cni import bind, netlink
-from sriov_cni.netlink import VfInfo
+from sriov_cni.vfsettings import VfInfo
 
 from pluginlib import Node, altname, link, link_names, sh
 
