@@ -10,6 +10,7 @@ another process.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.store import Allocation, FileStore, MemoryStore, OriginalState, Store
+from sriov_cni.store import MAX_RECORD, Allocation, FileStore, MemoryStore, OriginalState, Store
 
 PCI_A = "0000:3b:10.0"
 PCI_B = "0000:3b:10.1"
@@ -213,7 +214,8 @@ def test_records_are_0600_in_0700_directories_and_no_temporary_file_stays(files:
         files.put(allocation())
         files.put(allocation(container="ctr2"))
     assert os.listdir(files.vfs_dir) == [f"{PCI_A}.json"]
-    assert stat.S_IMODE((files.vfs_dir / f"{PCI_A}.json").stat().st_mode) == 0o600
+    for path in (files.vfs_dir / f"{PCI_A}.json", files.root / "lock"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
     for directory in (files.root, files.vfs_dir):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 
@@ -222,3 +224,66 @@ def test_records_outlive_the_store_object(files: FileStore) -> None:
     with files.locked():
         files.put(allocation(original=original()))
     assert FileStore(files.root).all() == [allocation(original=original())]
+
+
+def test_ownership_needs_container_ifname_and_network_when_given() -> None:
+    alloc = allocation()
+    assert alloc.owned_by("ctr1", "net1") and alloc.owned_by("ctr1", "net1", "sriov-net")
+    assert not alloc.owned_by("ctr1", "net1", "other-net")
+    assert not alloc.owned_by("ctr1", "net2") and not alloc.owned_by("ctr2", "net1")
+
+
+def test_a_record_from_before_the_newer_fields_reads_with_their_defaults(files: FileStore) -> None:
+    # Records outlive upgrades: what an older version wrote must still read.
+    with files.locked():
+        files.put(allocation())
+    minimal = {
+        "vf_pci": PCI_A, "pf_pci": "0000:3b:00.0", "pf_netdev": "ens1f0", "vf_index": 0, "network": "sriov-net",
+        "container_id": "ctr1", "ifname": "net1", "netns": "/var/run/netns/pod", "netns_inode": None,
+        "created": 1.5,
+        "original": {
+            "admin_mac": "00:00:00:00:00:00", "vlan": 0, "qos": 0, "vlan_proto": 0x8100, "spoofchk": True,
+            "trust": None, "link_state": None, "min_tx_rate": 0, "max_tx_rate": 0,
+        },
+    }
+    (files.vfs_dir / f"{PCI_A}.json").write_text(json.dumps(minimal))
+    got = files.get(PCI_A)
+    assert got is not None
+    assert (got.dpdk, got.applied, got.in_pod) == (False, {}, False)
+    assert got.original is not None
+    assert (got.original.netdev, got.original.mtu, got.original.mac) == ("", None, "")
+    assert (got.original.promisc, got.original.altnames, got.original.alias) == (None, [], "")
+
+
+def test_a_record_of_exactly_the_size_limit_reads_and_one_byte_more_is_refused(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.write_bytes(allocation().to_json().encode().ljust(MAX_RECORD))
+    assert files.get(PCI_A) == allocation()
+    path.write_bytes(allocation().to_json().encode().ljust(MAX_RECORD + 1))
+    refused(files, path, "unreadable")
+
+
+def test_a_lock_that_cannot_be_opened_is_an_io_error_naming_it(files: FileStore) -> None:
+    files.vfs_dir.mkdir(parents=True, mode=0o700)
+    files.root.chmod(0o700)
+    (files.root / "lock").mkdir()
+    with pytest.raises(CNIError) as err:
+        with files.locked():
+            pytest.fail("locked through a directory")
+    assert err.value.code == Code.IO_FAILURE and str(files.root / "lock") in err.value.msg
+
+
+def test_a_symlink_planted_at_the_temporary_name_is_not_written_through(files: FileStore, tmp_path: Path) -> None:
+    with files.locked():
+        files.put(allocation())
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    (files.vfs_dir / f".{PCI_A}.{os.getpid()}.tmp").symlink_to(victim)
+    with pytest.raises(CNIError) as err:
+        with files.locked():
+            files.put(allocation(container="ctr2"))
+    assert err.value.code == Code.IO_FAILURE
+    assert victim.read_text() == "untouched\n"
+    assert files.get(PCI_A) == allocation()
