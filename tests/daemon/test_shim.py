@@ -377,3 +377,10 @@ def test_helper_still_starts_the_daemon(tmp_path: Path) -> None:
     finally:
         d.stop()
     assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_a_failed_call_exits_non_zero_through_the_daemon(daemon: Daemon, tmp_path: Path) -> None:
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "shim-bad", "type": "sriov",
+                       "ipam": {"type": "sriov-ipam", "dataDir": str(tmp_path / "ipam")}}).encode()
+    rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", **ipam_env("bad"))
+    assert rc == 1 and out["code"] == 7 and "msg" in out, out
