@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from sriov_cni import netlink, sysfs
+from sriov_cni import netns, sysfs
 from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
 from sriov_cni.store import Allocation, Claim, Store
 
@@ -85,7 +85,7 @@ def parse_pool_entry(entry: str) -> PoolEntry:
 
 def netns_alive(alloc: Allocation) -> bool:
     """Whether the allocation's network namespace still exists (and is the same one)."""
-    inode = netlink.netns_inode(alloc.netns)
+    inode = netns.netns_inode(alloc.netns)
     if inode is None:
         return False
     return alloc.netns_inode is None or inode == alloc.netns_inode

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from sriov_cni import client, netlink, nodeconfig, nodesetup, nodestatus, server, store, sysfs, tuning
+from sriov_cni import client, netlink, nodeconfig, nodesetup, nodestate, nodestatus, server, store, sysfs
 from sriov_cni.cni import CNIError
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
@@ -36,7 +36,7 @@ class CommandError(click.ClickException):
 _EXPECTED = (
     nodeconfig.NodeConfigError,
     nodesetup.SetupError,
-    tuning.TuningError,
+    nodestate.TuningError,
     sysfs.SysfsError,
     netlink.NetlinkError,
     CNIError,
@@ -52,7 +52,7 @@ def main() -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Node config (YAML).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store.")
-@click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), help=f"Where to record what was applied [default: {tuning.STATE_FILE}].")
+@click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), help=f"Where to record what was applied [default: {nodestate.STATE_FILE}].")
 def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None) -> None:
     try:
         config = nodeconfig.load(config_path)
@@ -60,7 +60,7 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
         if dry_run:
             nodesetup.show(plan, click.echo)
         else:
-            nodesetup.execute(plan, state_file or tuning.STATE_FILE, click.echo)
+            nodesetup.execute(plan, state_file or nodestate.STATE_FILE, click.echo)
     except _EXPECTED as exc:
         raise CommandError(str(exc)) from exc
 

@@ -16,18 +16,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sriov_cni import netlink, safepath, sysfs
+from sriov_cni import safepath, sysfs, vfsettings
 from sriov_cni.allocate import PoolEntry, parse_pool_entry
 from sriov_cni.cni import FIRST_LIST_RESULT, DNS, CmdArgs, CNIError, Code, Result, short_repr, version_at_least
 from sriov_cni.store import DEFAULT_DATA_DIR
 
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
-VLAN_PROTOS = {"802.1q": netlink.VLAN_PROTO_8021Q, "802.1ad": netlink.VLAN_PROTO_8021AD}
+VLAN_PROTOS = {"802.1q": vfsettings.VLAN_PROTO_8021Q, "802.1ad": vfsettings.VLAN_PROTO_8021AD}
 LINK_STATES = {
-    "auto": netlink.LINK_STATE_AUTO,
-    "enable": netlink.LINK_STATE_ENABLE,
-    "disable": netlink.LINK_STATE_DISABLE,
+    "auto": vfsettings.LINK_STATE_AUTO,
+    "enable": vfsettings.LINK_STATE_ENABLE,
+    "disable": vfsettings.LINK_STATE_DISABLE,
 }
 LOG_LEVELS = ("panic", "error", "warning", "info", "debug")
 
@@ -270,11 +270,11 @@ def load(cmd: CmdArgs) -> NetConf:
         proto = VLAN_PROTOS.get(proto_name.lower())
         if proto is None:
             raise _invalid(f'vlanProto must be "802.1q" or "802.1ad", got {proto_name!r}')
-        if vlan == 0 and proto == netlink.VLAN_PROTO_8021AD:
+        if vlan == 0 and proto == vfsettings.VLAN_PROTO_8021AD:
             raise _invalid("vlan id must be non-zero to use vlanProto 802.1ad")
     if vlan is not None:
         qos = qos or 0
-        proto = proto or netlink.VLAN_PROTO_8021Q
+        proto = proto or vfsettings.VLAN_PROTO_8021Q
 
     link_state_name = _str(conf, "link_state")
     link_state: int | None = None

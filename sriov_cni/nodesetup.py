@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sriov_cni import cpulist, irqbalance, netlink, sysfs, tuning, vfs
+from sriov_cni import cpulist, cpus, irqbalance, irqs, netlink, nodestate, queues, sysfs, vfs
 from sriov_cni.nodeconfig import NodeConfig, PfSpec, TuningSpec
-from sriov_cni.nodestatus import read_allocations
-from sriov_cni.store import Allocation
+from sriov_cni.nodestate import Policy, TuningError
+from sriov_cni.store import Allocation, read_allocations
 
 
 class SetupError(Exception):
@@ -65,18 +65,18 @@ class Plan:
     tuned: list[sysfs.PF]  # PFs with a tuning policy, for the irqbalance check
 
 
-def _policy(pf: sysfs.PF, spec: TuningSpec) -> tuning.Policy:
-    irq_cpus = tuning.choose_irq_cpus(pf.pci, spec.irq_cpus, spec.exclude_cpus)
+def _policy(pf: sysfs.PF, spec: TuningSpec) -> Policy:
+    irq_cpus = cpus.choose_irq_cpus(pf.pci, spec.irq_cpus, spec.exclude_cpus)
     rps_cpus: list[int] = []
     if spec.rps:
         # The kernel rejects an RPS mask of isolated CPUs only (EINVAL).
-        rps_cpus = sorted(set(spec.rps_cpus or irq_cpus) - set(tuning.isolated_cpus()))
+        rps_cpus = sorted(set(spec.rps_cpus or irq_cpus) - set(cpus.isolated_cpus()))
         if not rps_cpus:
-            raise tuning.TuningError("rpsCpus leaves no CPU once isolated CPUs are removed")
-    return tuning.Policy(irq_cpus=irq_cpus, rps_cpus=rps_cpus, rfs_flow_entries=spec.rfs_flow_entries, xps=spec.xps)
+            raise TuningError("rpsCpus leaves no CPU once isolated CPUs are removed")
+    return Policy(irq_cpus=irq_cpus, rps_cpus=rps_cpus, rfs_flow_entries=spec.rfs_flow_entries, xps=spec.xps)
 
 
-def _describe(policy: tuning.Policy) -> str:
+def _describe(policy: Policy) -> str:
     parts = [f"queue IRQs round robin over CPUs {cpulist.format_list(policy.irq_cpus)}"]
     if policy.rps_cpus:
         parts.append(f"RPS on {cpulist.format_list(policy.rps_cpus)}")
@@ -87,8 +87,8 @@ def _describe(policy: tuning.Policy) -> str:
     return ", ".join(parts)
 
 
-def _run_tuning(pf: sysfs.PF, policy: tuning.Policy, pinned: dict[str, int]) -> str:
-    pins = tuning.pin_device(pf.pci, policy.irq_cpus, 0)
+def _run_tuning(pf: sysfs.PF, policy: Policy, pinned: dict[str, int]) -> str:
+    pins = irqs.pin_device(pf.pci, policy.irq_cpus, 0)
     failed = [p for p in pins if p.result == "failed"]
     if failed:
         p = failed[0]
@@ -102,8 +102,8 @@ def _run_tuning(pf: sysfs.PF, policy: tuning.Policy, pinned: dict[str, int]) -> 
         summary += " (kernel-managed IRQs refuse user affinity)"
     if pf.netdev and (policy.rps_cpus or policy.xps):
         try:
-            writes = tuning.apply_queues(pf.netdev, policy, tuning.tx_cpus(pins))
-        except (tuning.TuningError, sysfs.SysfsError) as exc:
+            writes = queues.apply_queues(pf.netdev, policy, queues.tx_cpus(pins))
+        except (TuningError, sysfs.SysfsError) as exc:
             raise SetupError(f"{pf.netdev}: RPS/XPS: {exc}") from exc
         summary += f", queue maps {'unchanged' if not writes else f'{writes} written'}"
     return summary
@@ -215,16 +215,16 @@ def _pf_steps(index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocati
     if spec.tuning is not None:
         try:
             policy = _policy(pf, spec.tuning)
-        except tuning.TuningError as exc:
+        except TuningError as exc:
             raise SetupError(f"{where}.tuning: {exc}") from exc
-        record["tuning"] = tuning.policy_json(policy)
+        record["tuning"] = nodestate.policy_json(policy)
         pinned: dict[str, int] = record["pins"]
         # Pins as the IRQs are now; a VF count change or link up re-requests
         # them, and the run pins whatever exists at that point.
         def details() -> list[str]:
             return [
                 f"IRQ {q.irq} ({q.name}) -> CPU {cpu}"
-                for q, cpu in tuning.plan_pins(tuning.queue_irqs(pf.pci), policy.irq_cpus, 0)
+                for q, cpu in irqs.plan_pins(irqs.queue_irqs(pf.pci), policy.irq_cpus, 0)
             ]
 
         steps.append(Step(target, _describe(policy), lambda: _run_tuning(pf, policy, pinned), details))
@@ -253,7 +253,7 @@ def plan(config: NodeConfig, data_dir: Path, links: Links) -> Plan:
     if rfs:
         # One table for the whole host, sized for the biggest request.
         want = cpulist.next_pow2(rfs)
-        current = sysfs.read_int(sysfs.PROC / "sys" / "net" / "core" / "rps_sock_flow_entries")
+        current = queues.sock_flow_entries()
         if current >= want:
             steps.append(Step("host", f"rps_sock_flow_entries {current} (>= {want})"))
         else:
@@ -263,7 +263,7 @@ def plan(config: NodeConfig, data_dir: Path, links: Links) -> Plan:
 
 def _flow_entries(entries: int) -> str:
     try:
-        tuning.raise_sock_flow_entries(entries)
+        queues.raise_sock_flow_entries(entries)
     except sysfs.SysfsError as exc:
         raise SetupError(f"rps_sock_flow_entries: {exc}") from exc
     return "done"
@@ -275,15 +275,15 @@ def execute(plan_: Plan, state_file: Path, echo: Callable[[str], None]) -> None:
         result = step.run() if step.run is not None else "unchanged"
         echo(f"{step.target}: {step.what}: {result}")
     try:
-        old = tuning.read_state(state_file)
-    except tuning.TuningError:
+        old = nodestate.read_state(state_file)
+    except TuningError:
         old = None
-    new = {"version": tuning.STATE_VERSION, **plan_.state}
+    new = {"version": nodestate.STATE_VERSION, **plan_.state}
     if old == new:
         echo(f"state {state_file}: unchanged")
     else:
         try:
-            tuning.write_state(state_file, plan_.state)
+            nodestate.write_state(state_file, plan_.state)
         except OSError as exc:
             raise SetupError(f"cannot write {state_file}: {exc.strerror or exc}") from exc
         echo(f"state {state_file}: written")

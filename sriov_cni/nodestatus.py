@@ -7,27 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sriov_cni import cpulist, sysfs, tuning
+from sriov_cni import cpulist, irqs, sysfs
 from sriov_cni.allocate import VfState, vf_state
-from sriov_cni.store import Allocation, FileStore
-
-
-def read_allocations(data_dir: Path) -> list[Allocation]:
-    """The plugin's allocations; none when it never ran here.
-
-    FileStore creates its directories on first use, and reading the node
-    must not change it.
-    """
-    if not (data_dir / "vfs").is_dir():
-        return []
-    return FileStore(data_dir).all()
+from sriov_cni.store import Allocation, read_allocations
 
 
 def _irq_pins(pci: str) -> list[dict[str, Any]]:
     out = []
-    for q in tuning.queue_irqs(pci):
+    for q in irqs.queue_irqs(pci):
         try:
-            cpus = cpulist.format_list(tuning.affinity(q.irq))
+            cpus = cpulist.format_list(irqs.affinity(q.irq))
         except (OSError, cpulist.CpuListError):
             cpus = "?"
         out.append({"irq": q.irq, "name": q.name, "cpus": cpus})

@@ -23,7 +23,8 @@ else, and no symlink is followed (see :mod:`safepath`): the store runs as
 root and must not be steerable into overwriting other files.
 
 :class:`FileStore` and the in-memory :class:`MemoryStore` both implement
-:class:`Store`; the tests run one conformance suite against both.
+:class:`Store`; one conformance suite (tests/plugin/test_vf_store.py) runs
+against both, so the fake behaves as the plugin expects of the real store.
 """
 
 from __future__ import annotations
@@ -350,8 +351,20 @@ class FileStore:
             raise _io_error("cannot remove", path, exc) from exc
 
 
+def read_allocations(data_dir: Path) -> list[Allocation]:
+    """The allocations recorded under ``data_dir``; none when the plugin never ran there.
+
+    For the node command, which reads the store without locking or creating
+    it: FileStore creates its directories on first use, and reading the
+    node must not change it.
+    """
+    if not (data_dir / "vfs").is_dir():
+        return []
+    return FileStore(data_dir).all()
+
+
 class MemoryStore:
-    """In-memory :class:`Store` for unit tests."""
+    """In-memory :class:`Store`, the fake the conformance suite holds to FileStore's contract."""
 
     def __init__(self) -> None:
         self._records: dict[str, str] = {}

@@ -1,8 +1,9 @@
 """What sysfs says about PFs and VFs: PCI addresses, VF indexes, drivers, netdevs.
 
-``SYS`` and ``PROC`` are the roots every path is built from; tests point them
-at a temporary tree that describes PFs and VFs.  Nothing else in the
-package reads sysfs for devices.
+``SYS`` and ``PROC`` are the roots every sysfs and procfs path in the package
+is built from, here and in the modules that read or write their own corner
+(CPUs, IRQs and queues for tuning, the VF count and driver binding in
+:mod:`vfs`); tests point them at a temporary tree that describes PFs and VFs.
 """
 
 from __future__ import annotations
@@ -89,10 +90,6 @@ def totalvfs(pf_pci: str) -> int:
 
 def is_pf(pci: str) -> bool:
     return (pci_dir(pci) / "sriov_totalvfs").exists()
-
-
-def vf_pci(pf_pci: str, index: int) -> str | None:
-    return _link_name(pci_dir(pf_pci) / f"virtfn{index}")
 
 
 def vf_pcis(pf_pci: str) -> dict[int, str]:

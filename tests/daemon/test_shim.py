@@ -214,6 +214,32 @@ def raw_request(sock: Path, header: bytes) -> bytes:
         os.close(w)
 
 
+def test_a_request_sent_in_one_piece_is_served(daemon: Daemon, tmp_path: Path) -> None:
+    # The shim and the Python client send the length alone, then the rest;
+    # a client may as well send length, request and descriptors in one
+    # message, and the daemon must not read past the length.
+    body = client.encode_request(__version__, "sriov", "/", {"CNI_COMMAND": "VERSION", "PATH": "/usr/bin:/bin"})
+    stdin = tmp_path / "stdin.json"
+    stdin.write_text('{"cniVersion": "1.0.0"}')
+    r, w = os.pipe()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with stdin.open("rb") as f:
+            conn.connect(str(daemon.socket))
+            conn.sendmsg([struct.pack("!I", len(body)) + body],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", f.fileno(), w, w))])
+        os.close(w)
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
+        with os.fdopen(r, "rb") as out:
+            printed = out.read()
+    finally:
+        conn.close()
+    assert answer == b"\x00", answer
+    assert "1.1.0" in json.loads(printed)["supportedVersions"], printed
+
+
 def test_daemon_refuses_an_oversized_request_without_reading_it(daemon: Daemon) -> None:
     answer = raw_request(daemon.socket, struct.pack("!I", server.MAX_HEADER + 1))
     assert answer[0] == client.REFUSED
@@ -377,3 +403,9 @@ def test_a_measuring_daemon_reports_each_call_after_answering(tmp_path: Path) ->
     profile = pstats.Stats(str(stats / f"{report_file.stem}.prof"))
     assert any(func[2] == "_run_ipam" for func in profile.stats)  # type: ignore[attr-defined]
 
+
+def test_a_failed_call_exits_non_zero_through_the_daemon(daemon: Daemon, tmp_path: Path) -> None:
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "shim-bad", "type": "sriov",
+                       "ipam": {"type": "sriov-ipam", "dataDir": str(tmp_path / "ipam")}}).encode()
+    rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", **ipam_env("bad"))
+    assert rc == 1 and out["code"] == 7 and "msg" in out, out

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeHost, FakeLinks, Tree
-from sriov_cni import netlink, sysfs
+from sriov_cni import netlink, sysfs, tuning
 
 
 @pytest.fixture
@@ -63,5 +63,5 @@ def fake_netlink(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
         func()
 
     monkeypatch.setattr(netlink, "namespace", namespace)
-    monkeypatch.setattr(netlink, "run_in_netns", run_in_netns)
+    monkeypatch.setattr(tuning, "run_in_netns", run_in_netns)
     return entered

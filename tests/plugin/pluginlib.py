@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import netlink, plugin, sysfs
-from sriov_cni.netlink import VfInfo
+from sriov_cni import netlink, plugin, sysfs, vfsettings
+from sriov_cni.vfsettings import VfInfo
 from sriov_cni.store import FileStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +95,13 @@ def netdev_view(entry: dict[str, Any]) -> dict[str, Any]:
         "promisc": "PROMISC" in entry["flags"],
         "up": "UP" in entry["flags"],
         "ifalias": entry.get("ifalias", ""),
+        "altnames": sorted(entry.get("altnames", [])),
     }
+
+
+def altname(netdev: str) -> str:
+    """The altname each host test's VF netdev starts with."""
+    return f"{netdev}-path"
 
 
 def ipam_reservations(data_dir: Path, network: str) -> set[str]:
@@ -122,10 +128,10 @@ def default_vf_state(index: int) -> dict[str, Any]:
         "mac": ZERO_MAC,
         "vlan": 0,
         "qos": 0,
-        "vlan_proto": netlink.VLAN_PROTO_8021Q,
+        "vlan_proto": vfsettings.VLAN_PROTO_8021Q,
         "spoofchk": True,
         "trust": False,
-        "link_state": netlink.LINK_STATE_AUTO,
+        "link_state": vfsettings.LINK_STATE_AUTO,
         "min_tx_rate": 0,
         "max_tx_rate": 0,
     }
@@ -289,6 +295,9 @@ class Node:
                 sh("ip", "link", "add", netdev, "type", "veth", "peer", "name", f"peer{n}{i}", "netns", self.peer_ns)
                 # A distinct, recognisable MAC: the netdev's identity across moves.
                 sh("ip", "link", "set", "dev", netdev, "address", f"02:5f:{self.token[:2]}:{self.token[2:4]}:{n:02x}:{i:02x}")
+                # udev gives real VF netdevs altnames (their path names); the
+                # plugin must drop them on the way in and put them back.
+                sh("ip", "link", "property", "add", "dev", netdev, "altname", altname(netdev))
             pf.vfs.append(VF(index=i, pci=vf_pci, netdev=netdev, pf=pf))
         self.fake.add_pf(pf.name, len(vfs))
         self.pfs.append(pf)

@@ -100,7 +100,7 @@ def stale_record(node: Node, vf_index: int = 0, **applied: Any) -> Allocation:
         original=OriginalState(
             admin_mac="00:00:00:00:00:00", vlan=0, qos=0, vlan_proto=0x8100, spoofchk=True, trust=False,
             link_state=0, min_tx_rate=0, max_tx_rate=0, netdev=str(vf.netdev), mtu=entry["mtu"],
-            mac=entry["address"], promisc=False, alias="",
+            mac=entry["address"], promisc=False, altnames=entry["altnames"], alias="",
         ),
         applied=applied, in_pod=True,
     )

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pluginlib import Node, addresses, ipam_reservations, link, link_names, netdev_view, sh
+from pluginlib import Node, addresses, altname, ipam_reservations, link, link_names, netdev_view, sh
 
 VERSIONS = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 
@@ -33,6 +33,8 @@ def test_add_del_cycle(node: Node, version: str) -> None:
     assert inside["address"] == original["address"]  # the same device, by its MAC
     assert "UP" in inside["flags"]
     assert inside["mtu"] == 1400
+    # The host's altnames stay out of the pod (they could clash there).
+    assert original["altnames"] == [altname(vf.netdev)] and "altnames" not in inside
     iface = {"name": "net1", "mac": original["address"], "sandbox": pod}
     if version == "1.1.0":
         iface.update(mtu=1400, pciID=vf.pci)

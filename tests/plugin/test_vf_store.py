@@ -1,56 +1,324 @@
-"""The VF store's listing and its lock statistics, on both implementations."""
+"""The VF store: one contract checked on both implementations, then what only the file store does.
+
+The contract tests run against :class:`FileStore` on a temporary directory
+and against :class:`MemoryStore`, the in-memory fake, so the fake cannot
+drift from what the plugin relies on.  The file store's own duties (refusing
+damaged or planted records, reporting a held lock as "try again", atomic
+0600 writes) are checked on the real filesystem, with the lock held by
+another process.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sriov_cni import store
-from sriov_cni.store import Allocation, FileStore, MemoryStore, Store
+from sriov_cni import store as store_module
+from sriov_cni.cni import CNIError, Code
+from sriov_cni.store import MAX_RECORD, Allocation, FileStore, MemoryStore, OriginalState, Store
+
+PCI_A = "0000:3b:10.0"
+PCI_B = "0000:3b:10.1"
 
 
-def record(pci: str) -> Allocation:
-    return Allocation(pci, "0000:3b:00.0", "pf0", 0, "net", "ctr", "net1", "/var/run/netns/pod", None)
+def allocation(vf_pci: str = PCI_A, container: str = "ctr1", **changes: object) -> Allocation:
+    alloc = Allocation(
+        vf_pci=vf_pci,
+        pf_pci="0000:3b:00.0",
+        pf_netdev="ens1f0",
+        vf_index=int(vf_pci[-1]),
+        network="sriov-net",
+        container_id=container,
+        ifname="net1",
+        netns="/var/run/netns/pod",
+        netns_inode=4026532000,
+        created=1700000000.5,
+    )
+    for key, value in changes.items():
+        setattr(alloc, key, value)
+    return alloc
+
+
+def original() -> OriginalState:
+    return OriginalState(
+        admin_mac="00:00:00:00:00:00", vlan=0, qos=0, vlan_proto=0x8100, spoofchk=True, trust=None,
+        link_state=0, min_tx_rate=0, max_tx_rate=0, netdev="ens1f0v0", mtu=1500,
+        mac="02:00:00:00:00:01", promisc=False, altnames=["enp59s0f0v0"], alias="",
+    )
 
 
 @pytest.fixture(params=["file", "memory"])
-def vf_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    return FileStore(tmp_path / "data") if request.param == "file" else MemoryStore()
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "file":
+        return FileStore(tmp_path / "data")
+    return MemoryStore()
 
 
-def test_ids_are_the_recorded_vfs(vf_store: Store) -> None:
-    assert set(vf_store.ids()) == set()
-    with vf_store.locked():
+# --- the contract ---------------------------------------------------------------
+
+
+def test_an_empty_store_has_nothing_and_removing_nothing_is_fine(store: Store) -> None:
+    with store.locked():
+        assert store.all() == []
+        assert store.get(PCI_A) is None
+        store.remove(PCI_A)
+        assert store.all() == []
+
+
+def test_a_record_reads_back_equal_with_its_snapshot_and_applied_order(store: Store) -> None:
+    # ``applied`` is restored in reverse, so its order is part of the record.
+    applied = {"vlan": [100, 0, 0x8100], "mac": "02:00:00:00:00:99", "spoofchk": False}
+    alloc = allocation(original=original(), applied=applied, in_pod=True)
+    with store.locked():
+        store.put(alloc)
+    got = store.get(PCI_A)
+    assert got == alloc
+    assert got is not None and list(got.applied) == ["vlan", "mac", "spoofchk"]
+    assert got.original == original()
+
+
+def test_put_replaces_remove_forgets_and_all_is_ordered_by_vf(store: Store) -> None:
+    with store.locked():
+        store.put(allocation(PCI_B, "ctr2"))
+        store.put(allocation(PCI_A, "ctr1"))
+        store.put(allocation(PCI_A, "ctr3"))
+    assert [(a.vf_pci, a.container_id) for a in store.all()] == [(PCI_A, "ctr3"), (PCI_B, "ctr2")]
+    with store.locked():
+        store.remove(PCI_A)
+    assert store.get(PCI_A) is None
+    assert [a.vf_pci for a in store.all()] == [PCI_B]
+
+
+def test_records_are_copies_not_shared_objects(store: Store) -> None:
+    alloc = allocation(original=original())
+    with store.locked():
+        store.put(alloc)
+    alloc.container_id = "changed after put"
+    got = store.get(PCI_A)
+    assert got is not None and got.container_id == "ctr1"
+    got.in_pod = True
+    assert got.original is not None
+    got.original.altnames.append("changed after get")
+    again = store.get(PCI_A)
+    assert again is not None and not again.in_pod and again.original == original()
+
+
+def test_a_record_without_snapshot_stays_without_one(store: Store) -> None:
+    with store.locked():
+        store.put(allocation())
+    got = store.get(PCI_A)
+    assert got is not None and got.original is None and got.applied == {}
+
+
+# --- the file store's own duties --------------------------------------------------
+
+
+def test_ids_are_the_recorded_vfs(store: Store) -> None:
+    assert set(store.ids()) == set()
+    with store.locked():
         for pci in ("0000:3b:10.1", "0000:3b:10.0", "0000:3b:10.2"):
-            vf_store.put(record(pci))
-        vf_store.remove("0000:3b:10.1")
-        assert set(vf_store.ids()) == {"0000:3b:10.0", "0000:3b:10.2"}
-        assert {a.vf_pci for a in vf_store.all()} == set(vf_store.ids())
+            store.put(allocation(pci))
+        store.remove("0000:3b:10.1")
+        assert set(store.ids()) == {"0000:3b:10.0", "0000:3b:10.2"}
+        assert {a.vf_pci for a in store.all()} == set(store.ids())
 
 
-def test_ids_read_no_record(tmp_path: Path) -> None:
+@pytest.fixture
+def files(tmp_path: Path) -> FileStore:
+    return FileStore(tmp_path / "data", lock_timeout=0.2)
+
+
+def refused(files: FileStore, path: Path, words: str) -> CNIError:
+    """get() and all() both refuse the record at ``path``, naming it."""
+    with pytest.raises(CNIError) as by_get:
+        files.get(PCI_A)
+    with pytest.raises(CNIError) as by_all:
+        files.all()
+    for err in (by_get.value, by_all.value):
+        assert err.code == Code.IO_FAILURE and str(path) in err.msg and words in err.msg, err.msg
+    return by_get.value
+
+
+@pytest.mark.parametrize("content", [b"{\"vf_pci\": \"0000:3b:1", b"[]", b"{}", b"\xff\xfe", b""])
+def test_a_damaged_record_is_refused_not_read_as_free(files: FileStore, content: bytes) -> None:
+    # Reading it as "no record" would hand the VF out a second time.
+    with files.locked():
+        files.put(allocation())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.write_bytes(content)
+    err = refused(files, path, "unreadable")
+    assert "remove the file" in err.details
+
+
+def test_an_oversized_record_is_refused(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.write_bytes(allocation().to_json().encode().ljust(70 * 1024))
+    refused(files, path, "unreadable")
+
+
+def test_a_symlinked_record_is_not_followed(files: FileStore, tmp_path: Path) -> None:
+    with files.locked():
+        files.put(allocation())
+    elsewhere = tmp_path / "planted.json"
+    elsewhere.write_text(allocation(container="someone else").to_json())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.unlink()
+    path.symlink_to(elsewhere)
+    refused(files, path, "cannot read")
+
+
+def test_a_fifo_in_place_of_a_record_is_refused_without_blocking(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.unlink()
+    os.mkfifo(path)
+    refused(files, path, "not a regular file")
+
+
+@pytest.fixture
+def lock_held_elsewhere(files: FileStore) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the store's lock (flock(1), as any flock user would)."""
+    with files.locked():
+        pass  # creates the directory and the lock file
+    holder = subprocess.Popen(
+        ["flock", str(files.root / "lock"), "sh", "-c", "echo held; read _"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    try:
+        yield holder
+    finally:
+        release(holder)
+
+
+def release(holder: subprocess.Popen[str]) -> None:
+    if holder.returncode is None:
+        holder.communicate("\n", timeout=60)
+        assert holder.returncode == 0
+
+
+def test_a_lock_held_too_long_is_try_again_naming_the_store(
+    files: FileStore, lock_held_elsewhere: subprocess.Popen[str]
+) -> None:
+    with pytest.raises(CNIError) as err:
+        with files.locked():
+            pytest.fail("entered a lock another process holds")
+    assert err.value.code == Code.TRY_AGAIN == 11
+    assert str(files.root) in err.value.msg
+    release(lock_held_elsewhere)
+    with files.locked():
+        files.put(allocation())
+    assert files.get(PCI_A) == allocation()
+
+
+def test_records_are_0600_in_0700_directories_and_no_temporary_file_stays(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation())
+        files.put(allocation(container="ctr2"))
+    assert os.listdir(files.vfs_dir) == [f"{PCI_A}.json"]
+    for path in (files.vfs_dir / f"{PCI_A}.json", files.root / "lock"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for directory in (files.root, files.vfs_dir):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+def test_records_outlive_the_store_object(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation(original=original()))
+    assert FileStore(files.root).all() == [allocation(original=original())]
+
+
+def test_ownership_needs_container_ifname_and_network_when_given() -> None:
+    alloc = allocation()
+    assert alloc.owned_by("ctr1", "net1") and alloc.owned_by("ctr1", "net1", "sriov-net")
+    assert not alloc.owned_by("ctr1", "net1", "other-net")
+    assert not alloc.owned_by("ctr1", "net2") and not alloc.owned_by("ctr2", "net1")
+
+
+def test_a_record_from_before_the_newer_fields_reads_with_their_defaults(files: FileStore) -> None:
+    # Records outlive upgrades: what an older version wrote must still read.
+    with files.locked():
+        files.put(allocation())
+    minimal = {
+        "vf_pci": PCI_A, "pf_pci": "0000:3b:00.0", "pf_netdev": "ens1f0", "vf_index": 0, "network": "sriov-net",
+        "container_id": "ctr1", "ifname": "net1", "netns": "/var/run/netns/pod", "netns_inode": None,
+        "created": 1.5,
+        "original": {
+            "admin_mac": "00:00:00:00:00:00", "vlan": 0, "qos": 0, "vlan_proto": 0x8100, "spoofchk": True,
+            "trust": None, "link_state": None, "min_tx_rate": 0, "max_tx_rate": 0,
+        },
+    }
+    (files.vfs_dir / f"{PCI_A}.json").write_text(json.dumps(minimal))
+    got = files.get(PCI_A)
+    assert got is not None
+    assert (got.dpdk, got.applied, got.in_pod) == (False, {}, False)
+    assert got.original is not None
+    assert (got.original.netdev, got.original.mtu, got.original.mac) == ("", None, "")
+    assert (got.original.promisc, got.original.altnames, got.original.alias) == (None, [], "")
+
+
+def test_a_record_of_exactly_the_size_limit_reads_and_one_byte_more_is_refused(files: FileStore) -> None:
+    with files.locked():
+        files.put(allocation())
+    path = files.vfs_dir / f"{PCI_A}.json"
+    path.write_bytes(allocation().to_json().encode().ljust(MAX_RECORD))
+    assert files.get(PCI_A) == allocation()
+    path.write_bytes(allocation().to_json().encode().ljust(MAX_RECORD + 1))
+    refused(files, path, "unreadable")
+
+
+def test_a_lock_that_cannot_be_opened_is_an_io_error_naming_it(files: FileStore) -> None:
+    files.vfs_dir.mkdir(parents=True, mode=0o700)
+    files.root.chmod(0o700)
+    (files.root / "lock").mkdir()
+    with pytest.raises(CNIError) as err:
+        with files.locked():
+            pytest.fail("locked through a directory")
+    assert err.value.code == Code.IO_FAILURE and str(files.root / "lock") in err.value.msg
+
+
+def test_a_symlink_planted_at_the_temporary_name_is_not_written_through(files: FileStore, tmp_path: Path) -> None:
+    with files.locked():
+        files.put(allocation())
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    (files.vfs_dir / f".{PCI_A}.{os.getpid()}.tmp").symlink_to(victim)
+    with pytest.raises(CNIError) as err:
+        with files.locked():
+            files.put(allocation(container="ctr2"))
+    assert err.value.code == Code.IO_FAILURE
+    assert victim.read_text() == "untouched\n"
+    assert files.get(PCI_A) == allocation()
+
+
+def test_ids_read_no_record(files: FileStore) -> None:
     # An allocation must not depend on reading the records of taken VFs.
-    files = FileStore(tmp_path / "data")
-    files.put(record("0000:3b:10.0"))
-    (files.vfs_dir / "0000:3b:10.0.json").write_text("{not json")
-    assert set(files.ids()) == {"0000:3b:10.0"}
+    files.put(allocation(PCI_A))
+    (files.vfs_dir / f"{PCI_A}.json").write_text("{not json")
+    assert set(files.ids()) == {PCI_A}
 
 
 @pytest.fixture
 def lock_times() -> Iterator[list[tuple[float, float]]]:
-    store.lock_times = []
+    store_module.lock_times = []
     try:
-        yield store.lock_times
+        yield store_module.lock_times
     finally:
-        store.lock_times = None
+        store_module.lock_times = None
 
 
-def test_each_lock_section_records_its_wait_and_hold(tmp_path: Path, lock_times: list[tuple[float, float]]) -> None:
-    files = FileStore(tmp_path / "data")
-    for pci in ("0000:3b:10.0", "0000:3b:10.1"):
+def test_each_lock_section_records_its_wait_and_hold(files: FileStore, lock_times: list[tuple[float, float]]) -> None:
+    for pci in (PCI_A, PCI_B):
         with files.locked():
-            files.put(record(pci))
+            files.put(allocation(pci))
     assert len(lock_times) == 2
     assert all(wait >= 0 and hold > 0 for wait, hold in lock_times)

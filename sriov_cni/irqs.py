@@ -1,0 +1,136 @@
+"""Queue IRQs of a PCI function: finding them and pinning each to one CPU.
+
+IRQs are found by PCI address (``msi_irqs``), never by interface name: the
+name is baked into the IRQ when the driver requests it, and every pod calls
+its VF ``net1``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from sriov_cni import cpulist, sysfs
+
+# Queue vectors as drivers name them: igb/ixgbe/i40e/ice/iavf "<if>-TxRx-<n>",
+# igb and igbvf "<if>-rx-<n>" / "<if>-tx-<n>", mlx5 "mlx5_comp<n>@pci:<bdf>".
+# Misc, mailbox and async vectors ("<if>", "...:mbx", "mlx5_async@...") do
+# not match and are left alone.
+_QUEUE_NAME = re.compile(r"(?:^|[-_:])(?P<kind>txrx|rx|tx|comp)-?(?P<queue>\d+)(?:@.*)?$", re.IGNORECASE)
+# Flow-director vectors look like queue vectors but serve no traffic queue.
+_NOT_QUEUE = re.compile(r"fdir", re.IGNORECASE)
+# Kernel-managed IRQs refuse user affinity: EIO before Linux 6.12, EPERM after.
+_MANAGED = (errno.EIO, errno.EPERM)
+
+
+@dataclass(frozen=True)
+class QueueIrq:
+    irq: int
+    name: str
+    kind: str  # "txrx", "rx", "tx" or "comp"
+    queue: int
+
+
+@dataclass(frozen=True)
+class Pin:
+    irq: QueueIrq
+    cpu: int
+    # "pinned", "unchanged", "skipped" (kernel-managed) or "failed"
+    result: str
+    detail: str = ""
+
+
+def irq_dir(irq: int) -> Path:
+    return sysfs.PROC / "irq" / str(irq)
+
+
+def _action_name(irq: int) -> str:
+    """The name the driver gave the IRQ (last column of /proc/interrupts), "" when unrequested.
+
+    /proc/irq/<n>/ holds one directory per action, named like that column;
+    listing it avoids reading all of /proc/interrupts, which is large on
+    hosts with many CPUs.
+    """
+    try:
+        entries = list(os.scandir(irq_dir(irq)))
+    except OSError:
+        return ""
+    names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+    return names[0] if names else ""
+
+
+def device_irqs(pci: str) -> list[int]:
+    """A PCI function's MSI/MSI-X IRQs that the kernel has set up (``/proc/irq/<n>`` exists)."""
+    try:
+        listed = os.listdir(sysfs.pci_dir(pci) / "msi_irqs")
+    except OSError:
+        return []
+    return sorted(int(n) for n in listed if n.isdigit() and irq_dir(int(n)).is_dir())
+
+
+def classify(irq: int, name: str) -> QueueIrq | None:
+    if not name or _NOT_QUEUE.search(name):
+        return None
+    m = _QUEUE_NAME.search(name)
+    if m is None:
+        return None
+    return QueueIrq(irq=irq, name=name, kind=m.group("kind").lower(), queue=int(m.group("queue")))
+
+
+def queue_irqs(pci: str) -> list[QueueIrq]:
+    """The device's requested queue IRQs, by queue index then IRQ number."""
+    found = (classify(irq, _action_name(irq)) for irq in device_irqs(pci))
+    return sorted((q for q in found if q is not None), key=lambda q: (q.queue, q.irq))
+
+
+def affinity(irq: int) -> list[int]:
+    return cpulist.parse_list((irq_dir(irq) / "smp_affinity_list").read_text())
+
+
+def plan_pins(irqs: list[QueueIrq], cpus: list[int], start: int) -> list[tuple[QueueIrq, int]]:
+    """Queue ``q`` of a device goes to ``cpus[(start + q) % len(cpus)]``.
+
+    Keyed by queue index rather than IRQ position so that a queue's rx and
+    tx vectors (igbvf has one of each) land on the same CPU.
+    """
+    if not irqs:
+        return []
+    queues = sorted({q.queue for q in irqs})
+    by_queue = dict(zip(queues, cpulist.spread(cpus, start, len(queues))))
+    return [(q, by_queue[q.queue]) for q in irqs]
+
+
+def vf_start(vf_index: int, queues: int) -> int:
+    # The PF's queues start at position 0; VF i's block follows, so
+    # single-queue VFs spread over the CPUs instead of piling onto the first.
+    return (vf_index + 1) * max(queues, 1)
+
+
+def pin(irq: QueueIrq, cpu: int) -> Pin:
+    """Pin one IRQ to one CPU, writing only when it is elsewhere, and read back."""
+    path = irq_dir(irq.irq) / "smp_affinity_list"
+    try:
+        if affinity(irq.irq) == [cpu]:
+            return Pin(irq, cpu, "unchanged")
+        sysfs.write(path, str(cpu))
+        now = affinity(irq.irq)
+    except sysfs.SysfsError as exc:
+        if exc.errno in _MANAGED:
+            return Pin(irq, cpu, "skipped", "kernel-managed IRQ, affinity not changeable")
+        return Pin(irq, cpu, "failed", str(exc))
+    except (OSError, cpulist.CpuListError) as exc:
+        return Pin(irq, cpu, "failed", f"reading {path}: {exc}")
+    if now != [cpu]:
+        return Pin(irq, cpu, "failed", f"kernel kept affinity {cpulist.format_list(now)}")
+    return Pin(irq, cpu, "pinned")
+
+
+def pin_device(pci: str, cpus: list[int], start: int) -> list[Pin]:
+    return [pin(q, cpu) for q, cpu in plan_pins(queue_irqs(pci), cpus, start)]
+
+
+def default_affinity() -> list[int]:
+    return cpulist.parse_mask((sysfs.PROC / "irq" / "default_smp_affinity").read_text())

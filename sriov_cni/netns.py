@@ -1,0 +1,168 @@
+"""Network namespaces as a process deals with them: identity, entering, running code inside.
+
+No netlink here, and no pyroute2: what allocation and the tuning hook need
+(a namespace's identity, running a function in a pod's namespace with its
+own sysfs) comes without loading it, and the netlink modules get their
+sockets created inside a namespace from here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import socket
+import stat
+from typing import Callable
+
+from sriov_cni.nlerrors import NetlinkError, NetnsNotFound
+
+
+def open_netns(netns_path: str) -> int:
+    try:
+        # O_NONBLOCK: a FIFO in place of a namespace must not hang the call.
+        return os.open(netns_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise NetnsNotFound(f"network namespace {netns_path} does not exist", errno.ENOENT) from exc
+    except OSError as exc:
+        raise NetnsNotFound(f"cannot open network namespace {netns_path}: {exc.strerror}", exc.errno or 0) from exc
+
+
+def own_netns_path() -> str:
+    """The namespace this process runs in (the "host" side of every move)."""
+    return f"/proc/{os.getpid()}/ns/net"
+
+
+_CLONE_NEWNET = 0x40000000
+_NETLINK_ROUTE = 0
+
+
+def _setns(fd: int) -> None:
+    if _libc().setns(fd, _CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _enter(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(fd)
+    finally:
+        os.close(fd)
+
+
+_CLONE_NEWNS = 0x00020000
+_MS_REC = 0x4000
+_MS_SLAVE = 0x80000
+
+
+def _private_sysfs() -> None:
+    # sysfs shows the netdevs of the namespace that mounted it, so a fresh
+    # mount in a private mount namespace shows the pod's interfaces
+    # (what `ip netns exec` does).
+    libc = _libc()
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+        raise OSError(ctypes.get_errno(), "making / a slave mount")
+    libc.umount2(b"/sys", 2)  # MNT_DETACH; nothing mounted there is fine
+    if libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None) != 0:
+        raise OSError(ctypes.get_errno(), "mounting sysfs")
+
+
+def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: bool = False) -> None:
+    """Run ``func`` with the calling context inside the network namespace ``path``.
+
+    /proc/sys/net and (with ``own_sysfs``) /sys/class/net reflect the
+    namespace of the process that looks, so ``func`` runs in a short-lived
+    forked child that enters the namespace; this process never leaves its
+    own.  ``path`` None runs ``func`` here.  An OSError in ``func`` is
+    reported as NetlinkError carrying its errno.
+    """
+    if path is None:
+        func()
+        return
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        os.close(read_end)
+        code = 0
+        message = b""
+        try:
+            _enter(path)
+            if own_sysfs:
+                _private_sysfs()
+            func()
+        except OSError as exc:
+            code = exc.errno or errno.EIO
+            message = str(exc).encode()
+        except BaseException as exc:  # the child must always reach _exit
+            code = errno.EIO
+            message = repr(exc).encode()
+        os.write(write_end, message[:4000])
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as r:
+        reason = r.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise NetlinkError(f"in network namespace {path}: {reason or os.strerror(code)}", code)
+
+
+def netlink_socket_in(path: str) -> socket.socket:
+    """A netlink socket created inside the namespace at ``path``.
+
+    A socket stays in the namespace it was created in, so this thread steps
+    in, creates it and steps straight back: a few system calls, where
+    pyroute2's own way forks a helper process for every handle.
+    """
+    target = open_netns(path)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            _setns(target)
+        except OSError as exc:
+            raise NetnsNotFound(f"cannot enter network namespace {path}: {exc.strerror}", exc.errno or 0) from exc
+        try:
+            return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_ROUTE)
+        finally:
+            # Staying in the pod's namespace would misdirect every later
+            # host-side operation of this process; there is no safe way on.
+            try:
+                _setns(home)
+            except OSError:
+                os._exit(70)
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+def netns_inode(path: str) -> int | None:
+    """Identity of a network namespace file, or None when it is gone (or is no namespace file)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    # A namespace file (nsfs) stats as a regular file; a FIFO or a device
+    # there is not one, and opening it could block.
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return st.st_ino
+
+
+def is_own_netns(path: str) -> bool:
+    """Whether ``path`` is the network namespace this process runs in (the host's)."""
+    try:
+        there, here = os.stat(path), os.stat(own_netns_path())
+    except (OSError, ValueError):
+        return False
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
+
+

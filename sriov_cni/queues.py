@@ -1,0 +1,97 @@
+"""RPS, XPS and RFS: the receive and transmit steering maps of a netdev's queues."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sriov_cni import cpulist, sysfs
+from sriov_cni.irqs import Pin
+from sriov_cni.nodestate import Policy, TuningError
+
+
+def tx_cpus(pins: list[Pin]) -> dict[int, int]:
+    """Transmit queue -> CPU of its IRQ, for XPS (queues whose vector carries tx)."""
+    return {p.irq.queue: p.cpu for p in pins if p.irq.kind in ("txrx", "tx", "comp") and p.result != "failed"}
+
+
+def _queue_dirs(netdev: str, prefix: str) -> list[Path]:
+    root = sysfs.SYS / "class" / "net" / netdev / "queues"
+    try:
+        names = os.listdir(root)
+    except OSError as exc:
+        raise TuningError(f"{netdev}: no queues in sysfs ({exc.strerror})") from exc
+    return sorted((root / n for n in names if n.startswith(prefix)), key=lambda p: int(p.name.split("-")[1]))
+
+
+def apply_queues(netdev: str, policy: Policy, xps_cpus: dict[int, int]) -> int:
+    """Set RPS, RFS and XPS for ``netdev`` as the current sysfs mount shows it; return the writes made.
+
+    Run in the device's own namespace: /sys/class/net lists the netdevs of
+    the namespace that mounted sysfs.  Values already in place are not
+    rewritten, so re-applying the same policy writes nothing.
+    """
+    writes = 0
+    rx = _queue_dirs(netdev, "rx-")
+    for q in rx:
+        writes += _ensure_mask(q / "rps_cpus", policy.rps_cpus)
+        if policy.rfs_flow_entries:
+            per_queue = cpulist.next_pow2(max(policy.rfs_flow_entries // len(rx), 1))
+            writes += _ensure_int(q / "rps_flow_cnt", per_queue)
+    if policy.xps:
+        for q in _queue_dirs(netdev, "tx-"):
+            cpu = xps_cpus.get(int(q.name.split("-")[1]))
+            # Single-queue devices have no xps_cpus file: nothing to steer.
+            if cpu is not None and (q / "xps_cpus").exists():
+                writes += _ensure_mask(q / "xps_cpus", [cpu])
+    return writes
+
+
+def clear_queues(netdev: str) -> None:
+    """Undo :func:`apply_queues`: these maps survive moves between namespaces."""
+    for q in _queue_dirs(netdev, "rx-"):
+        _ensure_mask(q / "rps_cpus", [])
+        _ensure_int(q / "rps_flow_cnt", 0)
+    for q in _queue_dirs(netdev, "tx-"):
+        if (q / "xps_cpus").exists():
+            _ensure_mask(q / "xps_cpus", [])
+
+
+def _ensure_mask(path: Path, cpus: list[int]) -> int:
+    try:
+        if cpulist.parse_mask(path.read_text()) == sorted(cpus):
+            return 0
+    except OSError as exc:
+        raise sysfs.SysfsError(f"cannot read {path}: {exc.strerror}", exc.errno) from exc
+    sysfs.write(path, cpulist.format_mask(cpus))
+    return 1
+
+
+def _ensure_int(path: Path, value: int) -> int:
+    if sysfs.read_int(path) == value:
+        return 0
+    sysfs.write(path, str(value))
+    return 1
+
+
+def _sock_flow_path() -> Path:
+    return sysfs.PROC / "sys" / "net" / "core" / "rps_sock_flow_entries"
+
+
+def sock_flow_entries() -> int:
+    """The host-wide RFS table size."""
+    return sysfs.read_int(_sock_flow_path())
+
+
+def raise_sock_flow_entries(entries: int) -> str | None:
+    """Make the host-wide RFS table at least ``entries`` (it exists only in the host netns).
+
+    Never lowers it: other devices may rely on a bigger table.  Returns the
+    change made, or None.
+    """
+    want = cpulist.next_pow2(entries)
+    current = sock_flow_entries()
+    if current >= want:
+        return None
+    sysfs.write(_sock_flow_path(), str(want))
+    return f"rps_sock_flow_entries {current} -> {want}"

@@ -1,0 +1,44 @@
+"""Which modules load pyroute2: only the ones that speak netlink.
+
+Parsing a config, choosing a VF and the tuning hook's checks run on every
+CNI call, some before any netlink request (or without one, for a refused
+config); loading pyroute2 for them is paid for nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import sriov_cni
+
+PACKAGE = Path(sriov_cni.__file__).parent
+NETLINK_SPEAKERS = {"links", "handles", "vfcontrol"}
+
+
+def test_only_the_netlink_modules_import_pyroute2() -> None:
+    importers = set()
+    for path in PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] == "pyroute2" for n in names):
+                importers.add(path.stem)
+    assert importers == NETLINK_SPEAKERS
+
+
+def test_config_allocation_store_and_tuning_do_not_load_pyroute2() -> None:
+    code = (
+        "import sys\n"
+        "import sriov_cni.allocate, sriov_cni.config, sriov_cni.store, sriov_cni.tuning\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyroute2'))\n"
+        "import sriov_cni.netlink\n"
+        "print('pyroute2' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.split("\n")[:2] == ["[]", "True"], proc.stdout

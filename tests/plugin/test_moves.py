@@ -1,0 +1,98 @@
+"""Netlink behaviour the plugin depends on, against the real kernel in throwaway namespaces.
+
+These are the kernel answers a fake cannot give: a rename the target
+namespace refuses after the move, EBUSY for a change the device cannot take
+while up, altnames going away and coming back.  The VF netdevs are veths
+from :class:`pluginlib.Node`; ``ip -j`` is the oracle.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any
+
+import pytest
+
+from sriov_cni import bind, netlink
+from sriov_cni.vfsettings import VfInfo
+
+from pluginlib import Node, altname, link, link_names, sh
+
+
+def test_a_refused_rename_leaves_the_link_in_its_namespace_with_its_altnames(node: Node) -> None:
+    vf = node.add_pf(1).vfs[0]
+    assert vf.netdev
+    pod = node.pod()
+    ns = os.path.basename(pod)
+    sh("ip", "-n", ns, "link", "add", "net1", "type", "veth", "peer", "name", "net1peer")
+
+    # net1 is taken in the pod: the kernel moves the link under its own
+    # name, then refuses the rename.
+    with pytest.raises(netlink.LinkExists):
+        bind._move(None, vf.netdev, pod, "net1", None)
+
+    assert link_names(ns) == {"lo", "net1", "net1peer"}
+    home = link(vf.netdev)
+    assert home is not None, "the link stayed in the pod under its host name"
+    assert home["altnames"] == [altname(vf.netdev)]
+
+
+def test_altnames_are_dropped_going_in_and_put_back_coming_home(node: Node) -> None:
+    vf = node.add_pf(1).vfs[0]
+    assert vf.netdev
+    pod = node.pod()
+    ns = os.path.basename(pod)
+
+    bind._move(None, vf.netdev, pod, "net1", None)
+    inside = link("net1", ns)
+    assert inside is not None and "altnames" not in inside
+    assert link(vf.netdev) is None
+
+    bind._move(pod, "net1", None, vf.netdev, (altname(vf.netdev), f"{vf.netdev}-second"))
+    home = link(vf.netdev)
+    assert home is not None and sorted(home["altnames"]) == [altname(vf.netdev), f"{vf.netdev}-second"]
+    assert link_names(ns) == {"lo"}
+
+
+def test_a_kernel_ebusy_answer_is_busy(node: Node) -> None:
+    pod = node.pod()
+    ns = os.path.basename(pod)
+    sh("ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d0peer")
+    sh("ip", "-n", ns, "link", "add", "v0", "link", "d0", "type", "macvlan")
+    sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
+    with netlink.namespace(pod) as inside:
+        port, bridge = inside.find("d0"), inside.find("br0")
+        assert port is not None and bridge is not None
+        # The macvlan holds d0's receive hook, so the bridge cannot take
+        # it: the kernel answers EBUSY, as drivers do while busy with a VF.
+        # Every link request goes through this one path.
+        with pytest.raises(netlink.Busy) as err:
+            inside._set(port.index, "enslaving d0", master=bridge.index)
+    assert err.value.errno == errno.EBUSY
+    assert "master" not in (link("d0", ns) or {})
+
+
+def test_admin_mac_is_retried_while_the_driver_answers_busy(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    # i40e answers EBUSY while it applies a VF MAC; ADD must wait it out.
+    pf = node.add_pf(1)
+    pod = node.pod()
+    monkeypatch.setattr(bind, "MAC_RETRY_DELAY", 0)
+    answers = [netlink.Busy("setting admin MAC: Device or resource busy", 16)] * 3
+    set_mac = node.fake.set_mac
+
+    def busy_then_done(pf_name: str, vf: int, mac: str) -> None:
+        if answers:
+            node.fake.calls.append(("mac", pf_name, vf, mac))
+            raise answers.pop()
+        set_mac(pf_name, vf, mac)
+
+    monkeypatch.setattr(node.fake, "set_mac", busy_then_done)
+    mac = "02:aa:bb:cc:dd:01"
+    node.add(node.conf(mac=mac), netns=pod)
+
+    assert [c for c in node.fake.calls if c[0] == "mac"] == [("mac", pf.name, 0, mac)] * 4
+    state: dict[str, Any] = node.fake.state[pf.name][0]
+    assert VfInfo(**state).mac == mac
+    inside = link("net1", os.path.basename(pod))
+    assert inside is not None and inside["address"] == mac
