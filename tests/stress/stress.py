@@ -73,6 +73,9 @@ DEBIAN_CNI_DIR = "/usr/lib/cni"
 NETWORKS = ("stress-a", "stress-b")
 TMPFS_SIZE = "8m"
 IPAM_HANG_EXTRA = 2.0
+# Faults that entitle a DEL or a CHECK of a live attachment to an error answer
+# (a proper CNI error object still; answer_problems checks that part).
+EXCUSES = frozenset({"kill", "ipam_fail", "ipam_hang", "enospc", "daemon_restart"})
 
 # The delegated IPAM of network b: sriov-ipam run as an executable, or a
 # failure or a hang when the call's CNI_ARGS ask for one.
@@ -714,6 +717,10 @@ class Driver:
             faults.add("kill")
         if self.rng.random() < 0.005 and self.transport.restart():
             self.faults["daemon_restart"] += 1
+            # Calls in flight lose their daemon child, or their IPAM call
+            # finds no socket for a moment: an error answer is their due.
+            for op in self.running:
+                op.faults.add("daemon_restart")
         self.submit(command, att, conf, self.env(command, att, ipam_fault), faults, kill_at, self.deadline)
         self.ops[command] += 1
         self.started += 1
@@ -804,10 +811,9 @@ class Driver:
             else:
                 # Half done, perhaps: the runtime only knows to DEL again.
                 att.state = "unknown"
-                if ans.rc is not None and not op.faults & {"kill", "ipam_fail", "ipam_hang", "enospc"}:
+                if ans.rc is not None and not op.faults & EXCUSES:
                     self.violate(f"DEL {att.container} failed with no fault injected: {ans.stdout.strip()} {att.history}")
-        elif op.command == "CHECK" and not ok and ans.rc is not None \
-                and not (op.faults & {"ipam_fail", "ipam_hang", "enospc"}):
+        elif op.command == "CHECK" and not ok and ans.rc is not None and not op.faults & EXCUSES:
             self.violate(f"CHECK {att.container} of a live attachment failed: {ans.stdout.strip()} {att.history}")
 
     def violate(self, what: str) -> None:
