@@ -80,6 +80,12 @@ ANSI_ESCAPE = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|c)")
 INITRAMFS_FORMAT = "1"
 DEFAULT_PFS = 2
 BOOT_ATTEMPTS = 3
+# From QEMU's start to init's "running command" line.  A guest boots in about
+# a minute under TCG; one that has not started the command by this deadline is
+# stuck (multi-threaded TCG can wedge a vCPU during boot: the kernel then
+# prints RCU stalls until the overall timeout) and is booted again.
+BOOT_DEADLINE = 180.0
+COMMAND_STARTED = "vm-init: running command"
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MEMORY_MB = 2048
 
@@ -312,6 +318,16 @@ def _guest_script(command: list[str], cwd: str) -> str:
     )
 
 
+def guest_cpus() -> int:
+    """vCPUs for the guest: no more than the host CPUs this process may use.
+
+    Each vCPU is a host thread under multi-threaded TCG; with more vCPUs than
+    host CPUs a starved vCPU misses its timer ticks and the guest kernel stalls
+    (RCU stall warnings, then no progress at all).
+    """
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> list[str]:
     cmd = [
         "qemu-system-x86_64",
@@ -322,7 +338,7 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
         "-device", "intel-iommu,intremap=off",
         "-accel", "tcg,thread=multi",
         "-cpu", "max",
-        "-smp", "4",
+        "-smp", str(guest_cpus()),
         "-m", str(memory_mb),
         "-nographic",
         "-nodefaults",
@@ -359,11 +375,14 @@ def _boot(
         stderr=subprocess.STDOUT,
     )
     tail: list[str] = []
+    started = threading.Event()
 
     def pump() -> None:
         assert qemu.stdout is not None
         for raw in qemu.stdout:
             line = ANSI_ESCAPE.sub("", raw.decode(errors="replace").replace("\r", ""))
+            if line.startswith(COMMAND_STARTED):
+                started.set()
             tail.append(line)
             del tail[:-40]
             if console is not None:
@@ -372,8 +391,15 @@ def _boot(
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    begun = time.monotonic()
     try:
-        qemu.wait(timeout=timeout)
+        deadline = begun + min(BOOT_DEADLINE, timeout)
+        while not started.wait(1) and qemu.poll() is None:
+            if time.monotonic() > deadline:
+                print(f"rig: guest did not start the command within {BOOT_DEADLINE:.0f} s", file=sys.stderr, flush=True)
+                qemu.kill()
+                break
+        qemu.wait(timeout=max(0.0, timeout - (time.monotonic() - begun)))
     except subprocess.TimeoutExpired:
         qemu.kill()
         qemu.wait()
@@ -408,12 +434,13 @@ def run_in_vm(
         for attempt in range(1, BOOT_ATTEMPTS + 1):
             returncode, tail = _boot(art, results, pfs, memory_mb, timeout, console)
             # QEMU's multi-threaded TCG now and then aborts on an internal
-            # assertion while the firmware or kernel boots.  Nothing of the
-            # command has run until init creates the output file, so only
-            # then is booting again safe.
+            # assertion, or wedges, while the firmware or kernel boots (the
+            # wedged boot is killed at BOOT_DEADLINE).  Nothing of the command
+            # has run until init creates the output file, so only then is
+            # booting again safe.
             if returncode >= 0 or (results / "output").exists() or attempt == BOOT_ATTEMPTS:
                 break
-            print(f"rig: QEMU died during boot (status {returncode}); booting again", file=sys.stderr, flush=True)
+            print(f"rig: the guest did not boot (QEMU status {returncode}); booting again", file=sys.stderr, flush=True)
         status_file = results / "status"
         error_file = results / "error"
         if error_file.exists():
