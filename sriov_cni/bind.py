@@ -18,7 +18,7 @@ from typing import Any
 from sriov_cni import netlink, sysfs
 from sriov_cni.cni import CNIError, Code, log
 from sriov_cni.config import NetConf
-from sriov_cni.netlink import LinkInfo, Namespace, VfControl, VfInfo
+from sriov_cni.netlink import LinkInfo, Namespace, PfSettings, Rate, VfControl, Vlan
 from sriov_cni.store import Allocation, OriginalState
 
 # Some drivers (i40e/iavf) apply VF MACs asynchronously and answer EBUSY
@@ -33,17 +33,7 @@ def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation) -> OriginalStat
     info = vfc.vfs(alloc.pf_netdev).get(alloc.vf_index)
     if info is None:
         raise CNIError(Code.DEVICE, f"PF {alloc.pf_netdev} reports no VF {alloc.vf_index}")
-    state = OriginalState(
-        admin_mac=info.mac,
-        vlan=info.vlan,
-        qos=info.qos,
-        vlan_proto=info.vlan_proto,
-        spoofchk=info.spoofchk,
-        trust=info.trust,
-        link_state=info.link_state,
-        min_tx_rate=info.min_tx_rate,
-        max_tx_rate=info.max_tx_rate,
-    )
+    state = OriginalState(pf=info)
     if not alloc.dpdk:
         names = sysfs.netdevs(alloc.vf_pci)
         link = host.find(names[0]) if names else None
@@ -75,46 +65,29 @@ def _set_admin_mac(vfc: VfControl, pf: str, vf: int, mac: str) -> None:
 def _pf_setters(vfc: VfControl, alloc: Allocation) -> dict[str, Callable[[Any], None]]:
     pf, vf = alloc.pf_netdev, alloc.vf_index
     return {
-        "vlan": lambda v: vfc.set_vlan(pf, vf, v[0], v[1], v[2]),
+        "vlan": lambda v: vfc.set_vlan(pf, vf, v.id, v.qos, v.proto),
         "mac": lambda v: _set_admin_mac(vfc, pf, vf, v),
-        "rate": lambda v: vfc.set_rate(pf, vf, v[0], v[1]),
+        "rate": lambda v: vfc.set_rate(pf, vf, v.min_tx, v.max_tx),
         "spoofchk": lambda v: vfc.set_spoofchk(pf, vf, v),
         "trust": lambda v: vfc.set_trust(pf, vf, v),
         "link_state": lambda v: vfc.set_link_state(pf, vf, v),
     }
 
 
-def pf_values(vf: VfInfo | OriginalState) -> dict[str, Any]:
-    """PF-side settings keyed like ``Allocation.applied``, from a reading or a record."""
-    return {
-        "vlan": [vf.vlan, vf.qos, vf.vlan_proto],
-        "mac": vf.admin_mac if isinstance(vf, OriginalState) else vf.mac,
-        "rate": [vf.min_tx_rate, vf.max_tx_rate],
-        "spoofchk": vf.spoofchk,
-        "trust": vf.trust,
-        "link_state": vf.link_state,
-    }
-
-
-def wanted_pf_settings(conf: NetConf) -> dict[str, Any]:
-    """PF-side settings the config asks for, in the order they are applied."""
-    wanted: dict[str, Any] = {}
+def wanted_pf_settings(conf: NetConf) -> PfSettings:
+    """PF-side settings the config asks for."""
+    vlan = None
     if conf.vlan is not None:
-        wanted["vlan"] = [conf.vlan, conf.vlan_qos or 0, conf.vlan_proto or netlink.VLAN_PROTO_8021Q]
-    if conf.mac is not None:
-        wanted["mac"] = conf.mac
+        vlan = Vlan(conf.vlan, conf.vlan_qos or 0, conf.vlan_proto or netlink.VLAN_PROTO_8021Q)
+    rate = None
     if conf.min_tx_rate is not None or conf.max_tx_rate is not None:
         # One request carries both limits; the one not configured is sent as
         # 0 (no limit), as the reference does.  The record keeps the VF's
         # original pair, so DEL restores both.
-        wanted["rate"] = [conf.min_tx_rate or 0, conf.max_tx_rate or 0]
-    if conf.spoofchk is not None:
-        wanted["spoofchk"] = conf.spoofchk
-    if conf.trust is not None:
-        wanted["trust"] = conf.trust
-    if conf.link_state is not None:
-        wanted["link_state"] = conf.link_state
-    return wanted
+        rate = Rate(conf.min_tx_rate or 0, conf.max_tx_rate or 0)
+    return PfSettings(
+        vlan=vlan, mac=conf.mac, rate=rate, spoofchk=conf.spoofchk, trust=conf.trust, link_state=conf.link_state
+    )
 
 
 def apply_pf_settings(vfc: VfControl, alloc: Allocation) -> None:
@@ -125,13 +98,12 @@ def apply_pf_settings(vfc: VfControl, alloc: Allocation) -> None:
     fail again on a driver that cannot do them at all).
     """
     setters = _pf_setters(vfc, alloc)
-    keys = list(alloc.applied)
-    for n, key in enumerate(keys):
+    wanted = alloc.applied.items()
+    for n, (key, value) in enumerate(wanted):
         try:
-            setters[key](alloc.applied[key])
+            setters[key](value)
         except (netlink.NetlinkError, CNIError) as exc:
-            for skipped in keys[n:]:
-                del alloc.applied[skipped]
+            alloc.applied = alloc.applied.without(name for name, _ in wanted[n:])
             if isinstance(exc, netlink.NotSupported):
                 raise CNIError(
                     Code.DEVICE,
@@ -152,18 +124,18 @@ def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
     if alloc.original is None:
         return []
     setters = _pf_setters(vfc, alloc)
-    original = pf_values(alloc.original)
     failures = []
     # Reverse order of application: trust goes back after the MAC, because
     # some drivers refuse MAC changes on an untrusted VF.
-    for key in reversed(list(alloc.applied)):
-        if original.get(key) is None:
+    for key, _ in reversed(alloc.applied.items()):
+        original = getattr(alloc.original.pf, key)
+        if original is None:
             continue
         try:
             if key == "mac":
-                _lift_admin_mac(vfc, alloc, original[key])
+                _lift_admin_mac(vfc, alloc, original)
             else:
-                setters[key](original[key])
+                setters[key](original)
         except (netlink.NetlinkError, CNIError) as exc:
             failures.append(f"{key}: {exc}")
     return failures
@@ -198,15 +170,15 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation) -> list[str]:
     VF chose itself, read back unchanged, does not become an admin lock.
     """
     orig = alloc.original
-    if orig is None or not orig.admin_mac:
+    if orig is None or not orig.pf.mac:
         return []
     info = vfc.vfs(alloc.pf_netdev).get(alloc.vf_index)
-    if info is None or info.mac == orig.admin_mac:
+    if info is None or info.mac == orig.pf.mac:
         return []
     try:
-        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, orig.admin_mac)
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, orig.pf.mac)
     except netlink.InvalidArgument as exc:
-        if orig.admin_mac != ZERO_MAC:
+        if orig.pf.mac != ZERO_MAC:
             return [f"mac: {exc}"]
         # A driver that cannot clear an admin MAC (bnxt) keeps the last one;
         # the next pod's MAC replaces it, and failing DEL would not help.
@@ -310,7 +282,7 @@ def _find_in_pod(pod: Namespace, alloc: Allocation, orig: OriginalState) -> Link
     for link in links:
         if link.parent_dev == alloc.vf_pci:
             return link
-    macs = {m for m in (alloc.applied.get("mac"), orig.mac) if m}
+    macs = {m for m in (alloc.applied.mac, orig.mac) if m}
     matches = [link for link in links if not link.parent_dev and link.mac in macs]
     named = [link for link in matches if link.name == alloc.ifname]
     best = named or matches

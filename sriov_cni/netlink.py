@@ -33,7 +33,7 @@ from sriov_cni.nlerrors import (
     NotSupported,
 )
 from sriov_cni.vfcontrol import KernelVfControl
-from sriov_cni.vfsettings import VLAN_PROTO_8021Q, VfControl, VfInfo
+from sriov_cni.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, VfControl, Vlan
 
 __all__ = [
     "AddressRefused",
@@ -47,9 +47,11 @@ __all__ = [
     "NetlinkError",
     "NetnsNotFound",
     "NotSupported",
+    "PfSettings",
+    "Rate",
     "VLAN_PROTO_8021Q",
     "VfControl",
-    "VfInfo",
+    "Vlan",
     "is_own_netns",
     "namespace",
     "netns_inode",

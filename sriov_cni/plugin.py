@@ -225,8 +225,8 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
                 _save(store, alloc)
                 bind.apply_pf_settings(vfc, alloc)
                 if alloc.dpdk:
-                    admin = alloc.original.admin_mac
-                    mac = conf.mac or (admin if admin != bind.ZERO_MAC else "")
+                    admin = alloc.original.pf.mac
+                    mac = conf.mac or (admin if admin and admin != bind.ZERO_MAC else "")
                     iface = Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
                 else:
                     alloc.in_pod = True
@@ -392,10 +392,10 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
     if info is None:
         problems.append(f"PF {alloc.pf_netdev} no longer has VF {alloc.vf_index}")
     else:
-        actual = bind.pf_values(info)
         for key, value in alloc.applied.items():
-            if actual[key] is not None and actual[key] != value:
-                problems.append(f"VF {key} is {actual[key]}, expected {value}")
+            actual = getattr(info, key)
+            if actual is not None and actual != value:
+                problems.append(f"VF {key} is {actual}, expected {value}")
     if problems:
         raise CNIError(Code.DEVICE, f"{cmd.ifname} in {cmd.netns} does not match", "; ".join(problems))
     if conf.ipam_type:

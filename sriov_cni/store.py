@@ -46,6 +46,7 @@ import filelock
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
+from sriov_cni.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 
@@ -64,15 +65,7 @@ lock_times: list[tuple[float, float]] | None = None
 class OriginalState:
     """How a VF was before we touched it, so DEL can put it back exactly."""
 
-    admin_mac: str
-    vlan: int
-    qos: int
-    vlan_proto: int
-    spoofchk: bool | None
-    trust: bool | None
-    link_state: int | None
-    min_tx_rate: int
-    max_tx_rate: int
+    pf: PfSettings
     # Netdev side; empty/None for a VF on a DPDK driver.
     netdev: str = ""
     mtu: int | None = None
@@ -97,9 +90,8 @@ class Allocation:
     created: float = field(default_factory=time.time)
     # None until the snapshot is recorded, which happens before any change.
     original: OriginalState | None = None
-    # PF-side settings this allocation applies, as config key -> value, in
-    # the order they are applied (restored in reverse).
-    applied: dict[str, Any] = field(default_factory=dict)
+    # PF-side settings this allocation applies (restored in reverse order).
+    applied: PfSettings = field(default_factory=PfSettings)
     # Set before the netdev is moved into the pod: only then may a restore
     # take an interface out of the pod's namespace.
     in_pod: bool = False
@@ -112,19 +104,64 @@ class Allocation:
         )
 
     def to_json(self) -> str:
-        # Key order matters (``applied`` is restored in reverse), so no sorting.
-        return json.dumps(asdict(self), indent=1)
+        raw = asdict(self)
+        raw["applied"] = dict(self.applied.items())
+        if self.original is not None:
+            raw["original"] = {**_snapshot_to_json(self.original.pf), **raw["original"]}
+            del raw["original"]["pf"]
+        return json.dumps(raw, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Allocation:
         raw = json.loads(text)
         original = raw.pop("original", None)
+        applied = raw.pop("applied", {})
         known = {f.name for f in fields(cls)}
         alloc = cls(**{k: v for k, v in raw.items() if k in known})
+        alloc.applied = PfSettings(
+            vlan=Vlan(*applied["vlan"]) if "vlan" in applied else None,
+            mac=applied.get("mac"),
+            rate=Rate(*applied["rate"]) if "rate" in applied else None,
+            spoofchk=applied.get("spoofchk"),
+            trust=applied.get("trust"),
+            link_state=applied.get("link_state"),
+        )
         if original is not None:
-            known_orig = {f.name for f in fields(OriginalState)}
-            alloc.original = OriginalState(**{k: v for k, v in original.items() if k in known_orig})
+            netdev_side = {f.name for f in fields(OriginalState)} - {"pf"}
+            alloc.original = OriginalState(
+                pf=_snapshot_from_json(original),
+                **{k: v for k, v in original.items() if k in netdev_side},
+            )
         return alloc
+
+
+# A record keeps the snapshot's PF-side settings flat, as the first releases
+# wrote them, so records survive an upgrade or a downgrade of the plugin.
+def _snapshot_to_json(pf: PfSettings) -> dict[str, Any]:
+    vlan = pf.vlan or Vlan(0, 0, VLAN_PROTO_8021Q)
+    rate = pf.rate or Rate(0, 0)
+    return {
+        "admin_mac": pf.mac or "",
+        "vlan": vlan.id,
+        "qos": vlan.qos,
+        "vlan_proto": vlan.proto,
+        "spoofchk": pf.spoofchk,
+        "trust": pf.trust,
+        "link_state": pf.link_state,
+        "min_tx_rate": rate.min_tx,
+        "max_tx_rate": rate.max_tx,
+    }
+
+
+def _snapshot_from_json(raw: dict[str, Any]) -> PfSettings:
+    return PfSettings(
+        vlan=Vlan(raw["vlan"], raw["qos"], raw["vlan_proto"]),
+        mac=raw["admin_mac"],
+        rate=Rate(raw["min_tx_rate"], raw["max_tx_rate"]),
+        spoofchk=raw["spoofchk"],
+        trust=raw["trust"],
+        link_state=raw["link_state"],
+    )
 
 
 class Claim:
@@ -271,7 +308,7 @@ class FileStore:
             if len(data) > MAX_RECORD:
                 raise ValueError(f"larger than {MAX_RECORD} bytes")
             return Allocation.from_json(data.decode())
-        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
             # Writes are atomic, so this is outside tampering.  Refusing is
             # safer than guessing: a guess could hand the VF out twice.
             raise CNIError(

@@ -10,7 +10,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg as _ifinfmsg
 
 from sriov_cni.links import translate
 from sriov_cni.nlerrors import LinkNotFound
-from sriov_cni.vfsettings import VLAN_PROTO_8021Q, VfInfo
+from sriov_cni.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 
 # pyroute2 encodes IFLA_VF_VLAN_INFO as 14 bytes, but the kernel's
 # struct ifla_vf_vlan_info is 16 (two bytes of tail padding), and kernels
@@ -32,7 +32,7 @@ def _setting(attrs: Any, name: str, key: str) -> int | None:
     return None if value == 0xFFFFFFFF else value
 
 
-def _vf_info(vfinfo: Any) -> VfInfo:
+def _vf_info(vfinfo: Any) -> tuple[int, PfSettings]:
     mac = vfinfo.get_attr("IFLA_VF_MAC")
     vlan = vfinfo.get_attr("IFLA_VF_VLAN")
     rate = vfinfo.get_attr("IFLA_VF_RATE")
@@ -44,17 +44,13 @@ def _vf_info(vfinfo: Any) -> VfInfo:
             proto = int(infos[0]["proto"])
     spoofchk = _setting(vfinfo, "IFLA_VF_SPOOFCHK", "spoofchk")
     trust = _setting(vfinfo, "IFLA_VF_TRUST", "trust")
-    return VfInfo(
-        index=int(mac["vf"]),
+    return int(mac["vf"]), PfSettings(
+        vlan=Vlan(int(vlan["vlan"]), int(vlan["qos"]), proto) if vlan is not None else Vlan(0, 0, proto),
         mac=str(mac["mac"]),
-        vlan=int(vlan["vlan"]) if vlan is not None else 0,
-        qos=int(vlan["qos"]) if vlan is not None else 0,
-        vlan_proto=proto,
+        rate=Rate(int(rate["min_tx_rate"]), int(rate["max_tx_rate"])) if rate is not None else Rate(0, 0),
         spoofchk=None if spoofchk is None else bool(spoofchk),
         trust=None if trust is None else bool(trust),
         link_state=_setting(vfinfo, "IFLA_VF_LINK_STATE", "link_state"),
-        min_tx_rate=int(rate["min_tx_rate"]) if rate is not None else 0,
-        max_tx_rate=int(rate["max_tx_rate"]) if rate is not None else 0,
     )
 
 
@@ -86,7 +82,7 @@ class KernelVfControl:
             self._indexes[pf] = int(found[0])
         return self._indexes[pf]
 
-    def vfs(self, pf: str) -> dict[int, VfInfo]:
+    def vfs(self, pf: str) -> dict[int, PfSettings]:
         index = self._index(pf)
         with translate(f"reading VFs of {pf}"):
             # ext_mask=1 (RTEXT_FILTER_VF): without it the kernel leaves VF info out.
@@ -94,8 +90,7 @@ class KernelVfControl:
         vflist = msg.get_attr("IFLA_VFINFO_LIST")
         if vflist is None:
             return {}
-        infos = (_vf_info(v) for v in vflist.get_attrs("IFLA_VF_INFO"))
-        return {info.index: info for info in infos}
+        return dict(_vf_info(v) for v in vflist.get_attrs("IFLA_VF_INFO"))
 
     def _set_vf(self, pf: str, what: str, spec: dict[str, Any]) -> None:
         index = self._index(pf)

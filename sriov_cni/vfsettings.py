@@ -9,8 +9,9 @@ fake for exactly this part; the kernel implementation is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple, Protocol
 
 VLAN_PROTO_8021Q = 0x8100
 VLAN_PROTO_8021AD = 0x88A8
@@ -20,26 +21,51 @@ LINK_STATE_ENABLE = 1
 LINK_STATE_DISABLE = 2
 
 
-@dataclass(frozen=True)
-class VfInfo:
-    """A VF's PF-side settings as the PF reports them (``None``: not reported)."""
-
-    index: int
-    mac: str
-    vlan: int
+class Vlan(NamedTuple):
+    id: int
     qos: int
-    vlan_proto: int
-    spoofchk: bool | None
-    trust: bool | None
-    link_state: int | None
-    min_tx_rate: int
-    max_tx_rate: int
+    proto: int
+
+
+class Rate(NamedTuple):
+    """Transmit rate limits in Mbit/s; 0 is no limit."""
+
+    min_tx: int
+    max_tx: int
+
+
+@dataclass(frozen=True)
+class PfSettings:
+    """A VF's settings held at the PF, fields in the order ADD applies them.
+
+    One type for the PF's reading of a VF, the snapshot a record keeps and
+    what ADD applies.  ``None`` means "not in this value": in a reading, a
+    setting the driver does not report; in what ADD applies, one the
+    configuration leaves alone.  ``mac`` is the PF's MAC for the VF: the
+    administrative one, or what the VF programmed itself where none is set.
+    """
+
+    vlan: Vlan | None = None
+    mac: str | None = None
+    rate: Rate | None = None
+    spoofchk: bool | None = None
+    trust: bool | None = None
+    link_state: int | None = None
+
+    def items(self) -> list[tuple[str, Any]]:
+        """(name, value) of every setting in this value, in application order."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
+
+    def without(self, names: Iterable[str]) -> PfSettings:
+        return replace(self, **{name: None for name in names})
 
 
 class VfControl(Protocol):
     """PF-side VF operations, addressed by PF netdev name and VF index."""
 
-    def vfs(self, pf: str) -> dict[int, VfInfo]: ...
+    def vfs(self, pf: str) -> dict[int, PfSettings]:
+        """The PF's reading of each of its VFs, by VF index."""
+        ...
 
     def set_mac(self, pf: str, vf: int, mac: str) -> None: ...
 

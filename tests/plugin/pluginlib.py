@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from sriov_cni import netlink, plugin, sysfs, vfsettings
-from sriov_cni.vfsettings import VfInfo
+from sriov_cni.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.store import FileStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +124,6 @@ def ipam_reservations(data_dir: Path, network: str) -> set[str]:
 def default_vf_state(index: int) -> dict[str, Any]:
     # What igb reports for a fresh VF (see tests/vm/test_igb_smoke.py).
     return {
-        "index": index,
         "mac": ZERO_MAC,
         "vlan": 0,
         "qos": 0,
@@ -174,10 +173,20 @@ class FakeVfControl:
             raise self.refuse[setting]
         target.update(changes)
 
-    def vfs(self, pf: str) -> dict[int, VfInfo]:
+    def vfs(self, pf: str) -> dict[int, PfSettings]:
         if pf not in self.state:
             raise netlink.LinkNotFound(f"PF {pf} not found")
-        return {i: VfInfo(**s) for i, s in self.state[pf].items()}
+        return {
+            i: PfSettings(
+                vlan=Vlan(s["vlan"], s["qos"], s["vlan_proto"]),
+                mac=s["mac"],
+                rate=Rate(s["min_tx_rate"], s["max_tx_rate"]),
+                spoofchk=s["spoofchk"],
+                trust=s["trust"],
+                link_state=s["link_state"],
+            )
+            for i, s in self.state[pf].items()
+        }
 
     def set_mac(self, pf: str, vf: int, mac: str) -> None:
         self._set("mac", pf, vf, mac, mac=mac)

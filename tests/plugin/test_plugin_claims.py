@@ -19,6 +19,7 @@ import pytest
 
 from sriov_cni import plugin
 from sriov_cni.store import FileStore, MemoryStore, Store
+from sriov_cni.vfsettings import Vlan
 
 from pluginlib import Node
 from test_plugin_del_gc import ok, stale_record
@@ -55,7 +56,7 @@ def claimed_elsewhere(data_dir: Path, vf_pci: str, then: Callable[[], None] = la
 
 def test_add_passes_over_a_stale_vf_another_call_is_giving_back(node: Node) -> None:
     pf = node.add_pf(1)
-    stale_record(node, vlan=[42, 0, 0x8100])
+    stale_record(node, vlan=Vlan(42, 0, 0x8100))
     node.fake.state[pf.name][0]["vlan"] = 42
     before = node.picture()
 
@@ -99,7 +100,7 @@ def test_del_waits_for_the_claim_then_answers_try_again(node: Node, monkeypatch:
 def test_del_of_a_vf_reclaimed_while_it_waited_leaves_it_alone(node: Node) -> None:
     """The DEL of a dead pod finds, once it has the claim, that an ADD reclaimed the VF."""
     pf = node.add_pf(1)
-    dead = stale_record(node, vlan=[42, 0, 0x8100])
+    dead = stale_record(node, vlan=Vlan(42, 0, 0x8100))
     node.fake.state[pf.name][0]["vlan"] = 42
 
     def reclaim() -> None:

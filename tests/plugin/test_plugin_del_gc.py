@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from sriov_cni.store import Allocation, FileStore, OriginalState
+from sriov_cni.vfsettings import PfSettings, Rate, Vlan
 
 from pluginlib import Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
 
@@ -98,11 +99,14 @@ def stale_record(node: Node, vf_index: int = 0, **applied: Any) -> Allocation:
         vf_pci=vf.pci, pf_pci=pf.pci, pf_netdev=pf.name, vf_index=vf_index, network="sriov-net",
         container_id="dead", ifname="net1", netns="/var/run/netns/svpod-long-gone", netns_inode=12345,
         original=OriginalState(
-            admin_mac="00:00:00:00:00:00", vlan=0, qos=0, vlan_proto=0x8100, spoofchk=True, trust=False,
-            link_state=0, min_tx_rate=0, max_tx_rate=0, netdev=str(vf.netdev), mtu=entry["mtu"],
+            pf=PfSettings(
+                vlan=Vlan(0, 0, 0x8100), mac="00:00:00:00:00:00", rate=Rate(0, 0), spoofchk=True, trust=False,
+                link_state=0,
+            ),
+            netdev=str(vf.netdev), mtu=entry["mtu"],
             mac=entry["address"], promisc=False, altnames=entry["altnames"], alias="",
         ),
-        applied=applied, in_pod=True,
+        applied=PfSettings(**applied), in_pod=True,
     )
     FileStore(node.data_dir).put(alloc)
     return alloc
@@ -111,7 +115,7 @@ def stale_record(node: Node, vf_index: int = 0, **applied: Any) -> Allocation:
 def test_stale_allocation_is_reclaimed_by_add(node: Node) -> None:
     pf = node.add_pf(1)
     clean = node.picture()
-    stale_record(node, vlan=[42, 0, 0x8100])
+    stale_record(node, vlan=Vlan(42, 0, 0x8100))
     node.fake.state[pf.name][0]["vlan"] = 42  # what the dead container left behind
     pod = node.pod()
 

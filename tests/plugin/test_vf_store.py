@@ -22,6 +22,7 @@ import pytest
 from sriov_cni import store as store_module
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.store import MAX_RECORD, Allocation, FileStore, MemoryStore, OriginalState, Store
+from sriov_cni.vfsettings import PfSettings, Rate, Vlan
 
 PCI_A = "0000:3b:10.0"
 PCI_B = "0000:3b:10.1"
@@ -47,8 +48,10 @@ def allocation(vf_pci: str = PCI_A, container: str = "ctr1", **changes: object) 
 
 def original() -> OriginalState:
     return OriginalState(
-        admin_mac="00:00:00:00:00:00", vlan=0, qos=0, vlan_proto=0x8100, spoofchk=True, trust=None,
-        link_state=0, min_tx_rate=0, max_tx_rate=0, netdev="ens1f0v0", mtu=1500,
+        pf=PfSettings(
+            vlan=Vlan(0, 0, 0x8100), mac="00:00:00:00:00:00", rate=Rate(0, 0), spoofchk=True, trust=None, link_state=0
+        ),
+        netdev="ens1f0v0", mtu=1500,
         mac="02:00:00:00:00:01", promisc=False, altnames=["enp59s0f0v0"], alias="",
     )
 
@@ -71,15 +74,15 @@ def test_an_empty_store_has_nothing_and_removing_nothing_is_fine(store: Store) -
         assert store.all() == []
 
 
-def test_a_record_reads_back_equal_with_its_snapshot_and_applied_order(store: Store) -> None:
-    # ``applied`` is restored in reverse, so its order is part of the record.
-    applied = {"vlan": [100, 0, 0x8100], "mac": "02:00:00:00:00:99", "spoofchk": False}
+def test_a_record_reads_back_equal_with_its_snapshot_and_applied_settings(store: Store) -> None:
+    applied = PfSettings(vlan=Vlan(100, 0, 0x8100), mac="02:00:00:00:00:99", spoofchk=False)
     alloc = allocation(original=original(), applied=applied, in_pod=True)
     with store.locked():
         store.put(alloc)
     got = store.get(PCI_A)
     assert got == alloc
-    assert got is not None and list(got.applied) == ["vlan", "mac", "spoofchk"]
+    assert got is not None
+    assert got.applied.items() == [("vlan", (100, 0, 0x8100)), ("mac", "02:00:00:00:00:99"), ("spoofchk", False)]
     assert got.original == original()
 
 
@@ -109,11 +112,25 @@ def test_records_are_copies_not_shared_objects(store: Store) -> None:
     assert again is not None and not again.in_pod and again.original == original()
 
 
+def test_a_record_keeps_the_layout_earlier_releases_wrote() -> None:
+    # Records outlive the plugin across upgrades and downgrades: the
+    # snapshot's PF-side settings stay flat, the applied ones keyed by setting.
+    applied = PfSettings(vlan=Vlan(100, 0, 0x8100), rate=Rate(0, 500), trust=True)
+    raw = json.loads(allocation(original=original(), applied=applied).to_json())
+    assert raw["applied"] == {"vlan": [100, 0, 0x8100], "rate": [0, 500], "trust": True}
+    assert raw["original"] == {
+        "admin_mac": "00:00:00:00:00:00", "vlan": 0, "qos": 0, "vlan_proto": 0x8100, "spoofchk": True,
+        "trust": None, "link_state": 0, "min_tx_rate": 0, "max_tx_rate": 0, "netdev": "ens1f0v0", "mtu": 1500,
+        "mac": "02:00:00:00:00:01", "promisc": False, "altnames": ["enp59s0f0v0"], "alias": "",
+    }
+    assert Allocation.from_json(json.dumps(raw)).applied == applied
+
+
 def test_a_record_without_snapshot_stays_without_one(store: Store) -> None:
     with store.locked():
         store.put(allocation())
     got = store.get(PCI_A)
-    assert got is not None and got.original is None and got.applied == {}
+    assert got is not None and got.original is None and got.applied == PfSettings()
 
 
 # --- the file store's own duties --------------------------------------------------
@@ -260,7 +277,7 @@ def test_a_record_from_before_the_newer_fields_reads_with_their_defaults(files: 
     (files.vfs_dir / f"{PCI_A}.json").write_text(json.dumps(minimal))
     got = files.get(PCI_A)
     assert got is not None
-    assert (got.dpdk, got.applied, got.in_pod) == (False, {}, False)
+    assert (got.dpdk, got.applied, got.in_pod) == (False, PfSettings(), False)
     assert got.original is not None
     assert (got.original.netdev, got.original.mtu, got.original.mac) == ("", None, "")
     assert (got.original.promisc, got.original.altnames, got.original.alias) == (None, [], "")
