@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from sriov_cni import netns, sysfs
 from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
-from sriov_cni.store import Allocation, Claim, Store
+from sriov_cni.lease import Lease
+from sriov_cni.store import Allocation, Store
 
 
 class VfState(enum.Enum):
@@ -132,15 +133,6 @@ def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
     return out
 
 
-@dataclass
-class Reservation:
-    """A VF taken for an ADD: its new record, the stale record it replaced if any, and its claim."""
-
-    alloc: Allocation
-    stale: Allocation | None
-    claim: Claim
-
-
 def _unrecorded_free(
     candidates: list[sysfs.VF], taken: AbstractSet[str], in_host: Callable[[str], bool]
 ) -> Iterator[sysfs.VF]:
@@ -161,7 +153,7 @@ def reserve(
     make: Callable[[sysfs.VF], Allocation],
     in_host: Callable[[str], bool],
     explicit: bool,
-) -> Reservation:
+) -> Lease:
     """Take the first free VF among ``candidates``, claim it and record it.
 
     A stale VF (its container died without DEL) is taken only when no VF is
@@ -187,7 +179,7 @@ def reserve(
                 with store.locked():
                     if vf.pci not in store.ids():
                         store.commit(staged)
-                        return Reservation(new, None, claim)
+                        return Lease(store, new, claim)
             finally:
                 store.discard(staged)
         except BaseException:
@@ -226,7 +218,7 @@ def reserve(
     )
 
 
-def _take(store: Store, vf: sysfs.VF, make: Callable[[sysfs.VF], Allocation], old: Allocation | None) -> Reservation | None:
+def _take(store: Store, vf: sysfs.VF, make: Callable[[sysfs.VF], Allocation], old: Allocation | None) -> Lease | None:
     claim = store.claim(vf.pci)
     if claim is None:
         return None
@@ -240,4 +232,4 @@ def _take(store: Store, vf: sysfs.VF, make: Callable[[sysfs.VF], Allocation], ol
     except BaseException:
         claim.release()
         raise
-    return Reservation(new, old, claim)
+    return Lease(store, new, claim, old)

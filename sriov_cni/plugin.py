@@ -19,6 +19,7 @@ from sriov_cni import __version__, allocate, attachments, bind, config, delegate
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
 from sriov_cni.cni import log as logger
 from sriov_cni.config import NetConf
+from sriov_cni.lease import Lease
 from sriov_cni.store import LOCK_TIMEOUT, Allocation, FileStore, Store
 
 # How long DEL and GC wait for a VF another call is changing (an ADD still
@@ -37,30 +38,6 @@ class Deps:
 
 
 # --- records -----------------------------------------------------------------
-
-
-def _owned(store: Store, alloc: Allocation) -> bool:
-    current = store.get(alloc.vf_pci)
-    return current is not None and current.owned_by(alloc.container_id, alloc.ifname, alloc.network)
-
-
-def _save(store: Store, alloc: Allocation) -> None:
-    # Written and synced before the lock, renamed into place under it: the
-    # lock is held for the ownership check and a rename, not an fsync.
-    staged = store.stage(alloc)
-    try:
-        with store.locked():
-            if not _owned(store, alloc):
-                raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} was taken over while this ADD ran")
-            store.commit(staged)
-    finally:
-        store.discard(staged)
-
-
-def _forget(store: Store, alloc: Allocation) -> None:
-    with store.locked():
-        if _owned(store, alloc):
-            store.remove(alloc.vf_pci)
 
 
 def _find(store: Store, container_id: str, ifname: str, network: str) -> Allocation | None:
@@ -168,10 +145,8 @@ def _not_host(netns: str) -> None:
         raise CNIError(Code.INVALID_NETNS, f"CNI_NETNS {netns} is the host's own network namespace, not a pod's")
 
 
-def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
-    conf = _load(cmd)
-    netns_inode = _pod_netns(cmd.netns)
-    store = deps.store(conf.data_dir)
+def _refuse_existing(cmd: CmdArgs, conf: NetConf, store: Store) -> None:
+    """An ADD for an attachment that is recorded already, or whose name the pod uses, is refused."""
     existing = _find(store, cmd.container_id, cmd.ifname, conf.name)
     if existing is not None:
         raise CNIError(
@@ -183,6 +158,13 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
         with netlink.namespace(cmd.netns) as pod:
             if pod.find(cmd.ifname) is not None:
                 raise CNIError(Code.INVALID_CONFIG, f"interface {cmd.ifname} already exists in {cmd.netns}")
+
+
+def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
+    conf = _load(cmd)
+    netns_inode = _pod_netns(cmd.netns)
+    store = deps.store(conf.data_dir)
+    _refuse_existing(cmd, conf, store)
     candidates = _candidates(conf)
     _not_host(cmd.netns)
     vfc = deps.vf_control()
@@ -204,67 +186,84 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
         )
 
     with netlink.namespace() as host:
-        reservation = allocate.reserve(
-            store, candidates, make, lambda name: host.find(name) is not None, conf.device_id is not None
-        )
-        alloc, stale = reservation.alloc, reservation.stale
-        # Held until this ADD has returned or rolled back: a DEL or another
-        # ADD reclaiming the VF (its pod's netns may vanish meanwhile) waits.
-        with reservation.claim:
+
+        def in_host(name: str) -> bool:
+            return host.find(name) is not None
+
+        # The claim is held until this ADD has returned or rolled back: a DEL
+        # or another ADD reclaiming the VF (its pod's netns may vanish
+        # meanwhile) waits.
+        with allocate.reserve(store, candidates, make, in_host, conf.device_id is not None) as lease:
+            alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
-            ipam_type = conf.ipam_type
             ipam_added = False
             try:
-                if stale is not None:
-                    _reclaim(cmd, conf, vfc, stale)
+                if lease.stale is not None:
+                    _reclaim(cmd, conf, vfc, lease.stale)
                 if alloc.original is None:
                     alloc.original = bind.snapshot(vfc, host, alloc)
                 # Record what is about to change before changing it: after a
                 # crash at any later point the record still restores everything.
                 alloc.applied = bind.wanted_pf_settings(conf)
-                _save(store, alloc)
+                lease.save()
                 bind.apply_pf_settings(vfc, alloc)
-                if alloc.dpdk:
-                    admin = alloc.original.pf.mac
-                    mac = conf.mac or (admin if admin and admin != bind.ZERO_MAC else "")
-                    iface = Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
-                else:
-                    alloc.in_pod = True
-                    _save(store, alloc)
-                    link = bind.attach(alloc, conf, cmd.netns, cmd.ifname)
-                    iface = Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci)
-                    # A VF's queue IRQs exist only while it is up, and the move
-                    # closed it: the node's tuning is applied now, not at setup.
-                    for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
-                        logger.warning("tuning: %s", warning)
+                iface = _dpdk_interface(cmd, conf, alloc) if alloc.dpdk else _attach(cmd, conf, lease)
                 ipam_result = None
-                if ipam_type:
-                    ipam_result = delegate.run_ipam("ADD", cmd, ipam_type)
+                if conf.ipam_type:
+                    ipam_result = _ipam_add(cmd, conf.ipam_type)
                     ipam_added = True
-                    assert ipam_result is not None
-                    if not ipam_result.ips:
-                        raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} returned no IP address")
                     if not alloc.dpdk:
                         _configure_ips(cmd.netns, cmd.ifname, ipam_result)
                 return _result(conf, iface, ipam_result)
             except BaseException:
-                _roll_back(cmd, vfc, store, alloc, ipam_type if ipam_added else None)
+                _roll_back(cmd, vfc, lease, conf.ipam_type if ipam_added else None)
                 raise
 
 
-def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, store: Store, alloc: Allocation, ipam_type: str | None) -> None:
+def _dpdk_interface(cmd: CmdArgs, conf: NetConf, alloc: Allocation) -> Interface:
+    """A VF on a DPDK driver has no netdev: the pod gets its PCI address."""
+    assert alloc.original is not None
+    admin = alloc.original.pf.mac
+    mac = conf.mac or (admin if admin and admin != bind.ZERO_MAC else "")
+    return Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
+
+
+def _attach(cmd: CmdArgs, conf: NetConf, lease: Lease) -> Interface:
+    """The VF's netdev into the pod, configured and tuned."""
+    alloc = lease.alloc
+    # Recorded first: only a record that says so lets a restore take an
+    # interface out of the pod's namespace.
+    alloc.in_pod = True
+    lease.save()
+    link = bind.attach(alloc, conf, cmd.netns, cmd.ifname)
+    # A VF's queue IRQs exist only while it is up, and the move closed it:
+    # the node's tuning is applied now, not at setup.
+    for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
+        logger.warning("tuning: %s", warning)
+    return Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci)
+
+
+def _ipam_add(cmd: CmdArgs, ipam_type: str) -> Result:
+    result = delegate.run_ipam("ADD", cmd, ipam_type)
+    assert result is not None
+    if not result.ips:
+        raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} returned no IP address")
+    return result
+
+
+def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, lease: Lease, ipam_type: str | None) -> None:
     if ipam_type:
         try:
             delegate.run_ipam("DEL", cmd, ipam_type)
         except CNIError as exc:
             logger.error("rollback: releasing the address: %s", exc)
     try:
-        _give_back(vfc, alloc)
+        _give_back(vfc, lease.alloc)
     except CNIError as exc:
         # Keep the record: the runtime's DEL after this failed ADD retries.
         logger.error("rollback: %s", exc)
         return
-    _forget(store, alloc)
+    lease.forget()
 
 
 # --- DEL, GC -------------------------------------------------------------------
@@ -286,16 +285,14 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
         raise CNIError(
             Code.TRY_AGAIN, f"VF {alloc.vf_pci} stayed claimed by another CNI call for {CLAIM_WAIT:g} s"
         )
-    with claim:
-        with store.locked():
-            owned = _owned(store, alloc)
-        if not owned:
+    with Lease(store, alloc, claim) as lease:
+        if not lease.owned():
             # An ADD reclaimed the VF (its pod's netns was gone) while this
             # call waited; it is that ADD's now, already put back.
             logger.info("VF %s was reclaimed by another container meanwhile; nothing to release", alloc.vf_pci)
             return
         _give_back(vfc, alloc)
-        _forget(store, alloc)
+        lease.forget()
     logger.info("released VF %s", alloc.vf_pci)
 
 

@@ -379,9 +379,9 @@ def scale(work: Path) -> list[str]:
             spent = []
             for _ in range(size):
                 t0 = time.perf_counter()
-                reservation = allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False)
+                lease = allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False)
                 spent.append(time.perf_counter() - t0)
-                reservation.claim.release()
+                lease.release()
             # The median: a shared machine's preemptions would dominate a mean.
             results[size] = (statistics.median(spent), resolve)
             shutil.rmtree(work / f"scale-{size}")

@@ -23,6 +23,7 @@ PHASES: dict[tuple[str, str], str] = {
     ("plugin.py", "_configure_log"): "logging setup",
     ("log.py", "configure"): "logging setup",
     ("store.py", "*"): "store lock + read/write (fsync)",
+    ("lease.py", "*"): "store lock + read/write (fsync)",
     ("_api.py", "*"): "store lock + read/write (fsync)",  # filelock
     ("_unix.py", "*"): "store lock + read/write (fsync)",  # filelock
     ("allocate.py", "*"): "allocation (pool, VF state)",
@@ -39,11 +40,12 @@ PHASES: dict[tuple[str, str], str] = {
     ("plugin.py", "_configure_ips"): "pod addresses + routes",
     ("plugin.py", "_result"): "result",
     ("cni.py", "_emit"): "result",
-    ("netlink.py", "session"): "netlink sockets + netns entry",
-    ("netlink.py", "namespace"): "netlink sockets + netns entry",
+    ("handles.py", "session"): "netlink sockets + netns entry",
+    ("handles.py", "namespace"): "netlink sockets + netns entry",
     ("plugin.py", "cmd_add"): "netns checks, look-ups",
     ("plugin.py", "cmd_del"): "netns checks, look-ups",
     ("plugin.py", "_pod_netns"): "netns checks, look-ups",
+    ("plugin.py", "_refuse_existing"): "netns checks, look-ups",
     ("plugin.py", "_not_host"): "netns checks, look-ups",
 }
 OTHER = "other"

@@ -39,10 +39,10 @@ def pool(tree: Tree, vfs: int) -> list[sysfs.VF]:
 
 def reserve(store: Store, candidates: list[sysfs.VF]) -> Allocation:
     host = FakeHost()
-    reservation = allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False)
-    reservation.claim.release()
-    assert reservation.stale is None
-    return reservation.alloc
+    lease = allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False)
+    lease.release()
+    assert lease.stale is None
+    return lease.alloc
 
 
 def test_a_vf_recorded_by_another_add_meanwhile_is_not_taken_twice(tree: Tree) -> None:
