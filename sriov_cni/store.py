@@ -46,7 +46,7 @@ import filelock
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
+from sriov_cni.vfsettings import PfSettings, Rate, Vlan, from_flat, to_flat
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 
@@ -135,33 +135,17 @@ class Allocation:
         return alloc
 
 
-# A record keeps the snapshot's PF-side settings flat, as the first releases
-# wrote them, so records survive an upgrade or a downgrade of the plugin.
+# A record keeps the snapshot's PF-side settings flat, the admin MAC under
+# "admin_mac" ("mac" is the netdev's), as the first releases wrote them, so
+# records survive an upgrade or a downgrade of the plugin.
 def _snapshot_to_json(pf: PfSettings) -> dict[str, Any]:
-    vlan = pf.vlan or Vlan(0, 0, VLAN_PROTO_8021Q)
-    rate = pf.rate or Rate(0, 0)
-    return {
-        "admin_mac": pf.mac or "",
-        "vlan": vlan.id,
-        "qos": vlan.qos,
-        "vlan_proto": vlan.proto,
-        "spoofchk": pf.spoofchk,
-        "trust": pf.trust,
-        "link_state": pf.link_state,
-        "min_tx_rate": rate.min_tx,
-        "max_tx_rate": rate.max_tx,
-    }
+    flat = to_flat(pf)
+    flat["admin_mac"] = flat.pop("mac")
+    return flat
 
 
 def _snapshot_from_json(raw: dict[str, Any]) -> PfSettings:
-    return PfSettings(
-        vlan=Vlan(raw["vlan"], raw["qos"], raw["vlan_proto"]),
-        mac=raw["admin_mac"],
-        rate=Rate(raw["min_tx_rate"], raw["max_tx_rate"]),
-        spoofchk=raw["spoofchk"],
-        trust=raw["trust"],
-        link_state=raw["link_state"],
-    )
+    return from_flat({**raw, "mac": raw["admin_mac"]})
 
 
 class Claim:

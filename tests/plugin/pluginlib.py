@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 
 from sriov_cni import netlink, plugin, sysfs, vfsettings
-from sriov_cni.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.store import FileStore
+from sriov_cni.vfsettings import PfSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SRIOV_BIN = REPO / "bin" / "sriov"
@@ -176,17 +176,7 @@ class FakeVfControl:
     def vfs(self, pf: str) -> dict[int, PfSettings]:
         if pf not in self.state:
             raise netlink.LinkNotFound(f"PF {pf} not found")
-        return {
-            i: PfSettings(
-                vlan=Vlan(s["vlan"], s["qos"], s["vlan_proto"]),
-                mac=s["mac"],
-                rate=Rate(s["min_tx_rate"], s["max_tx_rate"]),
-                spoofchk=s["spoofchk"],
-                trust=s["trust"],
-                link_state=s["link_state"],
-            )
-            for i, s in self.state[pf].items()
-        }
+        return {i: vfsettings.from_flat(s) for i, s in self.state[pf].items()}
 
     def set_mac(self, pf: str, vf: int, mac: str) -> None:
         self._set("mac", pf, vf, mac, mac=mac)
