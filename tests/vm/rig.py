@@ -381,7 +381,8 @@ def _boot(
         assert qemu.stdout is not None
         for raw in qemu.stdout:
             line = ANSI_ESCAPE.sub("", raw.decode(errors="replace").replace("\r", ""))
-            if line.startswith(COMMAND_STARTED):
+            # Not always at the start of a line: SeaBIOS ends its last line without a newline.
+            if COMMAND_STARTED in line:
                 started.set()
             tail.append(line)
             del tail[:-40]
