@@ -58,7 +58,7 @@ def main() -> None:
     for spec in pfs:
         name, count = spec.rsplit(":", 1)
         fake.add_pf(name, int(count))
-    deps = plugin.Deps(vf_control=lambda: fake, store=FileStore)  # type: ignore[arg-type,return-value]
+    deps = plugin.Deps(vf_control=lambda: fake, store=FileStore)
 
     def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
         plugin.configure_logging_from_env(env)

@@ -61,13 +61,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "plugin"), str(REPO / "tests" / "vm")]
 
 from sriov_cni import plugin, sysfs  # noqa: E402
 from sriov_cni.store import FileStore  # noqa: E402
+
+if TYPE_CHECKING:
+    from pluginlib import FakeVfControl
 
 DEBIAN_CNI_DIR = "/usr/lib/cni"
 NETWORKS = ("stress-a", "stress-b")
@@ -342,7 +345,7 @@ class SharedFakeVfControl:
         self.fake = FakeVfControl()
 
     @contextmanager
-    def _state(self, write: bool) -> Iterator[Any]:
+    def _state(self, write: bool) -> Iterator[FakeVfControl]:
         # A lock file of its own: the state file is replaced by rename, and a
         # lock on a replaced inode would exclude nobody.
         with open(self.path.with_suffix(".lock"), "a") as lock:
@@ -357,7 +360,7 @@ class SharedFakeVfControl:
 
     def snapshot(self) -> dict[str, Any]:
         with self._state(False) as fake:
-            return copy.deepcopy(fake.state)  # type: ignore[no-any-return]
+            return copy.deepcopy(fake.state)
 
     def add_pf(self, pf: str, nvfs: int) -> None:
         with self._state(True) as fake:
@@ -391,7 +394,7 @@ class HostNode:
         self.vfs = {vf.pci: vf for pf in self.node.pfs for vf in pf.vfs}
         self.vf_pcis = sorted(self.vfs)
         self.cni_path = DEBIAN_CNI_DIR
-        self.deps = plugin.Deps(vf_control=lambda: self.fake, store=FileStore)  # type: ignore[arg-type,return-value]
+        self.deps = plugin.Deps(vf_control=lambda: self.fake, store=FileStore)
         self._peer_to_vf = {f"peer{n}{i}": vf.pci for n, pf in enumerate(self.node.pfs) for i, vf in enumerate(pf.vfs)}
 
     def pool_conf(self) -> dict[str, Any]:
