@@ -18,9 +18,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,6 +29,8 @@ from sriov_cni import __version__, client, server
 REPO = Path(__file__).resolve().parents[2]
 SHIM = Path(client.SHIM)
 PT_INTERP = 3
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -69,16 +71,17 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
 
 
 def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, name: str = "sriov",
-         **extra: str) -> tuple[int, dict[str, Any]]:
+         env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     """Run the shim as ``name`` (a symlink, as install-cni's copies are named)."""
     link = socket_path.parent.parent / "bin" / name
     link.parent.mkdir(exist_ok=True)
     if link.is_symlink():
         link.unlink()
     link.symlink_to(exe)
-    env = {"CNI_COMMAND": command, "SRIOV_CNI_SOCKET": str(socket_path), "PATH": "/usr/bin:/bin", **extra}
+    call_env = {"CNI_COMMAND": command, "SRIOV_CNI_SOCKET": str(socket_path), "PATH": "/usr/bin:/bin",
+                **(env or {})}
     # The timeout only keeps a broken shim from hanging the suite.
-    proc = subprocess.run([str(link)], input=stdin, env=env, capture_output=True, timeout=60)
+    proc = subprocess.run([str(link)], input=stdin, env=call_env, capture_output=True, timeout=60)
     out = json.loads(proc.stdout) if proc.stdout.strip() else {}
     return proc.returncode, out
 
@@ -96,7 +99,7 @@ def ipam_env(container: str) -> dict[str, str]:
             "CNI_PATH": "/opt/cni/bin"}
 
 
-def wait_for(probe: Any) -> Any:
+def wait_for(probe: Callable[[], T]) -> T:
     """``probe()`` once it is true (polled: these are other processes' states)."""
     for _ in range(1200):
         value = probe()
@@ -119,12 +122,12 @@ def test_the_shim_is_a_static_executable() -> None:
 
 def test_calls_run_through_the_daemon_as_sriov_ipam(daemon: Daemon, tmp_path: Path) -> None:
     conf = ipam_conf(tmp_path)
-    rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", **ipam_env("c1"))
+    rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", env=ipam_env("c1"))
     assert rc == 0, out
     assert out["ips"][0]["address"].startswith("10.77.0."), out
     leases = [p.name for p in (tmp_path / "ipam").rglob("10.77.0.*")]
     assert leases == [out["ips"][0]["address"].split("/")[0]]
-    rc, out = shim(daemon.socket, "DEL", conf, name="sriov-ipam", **ipam_env("c1"))
+    rc, out = shim(daemon.socket, "DEL", conf, name="sriov-ipam", env=ipam_env("c1"))
     assert (rc, out) == (0, {})
     assert not list((tmp_path / "ipam").rglob("10.77.0.*"))
     rc, out = shim(daemon.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
@@ -183,7 +186,7 @@ def test_version_skew_is_refused_naming_both_versions(daemon: Daemon, tmp_path: 
     subprocess.run(["gcc", "-O2", "-static", '-DSHIM_VERSION="0.0.9-old"', "-o", str(other),
                     str(REPO / "shim" / "sriov-shim.c")], check=True)
     rc, out = shim(daemon.socket, "ADD", ipam_conf(tmp_path), exe=other, name="sriov-ipam",
-                   **ipam_env("skew"))
+                   env=ipam_env("skew"))
     assert rc == 1 and out["code"] == 11, out
     assert "0.0.9-old" in out["msg"] and __version__ in out["msg"]
     assert not (tmp_path / "ipam").exists(), "nothing ran"
@@ -192,7 +195,8 @@ def test_version_skew_is_refused_naming_both_versions(daemon: Daemon, tmp_path: 
 def test_oversized_request_is_an_error_not_a_hang(daemon: Daemon, tmp_path: Path) -> None:
     # One variable is limited to 128 KiB by execve; ten of them exceed 1 MiB.
     big = {f"BIG{i}": "x" * (120 << 10) for i in range(10)}
-    rc, out = shim(daemon.socket, "ADD", ipam_conf(tmp_path), name="sriov-ipam", **ipam_env("big"), **big)
+    rc, out = shim(daemon.socket, "ADD", ipam_conf(tmp_path), name="sriov-ipam",
+                   env={**ipam_env("big"), **big})
     assert rc == 1 and out["code"] == 4, out
     assert str(server.MAX_HEADER) in out["msg"]
 
@@ -387,7 +391,7 @@ def test_a_measuring_daemon_reports_each_call_after_answering(tmp_path: Path) ->
     d = Daemon(tmp_path / "run", env={server.STATS_ENV: str(stats), server.PROFILE_ENV: "1"})
     try:
         conf = ipam_conf(tmp_path)
-        rc, out = shim(d.socket, "ADD", conf, name="sriov-ipam", **ipam_env("c1"))
+        rc, out = shim(d.socket, "ADD", conf, name="sriov-ipam", env=ipam_env("c1"))
         assert rc == 0 and out["ips"], out
         # Written after the answer: the child may still be at it.
         [report_file] = wait_for(lambda: list(stats.glob("*.json")))
@@ -407,5 +411,5 @@ def test_a_measuring_daemon_reports_each_call_after_answering(tmp_path: Path) ->
 def test_a_failed_call_exits_non_zero_through_the_daemon(daemon: Daemon, tmp_path: Path) -> None:
     conf = json.dumps({"cniVersion": "1.0.0", "name": "shim-bad", "type": "sriov",
                        "ipam": {"type": "sriov-ipam", "dataDir": str(tmp_path / "ipam")}}).encode()
-    rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", **ipam_env("bad"))
+    rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", env=ipam_env("bad"))
     assert rc == 1 and out["code"] == 7 and "msg" in out, out
