@@ -8,6 +8,7 @@ import pytest
 
 from nodetree import FakeHost, Tree
 from sriov_cni import allocate, sysfs
+from sriov_cni.cni import CNIError, Code
 from sriov_cni.store import Allocation, FileStore, MemoryStore, Staged, Store
 
 
@@ -59,9 +60,9 @@ def test_the_pool_fills_in_order_then_runs_dry(tree: Tree, tmp_path: Path) -> No
     candidates = pool(tree, 3)
     store = FileStore(tmp_path / "data")
     assert [reserve(store, candidates).vf_pci for _ in range(3)] == [vf.pci for vf in candidates]
-    with pytest.raises(allocate.CNIError) as err:
+    with pytest.raises(CNIError) as err:
         reserve(store, candidates)
-    assert err.value.code == allocate.Code.NO_FREE_VF
+    assert err.value.code == Code.NO_FREE_VF
     # Every staged write was committed or discarded: only records remain.
     assert sorted(p.name for p in store.vfs_dir.iterdir()) == sorted(f"{vf.pci}.json" for vf in candidates)
 
