@@ -30,7 +30,7 @@ def link_names() -> set[str]:
 def vfinfo_ip(pf: str, vf: int) -> dict[str, Any]:
     """The PF's ``vfinfo_list`` entry for ``vf`` as iproute2 reports it."""
     [link] = ip_json("-d", "link", "show", "dev", pf)
-    infos: list[dict[str, Any]] = link["vfinfo_list"]  # type: ignore[assignment]
+    infos: list[dict[str, Any]] = link["vfinfo_list"]
     [info] = [i for i in infos if i["vf"] == vf]
     return info
 
@@ -173,7 +173,7 @@ def test_vf_in_netns_irqs_and_rps(igb_pfs: list[str], sriov: Sriov, netns: Calla
 
     [link] = ip_json("addr", "show", "dev", vf, netns=ns)
     assert link["operstate"] == "UP"
-    assert {"10.77.0.1"} == {a["local"] for a in link["addr_info"] if a["family"] == "inet"}  # type: ignore[attr-defined]
+    assert {"10.77.0.1"} == {a["local"] for a in link["addr_info"] if a["family"] == "inet"}
 
     # The rx queue's RPS map lives in the netdev, not in sysfs, so it
     # survives the move; ip netns exec remounts /sys for the namespace.

@@ -30,7 +30,7 @@ CNI_PATH = "/usr/lib/cni"
 
 def vfinfo(pf: str, vf: int) -> dict[str, Any]:
     [link] = ip_json("-d", "link", "show", "dev", pf)
-    [info] = [i for i in link["vfinfo_list"] if i["vf"] == vf]  # type: ignore[union-attr]
+    [info] = [i for i in link["vfinfo_list"] if i["vf"] == vf]
     return dict(info)
 
 

@@ -156,7 +156,7 @@ def test_add_check_gc_del_from_a_chroot_without_python(igb_pfs: list[str], sriov
     assert res["ips"][0]["address"].startswith("10.88.0.")
     assert pod_view(pod) == ["lo", "net1"] and host_link(vfs[0]) is None
     assert vfinfo(pf, 0)["vlan_list"] == [{"vlan": 42}]
-    [addr] = [a for a in ip_json("addr", "show", "dev", "net1", netns=pod)[0]["addr_info"]  # type: ignore[union-attr]
+    [addr] = [a for a in ip_json("addr", "show", "dev", "net1", netns=pod)[0]["addr_info"]
               if a["family"] == "inet"]
     assert f"{addr['local']}/{addr['prefixlen']}" == res["ips"][0]["address"]
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,11 +34,11 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.1)
 
 
-def ip_json(*args: str, netns: str | None = None) -> list[dict[str, object]]:
+def ip_json(*args: str, netns: str | None = None) -> list[dict[str, Any]]:
     """``ip -j ARGS`` (in ``netns`` if given), parsed."""
     cmd = ["ip", "-j"] + (["-n", netns] if netns else []) + list(args)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    parsed: list[dict[str, object]] = json.loads(out or "[]")
+    parsed: list[dict[str, Any]] = json.loads(out or "[]")
     return parsed
 
 
