@@ -144,13 +144,19 @@ def finish(proc: subprocess.Popen[bytes]) -> tuple[int, dict[str, Any] | None]:
     return proc.wait(timeout=300), _parse(out.decode())
 
 
+Wait = Callable[["subprocess.Popen[bytes]"], tuple[int, dict[str, Any] | None]]
+
+
 @pytest.fixture
-def wait() -> Callable[[subprocess.Popen[bytes]], tuple[int, dict[str, Any] | None]]:
+def wait() -> Wait:
     """Wait for a spawned process: (exit status, parsed stdout)."""
     return finish
 
 
-MakeConf = Callable[..., dict[str, Any]]
+class MakeConf(Protocol):
+    def __call__(
+        self, ranges: list[list[dict[str, str]]] | None = None, version: str = "1.0.0", **ipam: Any
+    ) -> dict[str, Any]: ...
 
 
 @pytest.fixture
@@ -179,8 +185,11 @@ def net_dir(data_dir: Path) -> Path:
     return data_dir / "testnet"
 
 
+Stored = Callable[[], dict[str, str]]
+
+
 @pytest.fixture
-def stored(net_dir: Path) -> Callable[[], dict[str, str]]:
+def stored(net_dir: Path) -> Stored:
     """Reads the store as an outsider: address file name -> raw content."""
 
     def read() -> dict[str, str]:

@@ -6,21 +6,24 @@ import errno
 import fcntl
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ipam import allocator, config, store
 from sriov_cni.cni import CNIError, Code
 
+from conftest import Invoke, MakeConf, Stored
+
 SMALL = [[{"subnet": "10.0.0.0/29"}]]  # .1 gateway, .2-.6 usable, .7 broadcast
 DUAL = [[{"subnet": "10.0.0.0/24"}], [{"subnet": "2001:db8::/64", "gateway": "2001:db8::fe"}]]
 
 
-def add_first(cni, conf, cid: str, ifname: str = "eth0", cni_args: str = "") -> str:
+def add_first(cni: Invoke, conf: dict[str, Any], cid: str, ifname: str = "eth0", cni_args: str = "") -> str:
     return cni("ADD", conf, cid=cid, ifname=ifname, cni_args=cni_args).addresses()[0]
 
 
-def test_round_robin_continues_after_last_reservation_and_wraps(cni, netconf) -> None:
+def test_round_robin_continues_after_last_reservation_and_wraps(cni: Invoke, netconf: MakeConf) -> None:
     conf = netconf(SMALL)
     assert [add_first(cni, conf, c) for c in ("a", "b")] == ["10.0.0.2/29", "10.0.0.3/29"]
     assert cni("DEL", conf, cid="a").rc == 0
@@ -33,13 +36,13 @@ def test_round_robin_continues_after_last_reservation_and_wraps(cni, netconf) ->
     assert "no free addresses left in range set ipam.ranges[0]" in full.msg
 
 
-def test_gateway_inside_the_range_is_skipped(cni, netconf) -> None:
+def test_gateway_inside_the_range_is_skipped(cni: Invoke, netconf: MakeConf) -> None:
     conf = netconf([[{"subnet": "10.0.0.0/29", "gateway": "10.0.0.3"}]])
     got = [add_first(cni, conf, f"c{i}") for i in range(5)]
     assert got == ["10.0.0.1/29", "10.0.0.2/29", "10.0.0.4/29", "10.0.0.5/29", "10.0.0.6/29"]
 
 
-def test_walks_every_range_of_a_set_in_order(cni, netconf) -> None:
+def test_walks_every_range_of_a_set_in_order(cni: Invoke, netconf: MakeConf) -> None:
     conf = netconf(
         [
             [
@@ -53,7 +56,7 @@ def test_walks_every_range_of_a_set_in_order(cni, netconf) -> None:
     assert cni("ADD", conf, cid="c9").code == Code.NOT_AVAILABLE
 
 
-def test_round_robin_position_is_host_locals_last_reserved_file(cni, netconf, net_dir) -> None:
+def test_round_robin_position_is_host_locals_last_reserved_file(cni: Invoke, netconf: MakeConf, net_dir: Path) -> None:
     conf = netconf(SMALL)
     net_dir.mkdir(parents=True)
     (net_dir / "last_reserved_ip.0").write_text("10.0.0.4")
@@ -61,7 +64,7 @@ def test_round_robin_position_is_host_locals_last_reserved_file(cni, netconf, ne
     assert (net_dir / "last_reserved_ip.0").read_text() == "10.0.0.5"
 
 
-def test_repeated_add_returns_the_address_already_held(cni, netconf, stored) -> None:
+def test_repeated_add_returns_the_address_already_held(cni: Invoke, netconf: MakeConf, stored: Stored) -> None:
     conf = netconf(DUAL)
     first = cni("ADD", conf, cid="a").addresses()
     assert cni("ADD", conf, cid="a").addresses() == first
@@ -69,7 +72,7 @@ def test_repeated_add_returns_the_address_already_held(cni, netconf, stored) -> 
     assert sorted(stored().values()) == ["a\r\neth0"] * 2 + ["a\r\nnet1"] * 2
 
 
-def test_hint_is_verified_against_the_address_file(cni, netconf, net_dir) -> None:
+def test_hint_is_verified_against_the_address_file(cni: Invoke, netconf: MakeConf, net_dir: Path) -> None:
     conf = netconf(SMALL)
     assert add_first(cni, conf, "a") == "10.0.0.2/29"
     # Another tool released a's address and gave it to b without touching
@@ -79,7 +82,7 @@ def test_hint_is_verified_against_the_address_file(cni, netconf, net_dir) -> Non
     assert (net_dir / "10.0.0.2").read_bytes() == b"b\r\neth0"
 
 
-def test_requested_address_from_each_source(cni, netconf, stored) -> None:
+def test_requested_address_from_each_source(cni: Invoke, netconf: MakeConf, stored: Stored) -> None:
     conf = netconf([[{"subnet": "10.0.0.0/24"}]])
     assert add_first(cni, conf, "a", cni_args="IgnoreUnknown=1;K8S_POD_NAME=p;IP=10.0.0.50") == "10.0.0.50/24"
     assert add_first(cni, {**conf, "runtimeConfig": {"ips": ["10.0.0.60/24"]}}, "b") == "10.0.0.60/24"
@@ -91,7 +94,7 @@ def test_requested_address_from_each_source(cni, netconf, stored) -> None:
     assert stored() == {"10.0.0.50": "a\r\neth0", "10.0.0.60": "b\r\neth0", "10.0.0.70": "c\r\neth0"}
 
 
-def test_requested_address_taken_is_a_clear_error(cni, netconf, stored) -> None:
+def test_requested_address_taken_is_a_clear_error(cni: Invoke, netconf: MakeConf, stored: Stored) -> None:
     conf = netconf([[{"subnet": "10.0.0.0/24"}]])
     add_first(cni, conf, "a", cni_args="IP=10.0.0.50")
     got = cni("ADD", conf, cid="b", cni_args="IP=10.0.0.50")
@@ -103,7 +106,7 @@ def test_requested_address_taken_is_a_clear_error(cni, netconf, stored) -> None:
 
 
 @pytest.mark.parametrize("version", ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
-def test_dual_stack_result_per_spec_version(cni, netconf, version) -> None:
+def test_dual_stack_result_per_spec_version(cni: Invoke, netconf: MakeConf, version: str) -> None:
     routes = [{"dst": "0.0.0.0/0"}, {"dst": "2001:db8:1::/48", "gw": "2001:db8::fe"}]
     got = cni("ADD", netconf(DUAL, version=version, routes=routes))
     assert got.rc == 0
@@ -118,7 +121,7 @@ def test_dual_stack_result_per_spec_version(cni, netconf, version) -> None:
     }
 
 
-def test_failure_in_a_later_set_releases_the_earlier_ones(cni, netconf, stored) -> None:
+def test_failure_in_a_later_set_releases_the_earlier_ones(cni: Invoke, netconf: MakeConf, stored: Stored) -> None:
     conf = netconf([[{"subnet": "10.0.0.0/24"}], [{"subnet": "10.1.0.0/30"}]])
     assert cni("ADD", conf, cid="a").addresses() == ["10.0.0.2/24", "10.1.0.2/30"]
     got = cni("ADD", conf, cid="b")
@@ -127,7 +130,8 @@ def test_failure_in_a_later_set_releases_the_earlier_ones(cni, netconf, stored) 
     assert stored() == {"10.0.0.2": "a\r\neth0", "10.1.0.2": "a\r\neth0"}
 
 
-def test_del_releases_every_set_and_is_idempotent(cni, netconf, net_dir, stored, data_dir) -> None:
+def test_del_releases_every_set_and_is_idempotent(cni: Invoke, netconf: MakeConf, net_dir: Path, stored: Stored,
+                                                  data_dir: Path) -> None:
     conf = netconf(DUAL)
     cni("ADD", conf, cid="a")
     cni("ADD", conf, cid="b")
@@ -139,12 +143,12 @@ def test_del_releases_every_set_and_is_idempotent(cni, netconf, net_dir, stored,
     assert cni("DEL", conf, cid="never-added").rc == 0
 
 
-def test_del_without_a_store_succeeds_and_creates_nothing(cni, netconf, data_dir) -> None:
+def test_del_without_a_store_succeeds_and_creates_nothing(cni: Invoke, netconf: MakeConf, data_dir: Path) -> None:
     assert cni("DEL", netconf(SMALL)).rc == 0
     assert not data_dir.exists()
 
 
-def test_del_tolerates_a_broken_range_config(cni, netconf, stored) -> None:
+def test_del_tolerates_a_broken_range_config(cni: Invoke, netconf: MakeConf, stored: Stored) -> None:
     conf = netconf(SMALL)
     cni("ADD", conf, cid="a")
     conf["ipam"]["ranges"] = [[{"subnet": "10.0.0.0/31"}]]
@@ -152,7 +156,8 @@ def test_del_tolerates_a_broken_range_config(cni, netconf, stored) -> None:
     assert stored() == {}
 
 
-def test_del_finds_reservations_it_has_no_hint_for(cni, netconf, net_dir, stored) -> None:
+def test_del_finds_reservations_it_has_no_hint_for(cni: Invoke, netconf: MakeConf, net_dir: Path,
+                                                   stored: Stored) -> None:
     conf = netconf(SMALL)
     net_dir.mkdir(parents=True)
     (net_dir / "10.0.0.4").write_bytes(b"x\r\neth0")
@@ -166,7 +171,7 @@ def test_del_finds_reservations_it_has_no_hint_for(cni, netconf, net_dir, stored
     assert stored() == {"10.0.0.5": "x\r\nnet1"}
 
 
-def test_check_needs_a_matching_reservation_in_every_set(cni, netconf, net_dir) -> None:
+def test_check_needs_a_matching_reservation_in_every_set(cni: Invoke, netconf: MakeConf, net_dir: Path) -> None:
     conf = netconf(DUAL)
     cni("ADD", conf, cid="a")
     assert (cni("CHECK", conf, cid="a").rc, cni("CHECK", conf, cid="a").out) == (0, None)
@@ -178,7 +183,7 @@ def test_check_needs_a_matching_reservation_in_every_set(cni, netconf, net_dir) 
     assert half.msg == "no address reserved in ipam.ranges[1] for container a interface eth0"
 
 
-def test_check_accepts_legacy_and_foreign_reservations(cni, netconf, net_dir) -> None:
+def test_check_accepts_legacy_and_foreign_reservations(cni: Invoke, netconf: MakeConf, net_dir: Path) -> None:
     conf = netconf(SMALL)
     net_dir.mkdir(parents=True)
     (net_dir / "10.0.0.3").write_bytes(b"legacy")
@@ -186,7 +191,7 @@ def test_check_accepts_legacy_and_foreign_reservations(cni, netconf, net_dir) ->
     assert cni("CHECK", conf, cid="other").code == Code.IPAM
 
 
-def gc_conf(conf: dict, key: str, valid: list[tuple[str, str]] | None) -> dict:
+def gc_conf(conf: dict[str, Any], key: str, valid: list[tuple[str, str]] | None) -> dict[str, Any]:
     out = {**conf, "cniVersion": "1.1.0"}
     if valid is not None:
         out[key] = [{"containerID": c, "ifname": i} for c, i in valid]
@@ -194,7 +199,8 @@ def gc_conf(conf: dict, key: str, valid: list[tuple[str, str]] | None) -> dict:
 
 
 @pytest.mark.parametrize("key", ["cni.dev/valid-attachments", "cni.dev/attachments"])
-def test_gc_releases_what_is_not_listed(cni, netconf, net_dir, stored, key) -> None:
+def test_gc_releases_what_is_not_listed(cni: Invoke, netconf: MakeConf, net_dir: Path, stored: Stored,
+                                        key: str) -> None:
     conf = netconf(DUAL, version="1.1.0")
     for cid in ("a", "b", "c"):
         cni("ADD", conf, cid=cid)
@@ -207,7 +213,7 @@ def test_gc_releases_what_is_not_listed(cni, netconf, net_dir, stored, key) -> N
     assert names == {"lock", "last_reserved_ip.0", "last_reserved_ip.1", "attachment:b:eth0"}
 
 
-def test_gc_without_a_list_releases_everything(cni, netconf, net_dir, stored) -> None:
+def test_gc_without_a_list_releases_everything(cni: Invoke, netconf: MakeConf, net_dir: Path, stored: Stored) -> None:
     conf = netconf(SMALL, version="1.1.0")
     cni("ADD", conf, cid="a")
     assert cni("GC", gc_conf(conf, "", None)).rc == 0
@@ -215,7 +221,7 @@ def test_gc_without_a_list_releases_everything(cni, netconf, net_dir, stored) ->
     assert {p.name for p in net_dir.iterdir()} == {"lock", "last_reserved_ip.0"}
 
 
-def test_gc_rejects_a_malformed_list(cni, netconf) -> None:
+def test_gc_rejects_a_malformed_list(cni: Invoke, netconf: MakeConf) -> None:
     conf = {**netconf(SMALL, version="1.1.0"), "cni.dev/valid-attachments": [{"containerID": "a"}]}
     got = cni("GC", conf)
     assert (got.code, got.msg) == (Code.INVALID_CONFIG, "cni.dev/valid-attachments[0].ifname must be a non-empty string")
@@ -225,7 +231,8 @@ def test_gc_rejects_a_malformed_list(cni, netconf) -> None:
     "value", [None, False, 0, "", {}, [{"containerID": "a"}], [{"containerID": "a", "ifname": ""}]],
     ids=["null", "false", "0", "empty string", "empty object", "entry without ifname", "entry with empty ifname"],
 )
-def test_gc_with_a_malformed_list_releases_nothing(cni, netconf, stored, value) -> None:
+def test_gc_with_a_malformed_list_releases_nothing(cni: Invoke, netconf: MakeConf, stored: Stored,
+                                                   value: object) -> None:
     # The same parser as the sriov plugin's GC: both refuse before releasing.
     conf = netconf(SMALL, version="1.1.0")
     cni("ADD", conf, cid="a")
@@ -236,7 +243,7 @@ def test_gc_with_a_malformed_list_releases_nothing(cni, netconf, stored, value) 
     assert stored() == held
 
 
-def test_status_reports_an_exhausted_range_set(cni, netconf) -> None:
+def test_status_reports_an_exhausted_range_set(cni: Invoke, netconf: MakeConf) -> None:
     conf = netconf([[{"subnet": "2001:db8::/64"}], [{"subnet": "10.0.0.0/30"}]], version="1.1.0")
     assert (cni("STATUS", conf).rc, cni("STATUS", conf).out) == (0, None)
     cni("ADD", conf, cid="a")
@@ -247,7 +254,7 @@ def test_status_reports_an_exhausted_range_set(cni, netconf) -> None:
     assert cni("STATUS", conf).rc == 0
 
 
-def test_io_failure_names_the_path(cni, netconf, tmp_path: Path) -> None:
+def test_io_failure_names_the_path(cni: Invoke, netconf: MakeConf, tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     conf = netconf(SMALL, dataDir=str(blocker))
@@ -257,11 +264,12 @@ def test_io_failure_names_the_path(cni, netconf, tmp_path: Path) -> None:
     assert "Traceback" not in got.stderr
 
 
-def test_disk_full_leaves_no_half_written_reservation(cni, netconf, stored, monkeypatch) -> None:
+def test_disk_full_leaves_no_half_written_reservation(cni: Invoke, netconf: MakeConf, stored: Stored,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     def full(fd: int, data: object) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(store.os, "write", full)
+    monkeypatch.setattr(os, "write", full)  # ipam.store writes its files with os.write
     got = cni("ADD", netconf(SMALL))
     assert (got.rc, got.code) == (1, Code.IO_FAILURE)
     assert "No space left on device" in got.msg
@@ -269,7 +277,7 @@ def test_disk_full_leaves_no_half_written_reservation(cni, netconf, stored, monk
     assert stored() == {}
 
 
-def test_lock_held_by_another_flock_user_means_try_again(netconf, net_dir) -> None:
+def test_lock_held_by_another_flock_user_means_try_again(netconf: MakeConf, net_dir: Path) -> None:
     conf = netconf(SMALL)
     cfg = config.load(conf)
     net_dir.mkdir(parents=True)

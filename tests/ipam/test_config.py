@@ -9,10 +9,13 @@ import pytest
 
 from sriov_cni.cni import Code
 
+from conftest import Invoke, MakeConf, Stored
+
 V4 = {"subnet": "10.1.0.0/24"}
 
 
-def _ranges(*sets: list[dict[str, str]]) -> dict[str, Any]:
+def _ranges(*sets: list[Any]) -> dict[str, Any]:
+    # Any: some of the sets below are malformed on purpose.
     return {"ranges": list(sets)}
 
 
@@ -100,7 +103,8 @@ BAD_IPAM: list[tuple[str, dict[str, Any], str]] = [
 
 
 @pytest.mark.parametrize("ipam, message", [c[1:] for c in BAD_IPAM], ids=[c[0] for c in BAD_IPAM])
-def test_bad_ipam_section_is_invalid_config_naming_the_field(cni, netconf, ipam, message) -> None:
+def test_bad_ipam_section_is_invalid_config_naming_the_field(cni: Invoke, netconf: MakeConf, ipam: dict[str, Any],
+                                                             message: str) -> None:
     conf = netconf()
     conf["ipam"] = {"type": "sriov-ipam", "dataDir": conf["ipam"]["dataDir"], **ipam}
     for command in ("ADD", "CHECK"):
@@ -110,7 +114,7 @@ def test_bad_ipam_section_is_invalid_config_naming_the_field(cni, netconf, ipam,
         assert message in got.msg, got.msg
 
 
-def test_missing_ipam_section(cni, netconf) -> None:
+def test_missing_ipam_section(cni: Invoke, netconf: MakeConf) -> None:
     conf = netconf()
     del conf["ipam"]
     got = cni("ADD", conf)
@@ -133,7 +137,8 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str, str]] = [
 
 
 @pytest.mark.parametrize("extra, cni_args, message", [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
-def test_bad_requested_address_names_its_source(cni, netconf, stored, extra, cni_args, message) -> None:
+def test_bad_requested_address_names_its_source(cni: Invoke, netconf: MakeConf, stored: Stored, extra: dict[str, Any],
+                                                cni_args: str, message: str) -> None:
     conf = {**netconf([[V4]]), **extra}
     got = cni("ADD", conf, cni_args=cni_args)
     assert (got.rc, got.code) == (1, Code.INVALID_CONFIG)
@@ -141,7 +146,7 @@ def test_bad_requested_address_names_its_source(cni, netconf, stored, extra, cni
     assert stored() == {}
 
 
-def test_defaults_exclude_network_gateway_and_broadcast(cni, netconf) -> None:
+def test_defaults_exclude_network_gateway_and_broadcast(cni: Invoke, netconf: MakeConf) -> None:
     # A /30 has .0 network, .1 gateway (default), .3 broadcast: only .2 is left.
     conf = netconf([[{"subnet": "10.5.0.0/30"}]])
     first = cni("ADD", conf, cid="a")
@@ -151,14 +156,14 @@ def test_defaults_exclude_network_gateway_and_broadcast(cni, netconf) -> None:
     assert (second.rc, second.code) == (1, Code.NOT_AVAILABLE)
 
 
-def test_ipv6_default_range_includes_the_last_address(cni, netconf) -> None:
+def test_ipv6_default_range_includes_the_last_address(cni: Invoke, netconf: MakeConf) -> None:
     # IPv6 has no broadcast: a /126 hands out ::2 and ::3 (::1 is the gateway).
     conf = netconf([[{"subnet": "2001:db8::/126"}]])
     got = [cni("ADD", conf, cid=c).addresses()[0] for c in ("a", "b")]
     assert got == ["2001:db8::2/126", "2001:db8::3/126"]
 
 
-def test_legacy_single_range_is_range_set_zero(cni, netconf, net_dir) -> None:
+def test_legacy_single_range_is_range_set_zero(cni: Invoke, netconf: MakeConf, net_dir: Path) -> None:
     conf = netconf(
         [[{"subnet": "10.7.0.0/24", "rangeStart": "10.7.0.50", "rangeEnd": "10.7.0.60"}]],
         subnet="10.6.0.0/24",
@@ -172,7 +177,7 @@ def test_legacy_single_range_is_range_set_zero(cni, netconf, net_dir) -> None:
     assert (net_dir / "last_reserved_ip.1").read_text() == "10.7.0.50"
 
 
-def test_resolv_conf_becomes_result_dns(cni, netconf, tmp_path: Path) -> None:
+def test_resolv_conf_becomes_result_dns(cni: Invoke, netconf: MakeConf, tmp_path: Path) -> None:
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("# comment\nnameserver 10.0.0.53\nnameserver 10.0.0.54\ndomain example.org\nsearch a.org b.org\noptions ndots:2\n")
     got = cni("ADD", netconf([[V4]], resolvConf=str(resolv)))

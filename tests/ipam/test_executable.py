@@ -10,8 +10,10 @@ from pathlib import Path
 
 from sriov_cni.cni import Code
 
+from conftest import Invoke, MakeConf, Spawn, Stored, Wait
 
-def test_add_check_del_round_trip(exe, netconf, stored) -> None:
+
+def test_add_check_del_round_trip(exe: Invoke, netconf: MakeConf, stored: Stored) -> None:
     conf = netconf([[{"subnet": "10.3.0.0/24"}], [{"subnet": "fd00::/64"}]], routes=[{"dst": "0.0.0.0/0"}])
     add = exe("ADD", conf)
     assert add.rc == 0, add.stderr
@@ -28,7 +30,7 @@ def test_add_check_del_round_trip(exe, netconf, stored) -> None:
     assert (gone.rc, gone.code) == (1, Code.IPAM)
 
 
-def test_errors_are_cni_error_objects_without_tracebacks(exe, netconf, tmp_path: Path) -> None:
+def test_errors_are_cni_error_objects_without_tracebacks(exe: Invoke, netconf: MakeConf, tmp_path: Path) -> None:
     bad = exe("ADD", netconf([[{"subnet": "10.3.0.0/33"}]]))
     assert bad.rc == 1
     assert bad.out == {"cniVersion": "1.0.0", "code": Code.INVALID_CONFIG, "msg": "ipam.ranges[0][0].subnet '10.3.0.0/33' is not a CIDR subnet"}
@@ -47,7 +49,8 @@ def test_version_and_about(exe_path: Path) -> None:
     assert about.stdout == b"" and b"sriov-ipam" in about.stderr
 
 
-def test_parallel_adds_hand_out_distinct_addresses_and_parallel_dels_free_them(netconf, net_dir, spawn, wait) -> None:
+def test_parallel_adds_hand_out_distinct_addresses_and_parallel_dels_free_them(netconf: MakeConf, net_dir: Path,
+                                                                               spawn: Spawn, wait: Wait) -> None:
     # 200 addresses (.10-.209), 230 clients: exactly 200 must win.
     conf = netconf([[{"subnet": "10.4.0.0/24", "rangeStart": "10.4.0.10", "rangeEnd": "10.4.0.209"}]])
     cids = [f"pod-{i}" for i in range(230)]

@@ -14,10 +14,13 @@ from ipam.store import DiskStore
 
 from sriov_cni.cni import Code
 
+from conftest import Invoke, MakeConf, Stored
+
 DUAL = [[{"subnet": "10.8.0.0/28"}], [{"subnet": "fd08::/64"}]]
 
 
-def test_neither_tool_hands_out_the_others_addresses(cni, host_local, netconf, stored) -> None:
+def test_neither_tool_hands_out_the_others_addresses(cni: Invoke, host_local: Invoke, netconf: MakeConf,
+                                                     stored: Stored) -> None:
     conf = netconf(DUAL)
     theirs = [host_local("ADD", conf, cid=f"h{i}").addresses() for i in range(3)]
     ours = [cni("ADD", conf, cid=f"s{i}").addresses() for i in range(3)]
@@ -31,7 +34,8 @@ def test_neither_tool_hands_out_the_others_addresses(cni, host_local, netconf, s
     assert owners == sorted([f"h{i}\r\neth0" for i in range(6)] + [f"s{i}\r\neth0" for i in range(3)])
 
 
-def test_each_tool_releases_and_checks_the_others_reservations(cni, host_local, netconf, stored) -> None:
+def test_each_tool_releases_and_checks_the_others_reservations(cni: Invoke, host_local: Invoke, netconf: MakeConf,
+                                                               stored: Stored) -> None:
     conf = netconf(DUAL, version="0.4.0")
     cni("ADD", conf, cid="ours")
     host_local("ADD", conf, cid="theirs")
@@ -46,7 +50,8 @@ def test_each_tool_releases_and_checks_the_others_reservations(cni, host_local, 
     assert cni("CHECK", conf, cid="ours").code == Code.IPAM
 
 
-def test_an_address_host_local_reissued_is_not_ours_any_more(cni, host_local, netconf, net_dir) -> None:
+def test_an_address_host_local_reissued_is_not_ours_any_more(cni: Invoke, host_local: Invoke, netconf: MakeConf,
+                                                             net_dir: Path) -> None:
     conf = netconf([[{"subnet": "10.8.0.0/29"}]])
     first = cni("ADD", conf, cid="a").addresses()
     host_local("DEL", conf, cid="a")
@@ -58,7 +63,7 @@ def test_an_address_host_local_reissued_is_not_ours_any_more(cni, host_local, ne
     assert (net_dir / first[0].split("/")[0]).read_bytes() == b"b\r\neth0"
 
 
-def test_host_local_waits_for_our_lock(netconf, net_dir, data_dir) -> None:
+def test_host_local_waits_for_our_lock(netconf: MakeConf, net_dir: Path, data_dir: Path) -> None:
     conf = netconf([[{"subnet": "10.8.0.0/29"}]])
     conf["ipam"]["type"] = "host-local"
     env = {
@@ -88,7 +93,8 @@ def test_host_local_waits_for_our_lock(netconf, net_dir, data_dir) -> None:
 
 
 @pytest.mark.parametrize("version", [None, "", "0.1.0", "0.2.0"], ids=["missing", "empty", "0.1.0", "0.2.0"])
-def test_old_versions_are_answered_as_host_local_answers_them(exe, host_local, netconf, stored, version) -> None:
+def test_old_versions_are_answered_as_host_local_answers_them(exe: Invoke, host_local: Invoke, netconf: MakeConf,
+                                                              stored: Stored, version: str | None) -> None:
     # skel reads a missing or empty cniVersion as 0.1.0; results before
     # 0.3.0 carry one address per family as ip4/ip6.
     conf = netconf(DUAL, routes=[{"dst": "0.0.0.0/0"}, {"dst": "fd09::/64"}])

@@ -125,7 +125,7 @@ class CountingStore(MemoryStore):
         return super().reserved()
 
 
-def test_a_long_run_of_taken_addresses_costs_one_listing(monkeypatch) -> None:
+def test_a_long_run_of_taken_addresses_costs_one_listing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(allocator, "PROBE_LIMIT", 8)
     cfg = config.load({"name": "n", "ipam": {"ranges": [[{"subnet": "10.0.0.0/24"}]]}})
     s = CountingStore()
@@ -139,7 +139,7 @@ def test_a_long_run_of_taken_addresses_costs_one_listing(monkeypatch) -> None:
     assert s.last[0] == got[0].ip and s.hints[A] == [got[0].ip]
 
 
-def test_probing_without_listing_when_free_addresses_are_near(monkeypatch) -> None:
+def test_probing_without_listing_when_free_addresses_are_near(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = config.load({"name": "n", "ipam": {"ranges": [[{"subnet": "10.0.0.0/16"}]]}})
     s = CountingStore()
     with s.locked():
