@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,7 @@ def link(name: str, netns: str | None = None) -> dict[str, Any] | None:
     if proc.returncode != 0:
         return None
     [found] = json.loads(proc.stdout)
-    return found
+    return dict(found)
 
 
 def link_names(netns: str | None = None) -> set[str]:
@@ -265,7 +265,7 @@ class Node:
         ]
         return self.add_pf_at(f"0000:{0x3b + n:02x}:00.0", f"sv{self.token}p{n}", vfs, total=total)
 
-    def add_pf_at(self, pci: str, name: str, vfs: list[tuple[str, str | None]], *, driver: str = "igb",
+    def add_pf_at(self, pci: str, name: str, vfs: Sequence[tuple[str, str | None]], *, driver: str = "igb",
                   total: int | None = None) -> PF:
         """A PF at ``pci`` named ``name``; each VF is (PCI address, driver).
 
@@ -388,6 +388,11 @@ class Node:
             host[name] = netdev_view(entry) if entry else None
         pods = {pod: sorted(link_names(os.path.basename(pod))) for pod in self.pods}
         return {"host": host, "records": self.records(), "fake": self.fake.snapshot(), "pods": pods}
+
+
+# The ``ready`` fixture: a node with one PF of two VFs, a pod, and the
+# picture to compare with afterwards.
+Ready = tuple[Node, str, dict[str, Any]]
 
 
 def run_bin(env: dict[str, str], stdin: bytes) -> Outcome:

@@ -472,8 +472,9 @@ def test_other_spellings_are_logged_and_the_exact_one_wins(node: Node, capsys: p
     pf = node.add_pf(1)
     pod = node.pod()
     # Go also folds the Kelvin sign onto "k" and the long s onto "s".
-    conf = node.conf(**{"VLAN": 20, "vlan": 10, "vlanqos": 3, "SpoofChk": "ON", "Trust": "on",
-                        "lin\u212a_\u017ftate": "disable"})
+    spellings: dict[str, Any] = {"VLAN": 20, "vlan": 10, "vlanqos": 3, "SpoofChk": "ON", "Trust": "on",
+                                 "lin\u212a_\u017ftate": "disable"}
+    conf = node.conf(**spellings)
 
     node.add(conf, netns=pod)
 

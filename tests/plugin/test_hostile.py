@@ -20,7 +20,7 @@ import pytest
 from sriov_cni import log, netlink, plugin
 from sriov_cni.cni import Code
 
-from pluginlib import Node, Outcome, ipam_reservations, link, link_names, netdev_view, run_bin, sh
+from pluginlib import Node, Outcome, Ready, ipam_reservations, link, link_names, netdev_view, run_bin, sh
 
 
 def refused(res: Outcome, code: int) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def refused(res: Outcome, code: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def ready(node: Node) -> tuple[Node, str, dict[str, Any]]:
+def ready(node: Node) -> Ready:
     node.add_pf(2)
     pod = node.pod()
     return node, pod, node.picture()
@@ -52,14 +52,14 @@ def answered(node: Node, command: str, conf: dict[str, Any], **env: Any) -> Outc
 # --- 1: an ifname the kernel rewrites; rollback and DEL find the VF by PCI ------------
 
 
-def test_ifname_template_is_refused_before_anything_changes(ready) -> None:
+def test_ifname_template_is_refused_before_anything_changes(ready: Ready) -> None:
     node, pod, before = ready
     for name in ("net%d", "n%s", "%d"):
         refused(node.cni("ADD", node.conf(), netns=pod, ifname=name), Code.INVALID_ENV)
     assert node.picture() == before
 
 
-def test_del_finds_the_vf_in_the_pod_under_another_name(ready) -> None:
+def test_del_finds_the_vf_in_the_pod_under_another_name(ready: Ready) -> None:
     node, pod, before = ready
     conf = node.conf()
     node.add(conf, netns=pod)
@@ -76,7 +76,7 @@ def test_del_finds_the_vf_in_the_pod_under_another_name(ready) -> None:
     assert node.records() == []
 
 
-def test_restore_keeps_the_record_when_the_vf_is_nowhere_to_be_found(ready) -> None:
+def test_restore_keeps_the_record_when_the_vf_is_nowhere_to_be_found(ready: Ready) -> None:
     node, pod, _ = ready
     conf = node.conf()
     node.add(conf, netns=pod)
@@ -96,7 +96,7 @@ def test_restore_keeps_the_record_when_the_vf_is_nowhere_to_be_found(ready) -> N
 
 
 @pytest.mark.parametrize("container", ["c1\n", "c1\nc2", "\nc1", "c1\r", "-c1", "c1 "])
-def test_container_id_with_trailing_newline_is_refused(ready, container: str) -> None:
+def test_container_id_with_trailing_newline_is_refused(ready: Ready, container: str) -> None:
     node, pod, before = ready
     conf = node.conf(ipam=node.sriov_ipam())
     refused(node.cni("ADD", conf, netns=pod, container=container), Code.INVALID_ENV)
@@ -117,7 +117,7 @@ def _sockets() -> int:
     return count
 
 
-def test_failed_add_after_the_move_leaks_no_socket(ready) -> None:
+def test_failed_add_after_the_move_leaks_no_socket(ready: Ready) -> None:
     node, pod, before = ready
     # IPAM succeeds, then a route through an unreachable gateway fails inside
     # the pod: the rollback runs with the pod's handle already used.
@@ -156,7 +156,7 @@ def test_session_closes_the_handle_a_rollback_opened_after_a_failure() -> None:
 
 
 @pytest.mark.parametrize("netns", ["/proc/self/ns/net", "/proc/1/ns/net", f"/proc/{os.getpid()}/ns/net"])
-def test_host_namespace_as_netns_is_refused(ready, netns: str) -> None:
+def test_host_namespace_as_netns_is_refused(ready: Ready, netns: str) -> None:
     node, _, before = ready
     conf = node.conf(ipam=node.sriov_ipam())
     refused(node.cni("ADD", conf, netns=netns), Code.INVALID_NETNS)
@@ -167,7 +167,7 @@ def test_host_namespace_as_netns_is_refused(ready, netns: str) -> None:
 # --- 6: FIFOs never hang a call (resolvConf: tests/ipam/test_hostile_ipam.py) ----------------------------------------------
 
 
-def test_fifo_as_netns_answers(ready, tmp_path: Path) -> None:
+def test_fifo_as_netns_answers(ready: Ready, tmp_path: Path) -> None:
     node, _, before = ready
     fifo = tmp_path / "netns-fifo"
     os.mkfifo(fifo)
@@ -180,7 +180,7 @@ def test_fifo_as_netns_answers(ready, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/full"])
 def test_log_file_that_is_no_regular_file_answers_and_logs_to_stderr(
-    ready, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+    ready: Ready, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     node, pod, before = ready
     path = kind
@@ -201,7 +201,7 @@ def test_log_file_that_is_no_regular_file_answers_and_logs_to_stderr(
 
 
 @pytest.mark.parametrize("entry", ["#0-3000000", "#0-30000000", "#0-99999999999999999999", "#4000000"])
-def test_huge_vf_index_range_is_refused_with_a_short_message(ready, entry: str) -> None:
+def test_huge_vf_index_range_is_refused_with_a_short_message(ready: Ready, entry: str) -> None:
     node, pod, before = ready
     pf = node.pfs[0].name
     out = refused(node.cni("ADD", node.conf(pfNames=[pf + entry]), netns=pod), Code.INVALID_CONFIG)
@@ -209,7 +209,7 @@ def test_huge_vf_index_range_is_refused_with_a_short_message(ready, entry: str) 
     assert node.picture() == before
 
 
-def test_index_range_beyond_the_pf_is_refused(ready) -> None:
+def test_index_range_beyond_the_pf_is_refused(ready: Ready) -> None:
     node, pod, before = ready
     pf = node.pfs[0].name
     out = refused(node.cni("ADD", node.conf(pfNames=[f"{pf}#0-60000"]), netns=pod), Code.INVALID_CONFIG)
@@ -255,7 +255,7 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], int]] = {
 
 
 @pytest.mark.parametrize("keys, code", list(BAD_CONFIGS.values()), ids=list(BAD_CONFIGS))
-def test_bad_value_gets_its_code(ready, keys: dict[str, Any], code: int) -> None:
+def test_bad_value_gets_its_code(ready: Ready, keys: dict[str, Any], code: int) -> None:
     node, pod, before = ready
     conf = node.conf(**keys)
     if "ipam" in keys and "dataDir" not in keys["ipam"]:
@@ -268,14 +268,14 @@ def test_bad_value_gets_its_code(ready, keys: dict[str, Any], code: int) -> None
     assert node.picture() == before
 
 
-def test_data_dir_under_a_file_is_an_io_error(ready, tmp_path: Path) -> None:
+def test_data_dir_under_a_file_is_an_io_error(ready: Ready, tmp_path: Path) -> None:
     node, pod, before = ready
     (tmp_path / "plain").write_text("")
     refused(node.cni("ADD", node.conf(dataDir=str(tmp_path / "plain" / "data")), netns=pod), Code.IO_FAILURE)
     assert node.picture() == before
 
 
-def test_non_utf8_ifname_is_an_env_error(ready) -> None:
+def test_non_utf8_ifname_is_an_env_error(ready: Ready) -> None:
     node, pod, before = ready
     ifname = b"net\xff".decode("utf-8", "surrogateescape")
     refused(node.cni("ADD", node.conf(), netns=pod, ifname=ifname), Code.INVALID_ENV)
@@ -287,7 +287,7 @@ def test_non_utf8_ifname_is_an_env_error(ready) -> None:
     ['{"vf_pci": "x", "original": "not an object"}', '{"original": [1]}', "[]", "{" * 5000, "\xff"],
     ids=["original-string", "original-list", "not-an-object", "nested", "not-utf8"],
 )
-def test_damaged_store_record_is_an_io_error(ready, content: str) -> None:
+def test_damaged_store_record_is_an_io_error(ready: Ready, content: str) -> None:
     node, pod, _ = ready
     conf = node.conf()
     node.add(conf, netns=pod)
@@ -297,7 +297,7 @@ def test_damaged_store_record_is_an_io_error(ready, content: str) -> None:
         refused(node.cni(command, conf, netns=node.pod(), container="other"), Code.IO_FAILURE)
 
 
-def test_store_record_that_is_a_directory_is_an_io_error(ready) -> None:
+def test_store_record_that_is_a_directory_is_an_io_error(ready: Ready) -> None:
     node, pod, _ = ready
     vfs = node.data_dir / "vfs"
     vfs.mkdir(parents=True, mode=0o700)
@@ -345,7 +345,7 @@ IPAM_OUTPUTS: dict[str, tuple[str, int, int]] = {
 
 
 @pytest.mark.parametrize("output, rc, code", list(IPAM_OUTPUTS.values()), ids=list(IPAM_OUTPUTS))
-def test_odd_ipam_output_gets_its_code(ready, tmp_path: Path, output: str, rc: int, code: int) -> None:
+def test_odd_ipam_output_gets_its_code(ready: Ready, tmp_path: Path, output: str, rc: int, code: int) -> None:
     node, pod, before = ready
     path = _fake_ipam(tmp_path, output, rc)
     out = refused(node.cni("ADD", node.conf(ipam={"type": "odd-ipam"}), netns=pod, path=path), code)
@@ -379,7 +379,7 @@ def test_failing_log_writes_print_one_line_not_tracebacks(tmp_path: Path, capsys
 
 
 def test_non_utf8_netns_with_a_log_file_prints_no_traceback(
-    ready, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ready: Ready, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node, _, before = ready
     log_file = tmp_path / "sriov.log"
@@ -397,7 +397,7 @@ def test_non_utf8_netns_with_a_log_file_prints_no_traceback(
 
 
 @pytest.mark.parametrize("key", ["dataDir", "logFile", "ipam.dataDir"])
-def test_relative_paths_are_refused(ready, key: str) -> None:
+def test_relative_paths_are_refused(ready: Ready, key: str) -> None:
     node, pod, before = ready
     conf = node.conf(ipam=node.sriov_ipam())
     if key == "ipam.dataDir":
@@ -411,7 +411,7 @@ def test_relative_paths_are_refused(ready, key: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["dataDir", "dataDir parent", "ipam network dir", "ipam dataDir"])
-def test_symlinked_state_directories_are_not_followed(ready, tmp_path: Path, where: str) -> None:
+def test_symlinked_state_directories_are_not_followed(ready: Ready, tmp_path: Path, where: str) -> None:
     node, pod, before = ready
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
@@ -434,7 +434,7 @@ def test_symlinked_state_directories_are_not_followed(ready, tmp_path: Path, whe
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o775, 0o1777, 0o722])
-def test_state_directory_writable_by_others_is_refused(ready, mode: int) -> None:
+def test_state_directory_writable_by_others_is_refused(ready: Ready, mode: int) -> None:
     node, pod, before = ready
     node.data_dir.mkdir()
     node.data_dir.chmod(mode)
@@ -444,7 +444,7 @@ def test_state_directory_writable_by_others_is_refused(ready, mode: int) -> None
 
 
 def test_log_file_is_created_0600_and_a_symlinked_one_is_not_followed(
-    ready, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ready: Ready, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     node, pod, before = ready
     log_file = tmp_path / "sriov.log"
@@ -464,7 +464,7 @@ def test_log_file_is_created_0600_and_a_symlinked_one_is_not_followed(
     assert node.picture() == before
 
 
-def test_new_state_directories_are_private(ready) -> None:
+def test_new_state_directories_are_private(ready: Ready) -> None:
     node, pod, _ = ready
     node.add(node.conf(), netns=pod)
     for d in (node.data_dir, node.data_dir / "vfs"):
@@ -503,13 +503,14 @@ def test_deeply_nested_config_through_the_executable(node: Node, tmp_path: Path)
     refused(res, Code.DECODE)
 
 
-def test_restored_link_matches_the_oracle(ready) -> None:
+def test_restored_link_matches_the_oracle(ready: Ready) -> None:
     # The restore path that now looks links up by PCI/MAC still gives back
     # exactly what iproute2 saw before.
     node, pod, before = ready
     conf = node.conf(mac="02:aa:00:00:00:07")
     node.add(conf, netns=pod)
-    assert link("net1", os.path.basename(pod))["address"] == "02:aa:00:00:00:07"
+    pod_link = link("net1", os.path.basename(pod))
+    assert pod_link is not None and pod_link["address"] == "02:aa:00:00:00:07"
     assert node.cni("DEL", conf, netns=pod).rc == 0
     vf = node.pfs[0].vfs[0]
     assert vf.netdev is not None

@@ -106,7 +106,7 @@ def invocations(draw: st.DrawFn, node: Node, pod: str, paths: dict[str, str]) ->
     return env, json.dumps(conf).encode()
 
 
-def _bounded(examples: int) -> Any:
+def _bounded(examples: int) -> settings:
     """Seeded (derandomized, no example database) and sized to fit the host suite."""
     return settings(
         max_examples=examples,

@@ -137,7 +137,7 @@ def test_stale_allocation_is_reclaimed_by_gc(node: Node) -> None:
     clean = node.picture()
     stale_record(node, trust=True)
     node.fake.state[pf.name][0]["trust"] = True
-    ok(node.cni("GC", node.conf("1.1.0", **{"cni.dev/valid-attachments": []})))
+    ok(node.cni("GC", dict(node.conf("1.1.0"), **{"cni.dev/valid-attachments": []})))
     assert node.picture() == clean
 
 
@@ -238,7 +238,9 @@ def test_gc_releases_what_is_not_listed(node: Node) -> None:
     assert link_names(os.path.basename(drop)) == {"lo"}
     assert link_names(os.path.basename(keep)) == {"lo", "net1"}
     dropped = pf.vfs[1]
-    assert netdev_view(link(str(dropped.netdev))) == clean["host"][dropped.netdev]
+    dropped_link = link(str(dropped.netdev))
+    assert dropped_link is not None
+    assert netdev_view(dropped_link) == clean["host"][dropped.netdev]
     assert node.fake.state[pf.name][1] == clean["fake"][pf.name][1]
 
     # The older key name, and an attachment for another ifname is not ours.
@@ -250,7 +252,7 @@ def test_gc_releases_what_is_not_listed(node: Node) -> None:
     assert owners == {"legacy": "net-a", "other-net": "net-b"}
 
 
-MALFORMED_ATTACHMENTS = {
+MALFORMED_ATTACHMENTS: dict[str, object] = {
     "null": None,
     "false": False,
     "0": 0,

@@ -10,7 +10,7 @@ import pytest
 
 from sriov_cni import netlink
 
-from pluginlib import Node, Outcome, addresses, ipam_reservations, link, sh
+from pluginlib import Node, Outcome, Ready, addresses, ipam_reservations, link, sh
 
 
 def refused(res: Outcome, code: int) -> None:
@@ -22,14 +22,14 @@ def refused(res: Outcome, code: int) -> None:
 
 
 @pytest.fixture
-def ready(node: Node) -> tuple[Node, str, dict[str, Any]]:
+def ready(node: Node) -> Ready:
     """A node with one PF of two VFs and a pod; returns the picture to compare with afterwards."""
     node.add_pf(2)
     pod = node.pod()
     return node, pod, node.picture()
 
 
-def test_malformed_json(ready) -> None:
+def test_malformed_json(ready: Ready) -> None:
     node, pod, before = ready
     refused(node.cni("ADD", b'{"cniVersion": "1.0.0", "name": ', netns=pod), 6)
     refused(node.cni("ADD", b'["not", "an", "object"]', netns=pod), 6)
@@ -38,7 +38,7 @@ def test_malformed_json(ready) -> None:
 
 @pytest.mark.parametrize("missing", ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"])
 @pytest.mark.parametrize("how", ["absent", "empty"])
-def test_missing_cni_variable(ready, missing: str, how: str) -> None:
+def test_missing_cni_variable(ready: Ready, missing: str, how: str) -> None:
     node, pod, before = ready
     env = node.env("ADD", netns=pod)
     if how == "absent":
@@ -51,7 +51,7 @@ def test_missing_cni_variable(ready, missing: str, how: str) -> None:
     assert node.picture() == before
 
 
-def test_unknown_cni_version(ready) -> None:
+def test_unknown_cni_version(ready: Ready) -> None:
     node, pod, before = ready
     refused(node.cni("ADD", node.conf("9.9.9"), netns=pod), 1)
     assert node.picture() == before
@@ -83,7 +83,7 @@ BAD_CONFIGS = {
 
 
 @pytest.mark.parametrize("keys", BAD_CONFIGS.values(), ids=BAD_CONFIGS.keys())
-def test_bad_config_is_code_7(ready, keys: dict[str, Any]) -> None:
+def test_bad_config_is_code_7(ready: Ready, keys: dict[str, Any]) -> None:
     node, pod, before = ready
     if "pfNames" in keys:
         keys = {"pfNames": [e.replace("{pf}", node.pfs[0].name) for e in keys["pfNames"]]}
@@ -93,19 +93,19 @@ def test_bad_config_is_code_7(ready, keys: dict[str, Any]) -> None:
     assert node.fake.calls == []
 
 
-def test_bad_mac_in_cni_args(ready) -> None:
+def test_bad_mac_in_cni_args(ready: Ready) -> None:
     node, pod, before = ready
     refused(node.cni("ADD", node.conf(), netns=pod, args="IgnoreUnknown=1;MAC=nonsense"), 7)
     assert node.picture() == before
 
 
-def test_netns_that_does_not_exist(ready) -> None:
+def test_netns_that_does_not_exist(ready: Ready) -> None:
     node, pod, before = ready
     refused(node.cni("ADD", node.conf(), netns="/var/run/netns/svpod-nonexistent"), 8)
     assert node.picture() == before
 
 
-def test_ifname_already_in_the_pod(ready) -> None:
+def test_ifname_already_in_the_pod(ready: Ready) -> None:
     node, pod, _ = ready
     ns = os.path.basename(pod)
     # No dummy module here: a veth pair inside the pod stands in for the pod's own interface.
@@ -122,7 +122,7 @@ def test_ifname_already_in_the_pod(ready) -> None:
     assert addresses("net1", ns) == {"192.0.2.9/24"}
 
 
-def test_setting_refused_by_the_driver_rolls_back_what_was_applied(ready) -> None:
+def test_setting_refused_by_the_driver_rolls_back_what_was_applied(ready: Ready) -> None:
     node, pod, before = ready
     pf = node.pfs[0].name
     node.fake.refuse["link_state"] = netlink.NotSupported("setting link_state 2: Operation not supported", 95)
@@ -150,7 +150,7 @@ def test_setting_refused_by_the_driver_rolls_back_what_was_applied(ready) -> Non
     assert node.picture() == before
 
 
-def test_ipam_failure_after_the_move_rolls_back(ready) -> None:
+def test_ipam_failure_after_the_move_rolls_back(ready: Ready) -> None:
     node, pod, before = ready
     # A one-address pool already held by another attachment: IPAM ADD fails
     # after the VF is in the pod.
@@ -167,7 +167,7 @@ def test_ipam_failure_after_the_move_rolls_back(ready) -> None:
     assert ipam_reservations(node.ipam_dir, "sriov-net") == {"10.43.0.5"}
 
 
-def test_configuring_the_address_fails_after_ipam_add_releases_it(ready) -> None:
+def test_configuring_the_address_fails_after_ipam_add_releases_it(ready: Ready) -> None:
     node, pod, before = ready
     # IPAM succeeds, then the route's gateway is unreachable from the pod's
     # subnet, so configuring the pod fails: the address must be released too.
@@ -178,7 +178,7 @@ def test_configuring_the_address_fails_after_ipam_add_releases_it(ready) -> None
     assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
 
 
-def test_ipam_plugin_not_found(ready) -> None:
+def test_ipam_plugin_not_found(ready: Ready) -> None:
     node, pod, before = ready
     res = node.cni("ADD", node.conf(ipam={"type": "no-such-ipam"}), netns=pod)
     refused(res, 7)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -83,7 +84,8 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("keys,after,calls", SETTINGS, ids=lambda v: str(v) if isinstance(v, dict) else None)
-def test_pf_setting_applied_and_restored(node: Node, keys: dict, after: dict, calls: list) -> None:
+def test_pf_setting_applied_and_restored(node: Node, keys: dict[str, Any], after: dict[str, Any],
+                                         calls: list[tuple[str, object]]) -> None:
     pf = node.add_pf(1)
     node.fake.state[pf.name][0].update(min_tx_rate=5, max_tx_rate=500)
     pod = node.pod()
@@ -150,7 +152,7 @@ def test_mac_precedence(node: Node, conf_mac: str | None, args_mac: str | None, 
     assert vf.netdev
     pod = node.pod()
     before = node.picture()
-    keys = {}
+    keys: dict[str, Any] = {}
     if conf_mac:
         keys["mac"] = conf_mac.upper()  # case does not matter
     if runtime_mac:

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from pluginlib import Node, link, link_names
+from pluginlib import Node, Outcome, link, link_names
 
 
-def taken(node: Node, res) -> str:
+def taken(node: Node, res: Outcome) -> str:
     """The PCI address of the VF an ADD took, from the store's record and the pod's link."""
     return str(res.out["interfaces"][0]["pciID"])
 
@@ -30,7 +30,9 @@ def test_pf_names_range_takes_vfs_in_order_then_runs_dry(node: Node, by: str) ->
     # The device moved is the one the result names.
     for res, vf, pod in ((first, pf.vfs[1], pods[0]), (second, pf.vfs[2], pods[1])):
         assert vf.netdev not in link_names()
-        assert res.out["interfaces"][0]["mac"] == link("net1", os.path.basename(pod))["address"]
+        pod_link = link("net1", os.path.basename(pod))
+        assert pod_link is not None
+        assert res.out["interfaces"][0]["mac"] == pod_link["address"]
     assert third.rc != 0 and third.code == 101
     assert {pf.vfs[0].netdev, pf.vfs[3].netdev} <= link_names()
 

@@ -229,7 +229,7 @@ def test_a_lock_held_too_long_is_try_again_naming_the_store(
     with pytest.raises(CNIError) as err:
         with files.locked():
             pytest.fail("entered a lock another process holds")
-    assert err.value.code == Code.TRY_AGAIN == 11
+    assert err.value.code == Code.TRY_AGAIN and int(err.value.code) == 11
     assert str(files.root) in err.value.msg
     release(lock_held_elsewhere)
     with files.locked():
