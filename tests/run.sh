@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: host tests, then the driver tests (marker sriov_vm) in
-# one boot of the igb QEMU guest (tests/vm/rig.py).  Needs root.
+# The test command: mypy --strict over the package and the tests, host tests,
+# then the driver tests (marker sriov_vm) in one boot of the igb QEMU guest
+# (tests/vm/rig.py).  Needs root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -12,6 +13,11 @@ cd "$repo"
 
 bash tests/setup-host.sh
 
+# A type error fails the run, but the tests still run and report.
+echo "=== type check (mypy --strict) ==="
+type_status=0
+bash tests/typecheck.sh || type_status=$?
+
 echo "=== host tests (not sriov_vm) ==="
 host_status=0
 python3 -m pytest -ra -m "not sriov_vm" || host_status=$?
@@ -22,7 +28,7 @@ started=$(date +%s)
 python3 tests/vm/rig.py --timeout 3600 -- python3 -m pytest -ra -v -m sriov_vm tests || vm_status=$?
 echo "run.sh: guest part took $(( $(date +%s) - started )) s"
 
-echo "run.sh: host tests exit $host_status, guest tests exit $vm_status"
-if [ "$host_status" -ne 0 ] || [ "$vm_status" -ne 0 ]; then
+echo "run.sh: type check exit $type_status, host tests exit $host_status, guest tests exit $vm_status"
+if [ "$type_status" -ne 0 ] || [ "$host_status" -ne 0 ] || [ "$vm_status" -ne 0 ]; then
     exit 1
 fi
