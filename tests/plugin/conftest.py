@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pluginlib import Node
+from pluginlib import Node, Ready
 
 
 @pytest.fixture
@@ -20,3 +20,11 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
         yield n
     finally:
         n.cleanup()
+
+
+@pytest.fixture
+def ready(node: Node) -> Ready:
+    """A node with one PF of two VFs and a pod; returns the picture to compare with afterwards."""
+    node.add_pf(2)
+    pod = node.pod()
+    return node, pod, node.picture()

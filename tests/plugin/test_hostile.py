@@ -32,13 +32,6 @@ def refused(res: Outcome, code: int) -> dict[str, Any]:
     return out
 
 
-@pytest.fixture
-def ready(node: Node) -> Ready:
-    node.add_pf(2)
-    pod = node.pod()
-    return node, pod, node.picture()
-
-
 def answered(node: Node, command: str, conf: dict[str, Any], **env: Any) -> Outcome:
     """Run the plugin in a thread; fail (rather than hang the suite) if it does not answer."""
     box: list[Outcome] = []

@@ -21,14 +21,6 @@ def refused(res: Outcome, code: int) -> None:
     assert set(out) <= {"cniVersion", "code", "msg", "details"}
 
 
-@pytest.fixture
-def ready(node: Node) -> Ready:
-    """A node with one PF of two VFs and a pod; returns the picture to compare with afterwards."""
-    node.add_pf(2)
-    pod = node.pod()
-    return node, pod, node.picture()
-
-
 def test_malformed_json(ready: Ready) -> None:
     node, pod, before = ready
     refused(node.cni("ADD", b'{"cniVersion": "1.0.0", "name": ', netns=pod), 6)
