@@ -102,6 +102,13 @@ def set_numvfs(pf_pci: str, count: int, want_netdevs: bool, timeout: float = WRI
     return enabled
 
 
+def _on(current: str | None, driver: str | None) -> bool:
+    """Whether a VF on ``current`` is where :func:`bind` with ``driver`` puts it."""
+    if driver is None:
+        return current is not None and current not in sysfs.DPDK_DRIVERS
+    return current == driver
+
+
 def bind(vf_pci: str, driver: str | None) -> bool:
     """Bind a VF to ``driver``, or with None to the kernel's own driver for it; False when it already was.
 
@@ -110,7 +117,8 @@ def bind(vf_pci: str, driver: str | None) -> bool:
     to the kernel driver is not blocked.
     """
     current = sysfs.driver(vf_pci)
-    if current == driver or (driver is None and current is not None and current not in sysfs.DPDK_DRIVERS):
+    # A VF on no driver, asked for none in particular, is left unbound.
+    if current == driver or _on(current, driver):
         return False
     if driver is not None:
         if not (sysfs.SYS / "bus" / "pci" / "drivers" / driver).is_dir():
@@ -128,6 +136,6 @@ def bind(vf_pci: str, driver: str | None) -> bool:
     except sysfs.SysfsError as exc:
         raise VfError(f"binding {vf_pci} to {driver or 'its kernel driver'}: {exc}") from exc
     after = sysfs.driver(vf_pci)
-    if after is None or (after != driver if driver is not None else after in sysfs.DPDK_DRIVERS):
+    if not _on(after, driver):
         raise VfError(f"{vf_pci} is on {after or 'no driver'} after binding to {driver or 'its kernel driver'}")
     return True
