@@ -91,22 +91,28 @@ def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: bool 
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
-        os.close(read_end)
-        code = 0
-        message = b""
+        code = errno.EIO
         try:
-            _enter(path)
-            if own_sysfs:
-                _private_sysfs()
-            func()
-        except OSError as exc:
-            code = exc.errno or errno.EIO
-            message = str(exc).encode()
-        except BaseException as exc:  # the child must always reach _exit
-            code = errno.EIO
-            message = repr(exc).encode()
-        os.write(write_end, message[:4000])
-        os._exit(code)
+            os.close(read_end)
+            message = b""
+            try:
+                _enter(path)
+                if own_sysfs:
+                    _private_sysfs()
+                func()
+                code = 0
+            except OSError as exc:
+                code = exc.errno or errno.EIO
+                message = str(exc).encode()
+            except BaseException as exc:
+                message = repr(exc).encode()
+            # Raises BrokenPipeError when the caller was killed meanwhile.
+            os.write(write_end, message[:4000])
+        finally:
+            # Whatever happens, the child ends here: one that unwound into
+            # its parent's frames would carry on with the CNI command (its
+            # rollback, its answer) beside the parent, or after its death.
+            os._exit(code)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as r:
         reason = r.read().decode(errors="replace")
