@@ -9,7 +9,10 @@ error object.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import signal
 import subprocess
 from dataclasses import replace
 
@@ -30,6 +33,27 @@ def find_plugin(name: str, path: tuple[str, ...]) -> str:
     raise CNIError(Code.INVALID_CONFIG, f"IPAM plugin {name!r} not found in CNI_PATH {':'.join(path)}")
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with(parent: int) -> None:
+    """Runs in the IPAM plugin's child before exec: end it when ``parent`` dies.
+
+    A runtime that gives up on a call kills this process and nothing else.
+    An orphaned IPAM child would go on to finish its command late: a DEL
+    that wakes up after the runtime's retry re-ADDed the same container
+    releases the address the live pod now holds.
+    """
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # died before the signal was armed
+        os._exit(1)
+
+
 def run_ipam(command: str, cmd: CmdArgs, ipam_type: str) -> Result | None:
     """Run IPAM ``command``; returns its result for ADD, None otherwise."""
     if ipam_type == IN_PROCESS_TYPE:
@@ -39,8 +63,16 @@ def run_ipam(command: str, cmd: CmdArgs, ipam_type: str) -> Result | None:
     exe = find_plugin(ipam_type, cmd.path)
     env = dict(cmd.env)
     env["CNI_COMMAND"] = command
+    _libc()  # loaded here, not in the forked child
     try:
-        proc = subprocess.run([exe], input=cmd.stdin, env=env, stdout=subprocess.PIPE, check=False)
+        proc = subprocess.run(
+            [exe],
+            input=cmd.stdin,
+            env=env,
+            stdout=subprocess.PIPE,
+            check=False,
+            preexec_fn=functools.partial(_die_with, os.getpid()),
+        )
     except OSError as exc:
         raise CNIError(Code.IPAM, f"cannot run IPAM plugin {exe}: {exc.strerror}") from exc
     out = proc.stdout.decode(errors="replace").strip()

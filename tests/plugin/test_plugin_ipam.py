@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
-from pluginlib import Node, addresses, ipam_reservations, link_names, routes
+from pluginlib import SRIOV_BIN, Node, addresses, ipam_reservations, link_names, routes
 
 
 @pytest.mark.parametrize("version", ["0.3.1", "0.4.0", "1.0.0"])
@@ -64,3 +69,47 @@ def test_debian_host_local_refuses_1_1_0_cleanly(node: Node) -> None:
     assert node.picture() == before
     assert link_names(os.path.basename(pod)) == {"lo"}
     assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
+
+
+def _gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie nobody has collected yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_delegated_ipam_plugin_dies_with_the_plugin(tmp_path: Path) -> None:
+    # A runtime that gives up on a call kills the plugin and nothing else.
+    # Left running, a hung IPAM DEL would finish after the runtime's retry
+    # and release the address of the pod ADDed again meanwhile.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pid_file = tmp_path / "ipam.pid"
+    hang = bin_dir / "hang-ipam"
+    hang.write_text(f"#!/bin/sh\necho $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 300\n")
+    hang.chmod(0o755)
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "sriov", "ipam": {"type": "hang-ipam"}})
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir),
+           "CNI_NETNS": str(tmp_path / "gone"), "SRIOV_CNI_SOCKET": str(tmp_path / "no-daemon.sock"),
+           "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    plugin = subprocess.Popen([str(SRIOV_BIN)], stdin=subprocess.PIPE, env=env)
+    assert plugin.stdin is not None
+    plugin.stdin.write(conf.encode())
+    plugin.stdin.close()
+    for _ in range(600):
+        if pid_file.exists():
+            break
+        time.sleep(0.05)
+    ipam = int(pid_file.read_text())
+    assert not _gone(ipam)
+    plugin.kill()
+    plugin.wait(timeout=60)
+    for _ in range(600):
+        if _gone(ipam):
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(ipam, signal.SIGKILL)
+        raise AssertionError("the IPAM plugin outlived the plugin that ran it")
