@@ -33,10 +33,13 @@ from __future__ import annotations
 import array
 import json
 import os
+import select
+import signal
 import socket
 import stat
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -227,11 +230,15 @@ def _serve_one(conn: socket.socket, request_timeout: float, measure: Measure | N
         refusal = exc
     else:
 
+        answered = threading.Event()
+
         def reply(code: int) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
+            answered.set()
             conn.sendall(bytes([code & 0xFF]))
 
+        threading.Thread(target=_die_with_caller, args=(conn, answered), daemon=True).start()
         stdin = sys.stdin.buffer.read()
         if measure is None:
             reply(run(env, stdin, sys.stdout, sys.stderr))
@@ -243,6 +250,22 @@ def _serve_one(conn: socket.socket, request_timeout: float, measure: Measure | N
     answer = json.dumps(refusal.to_dict("1.0.0"))
     conn.settimeout(request_timeout)
     conn.sendall(bytes([REFUSED]) + answer.encode() + b"\n")
+
+
+def _die_with_caller(conn: socket.socket, answered: threading.Event) -> None:
+    """End this child when its caller hangs up before the answer.
+
+    A runtime that gives up on a call kills the executable it ran, the shim.
+    The call's child must end with it, as an executed plugin would: one that
+    finished later would race the runtime's next call for the same pod (a DEL
+    whose delegated IPAM wakes up after a re-ADD releases the live pod's
+    address).  The records make a call killed at any point safe to repeat.
+    """
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP)
+    poller.poll()
+    if not answered.is_set():
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _peer_is_root(conn: socket.socket) -> bool:

@@ -282,6 +282,29 @@ def test_daemon_child_killed_mid_call_is_reported_not_retried(daemon: Daemon, tm
     assert rc == 0, out2
 
 
+def test_a_call_ends_when_its_shim_is_killed(daemon: Daemon, tmp_path: Path) -> None:
+    # What a runtime does to a call it gave up on: it kills the executable
+    # it ran.  The call must end with it, as an executed plugin would, not
+    # finish later beside the runtime's next call for the same pod.
+    link = tmp_path / "bin" / "sriov-ipam"
+    link.parent.mkdir()
+    link.symlink_to(SHIM)
+    env = {"CNI_COMMAND": "ADD", "SRIOV_CNI_SOCKET": str(daemon.socket), **ipam_env("abandoned")}
+    # The child blocks reading the config from our stdin pipe, kept open.
+    proc = subprocess.Popen([str(link)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    child = wait_for(lambda: daemon.children())[0]
+    proc.kill()
+    proc.wait(timeout=60)
+    # Ended: the daemon collects it when it next accepts a call.
+    wait_for(lambda: Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.close()
+    proc.stdout.close()
+    assert not (tmp_path / "ipam").exists()
+    rc, out = shim(daemon.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
+    assert rc == 0, out
+
+
 def test_at_most_max_children_calls_run_at_once(tmp_path: Path) -> None:
     d = Daemon(tmp_path / "run", "--max-children", "1")
     env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(d.socket)}
