@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 from dataclasses import replace
+from typing import Callable
 
 from sriov_cni.cni import CmdArgs, CNIError, Code, Result, bounded_int, decode_json
 
@@ -42,16 +43,29 @@ def _libc() -> ctypes.CDLL:
 
 
 def _die_with(parent: int) -> None:
-    """Runs in the IPAM plugin's child before exec: end it when ``parent`` dies.
-
-    A runtime that gives up on a call kills this process and nothing else.
-    An orphaned IPAM child would go on to finish its command late: a DEL
-    that wakes up after the runtime's retry re-ADDed the same container
-    releases the address the live pod now holds.
-    """
+    """Runs in the IPAM plugin's child before exec: end it when ``parent`` dies."""
     _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # died before the signal was armed
         os._exit(1)
+
+
+def _orphan_guard() -> Callable[[], None] | None:
+    """What keeps the IPAM plugin from outliving this process.
+
+    A runtime that gives up on a call kills the plugin and nothing else. An
+    orphaned IPAM child would go on to finish its command late: a DEL that
+    wakes up after the runtime's retry re-ADDed the same container releases
+    the address the live pod now holds.
+
+    The daemon's call children lead a process group of their own and are
+    ended with that group (:mod:`sriov_cni.server`), so there nothing is
+    needed. Elsewhere PR_SET_PDEATHSIG is armed in the child; it costs the
+    spawn its vfork path (a fork of this process per delegated call).
+    """
+    if os.getpgid(0) == os.getpid():
+        return None
+    _libc()  # loaded here, not in the forked child
+    return functools.partial(_die_with, os.getpid())
 
 
 def run_ipam(command: str, cmd: CmdArgs, ipam_type: str) -> Result | None:
@@ -63,7 +77,6 @@ def run_ipam(command: str, cmd: CmdArgs, ipam_type: str) -> Result | None:
     exe = find_plugin(ipam_type, cmd.path)
     env = dict(cmd.env)
     env["CNI_COMMAND"] = command
-    _libc()  # loaded here, not in the forked child
     try:
         proc = subprocess.run(
             [exe],
@@ -71,7 +84,7 @@ def run_ipam(command: str, cmd: CmdArgs, ipam_type: str) -> Result | None:
             env=env,
             stdout=subprocess.PIPE,
             check=False,
-            preexec_fn=functools.partial(_die_with, os.getpid()),
+            preexec_fn=_orphan_guard(),
         )
     except OSError as exc:
         raise CNIError(Code.IPAM, f"cannot run IPAM plugin {exe}: {exc.strerror}") from exc

@@ -256,16 +256,17 @@ def _die_with_caller(conn: socket.socket, answered: threading.Event) -> None:
     """End this child when its caller hangs up before the answer.
 
     A runtime that gives up on a call kills the executable it ran, the shim.
-    The call's child must end with it, as an executed plugin would: one that
-    finished later would race the runtime's next call for the same pod (a DEL
-    whose delegated IPAM wakes up after a re-ADD releases the live pod's
-    address).  The records make a call killed at any point safe to repeat.
+    The call's child must end with it, as an executed plugin would, and so
+    must what it started: a call (or its delegated IPAM) that finished later
+    would race the runtime's next call for the same pod (a DEL whose IPAM
+    wakes up after a re-ADD releases the live pod's address).  The records
+    make a call killed at any point safe to repeat.
     """
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLRDHUP)
     poller.poll()
     if not answered.is_set():
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.killpg(0, signal.SIGKILL)
 
 
 def _peer_is_root(conn: socket.socket) -> bool:
@@ -345,13 +346,16 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
             continue
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
-            listener.close()
-            status = 0
+            status = 1
             try:
+                listener.close()
+                # The call's group: what it starts (delegated IPAM, helpers
+                # in a pod's namespace) ends with it (_die_with_caller).
+                os.setpgid(0, 0)
                 _serve_one(conn, request_timeout, measure)
-            except BaseException:  # the child must always reach _exit
-                status = 1
-            os._exit(status)
+                status = 0
+            finally:  # the child must always reach _exit
+                os._exit(status)
         children.add(pid)
         conn.close()
 

@@ -282,25 +282,44 @@ def test_daemon_child_killed_mid_call_is_reported_not_retried(daemon: Daemon, tm
     assert rc == 0, out2
 
 
-def test_a_call_ends_when_its_shim_is_killed(daemon: Daemon, tmp_path: Path) -> None:
+def zombie_or_gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie its parent has not collected yet
+    (the daemon collects its children when it next accepts a call)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_call_and_its_ipam_end_when_the_shim_is_killed(daemon: Daemon, tmp_path: Path) -> None:
     # What a runtime does to a call it gave up on: it kills the executable
-    # it ran.  The call must end with it, as an executed plugin would, not
-    # finish later beside the runtime's next call for the same pod.
-    link = tmp_path / "bin" / "sriov-ipam"
+    # it ran.  The call must end with it, as an executed plugin would, and
+    # so must its delegated IPAM: a DEL finishing later, beside the
+    # runtime's next ADD for the same pod, would release the new address.
+    bin_dir = tmp_path / "cni-bin"
+    bin_dir.mkdir()
+    pid_file = tmp_path / "ipam.pid"
+    hang = bin_dir / "hang-ipam"
+    hang.write_text(f"#!/bin/sh\necho $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 300\n")
+    hang.chmod(0o755)
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "sriov", "dataDir": str(tmp_path / "state"),
+                       "ipam": {"type": "hang-ipam"}})
+    link = tmp_path / "bin" / "sriov"
     link.parent.mkdir()
     link.symlink_to(SHIM)
-    env = {"CNI_COMMAND": "ADD", "SRIOV_CNI_SOCKET": str(daemon.socket), **ipam_env("abandoned")}
-    # The child blocks reading the config from our stdin pipe, kept open.
+    env = {"CNI_COMMAND": "DEL", "SRIOV_CNI_SOCKET": str(daemon.socket), "CNI_CONTAINERID": "abandoned",
+           "CNI_NETNS": str(tmp_path / "gone"), "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir)}
     proc = subprocess.Popen([str(link)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-    child = wait_for(lambda: daemon.children())[0]
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(conf.encode())
+    proc.stdin.close()
+    ipam = int(wait_for(lambda: pid_file.exists() and pid_file.read_text()))
+    child = daemon.children()[0]
+    assert not zombie_or_gone(ipam) and not zombie_or_gone(child)
     proc.kill()
     proc.wait(timeout=60)
-    # Ended: the daemon collects it when it next accepts a call.
-    wait_for(lambda: Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.close()
     proc.stdout.close()
-    assert not (tmp_path / "ipam").exists()
+    wait_for(lambda: zombie_or_gone(child) and zombie_or_gone(ipam))
     rc, out = shim(daemon.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
     assert rc == 0, out
 
