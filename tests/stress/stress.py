@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -125,7 +126,8 @@ def answer_problems(command: str, ans: Answer) -> list[str]:
         if command == "ADD" and not (isinstance(obj, dict) and obj.get("interfaces")):
             problems.append(f"ADD succeeded without a result: {ans.stdout[:200]!r}")
     elif not (isinstance(obj, dict) and isinstance(obj.get("code"), int) and isinstance(obj.get("msg"), str)):
-        problems.append(f"failed (status {ans.rc}) without an error object: {ans.stdout[:200]!r}")
+        problems.append(f"failed (status {ans.rc}) without an error object: {ans.stdout[:200]!r},"
+                        f" stderr ends {ans.stderr[-600:]!r}")
     elif obj["code"] == 999:
         problems.append(f"internal error: {obj}")
     return problems
@@ -203,9 +205,13 @@ class ForkTransport:
                 sys.stderr = open(2, "w", closefd=False)
                 plugin.configure_logging_from_env(env)
                 status = plugin.run(env, stdin, sys.stdout, sys.stderr, self.deps)
+            except BaseException:
+                # Escaped the plugin's own handling: a product bug, and the
+                # traceback is what the violation report needs.
+                traceback.print_exc()
+            finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
-            finally:
                 os._exit(status)
         os.close(out_w)
         os.close(err_w)
@@ -662,8 +668,9 @@ class Driver:
         att = self.rng.choice(active)
         if att.state == "new":
             return "ADD", att
-        if att.netns_gone:
-            # Nothing but DEL makes sense once the pod's netns is gone.
+        if att.netns_gone and att.state != "deleted":
+            # Nothing but DEL makes sense once the pod's netns is gone (and,
+            # once DELeted, the pod is retired below like any other).
             return "DEL", att
         if att.state == "live":
             return self.rng.choices(["CHECK", "DEL", "ADD"], [3, 2, 0.2])[0], att
