@@ -59,7 +59,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -210,8 +210,12 @@ class ForkTransport:
                 # traceback is what the violation report needs.
                 traceback.print_exc()
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                # Nothing may stop the child here: a flush into a pipe the
+                # driver already closed raises, and a child that unwinds past
+                # this point goes on running the driver's own code.
+                for stream in (sys.stdout, sys.stderr):
+                    with suppress(BaseException):
+                        stream.flush()
                 os._exit(status)
         os.close(out_w)
         os.close(err_w)
