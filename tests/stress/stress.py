@@ -144,13 +144,19 @@ class Running:
     out: bytearray = field(default_factory=bytearray)
     err: bytearray = field(default_factory=bytearray)
     popen: subprocess.Popen[bytes] | None = None
+    # This call's pipe ends still open here. Their numbers alone do not say
+    # it: once closed, a number is reused by the next call's pipe.
+    open_fds: set[int] = field(init=False)
+    status: int | None = None
+
+    def __post_init__(self) -> None:
+        self.open_fds = {self.out_fd, self.err_fd}
 
     def close_fd(self, fd: int) -> None:
+        self.open_fds.discard(fd)
         # A Popen's pipes belong to its file objects; a fork's are ours.
         if self.popen is None:
             os.close(fd)
-
-    status: int | None = None
 
     def exited(self, block: bool = False) -> bool:
         if self.status is None:
@@ -784,8 +790,11 @@ class Driver:
         op.killed = op.killed or pid == op.call.pid
 
     def reap(self, op: Op) -> None:
-        registered = {k.fd for k in self.sel.get_map().values()}
-        pending = [fd for fd in (op.call.out_fd, op.call.err_fd) if fd in registered]
+        # By the call's own record: judged by the selector's map, a number
+        # this call closed (at its stdout's EOF, while an orphan of it held
+        # its stderr) and the next call reused would be closed under that
+        # call, which then died writing its answer (EPIPE).
+        pending = sorted(op.call.open_fds)
         if pending and op.killed and op.call.exited():
             # An orphaned IPAM child may keep the pipes open for a while.
             for fd in pending:
