@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from sriov_cni import client, netlink, nodeconfig, nodesetup, nodestate, nodestatus, server, store, sysfs
+from sriov_cni import client, nodeconfig, nodesetup, nodestate, nodestatus, server, store
 from sriov_cni.cni import CNIError
+from sriov_cni.kernel import netlink, sysfs
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sriov_cni import cpulist, irqs, sysfs
 from sriov_cni.allocate import VfState, vf_state
+from sriov_cni.kernel import cpulist, irqs, sysfs
 from sriov_cni.store import Allocation, read_allocations
 
 

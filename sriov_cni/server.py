@@ -303,7 +303,7 @@ def _warm_netlink() -> None:
     handle is closed before any fork: a netlink socket (and its event loop)
     must never be shared by two processes.
     """
-    from sriov_cni import netlink
+    from sriov_cni.kernel import netlink
 
     try:
         with netlink.namespace() as host:

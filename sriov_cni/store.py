@@ -46,7 +46,7 @@ import filelock
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.vfsettings import PfSettings, Rate, Vlan, from_flat, to_flat
+from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan, from_flat, to_flat
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 

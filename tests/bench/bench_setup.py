@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from sriov_cni import nodeconfig, nodesetup, sysfs, vfs  # noqa: E402  (needs the path set above)
+from sriov_cni import nodeconfig, nodesetup, vfs  # noqa: E402  (needs the path set above)
+from sriov_cni.kernel import sysfs  # noqa: E402
 
 
 def igb_pfs() -> list[str]:

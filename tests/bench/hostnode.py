@@ -29,7 +29,8 @@ sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT / "tests" / "plugi
 import pytest  # noqa: E402
 from pluginlib import FakeVfControl, Node  # noqa: E402
 
-from sriov_cni import plugin, server, sysfs  # noqa: E402
+from sriov_cni import plugin, server  # noqa: E402
+from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.store import FileStore  # noqa: E402
 
 

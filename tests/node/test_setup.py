@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeLinks, Tree
-from sriov_cni import nodeconfig, nodesetup, sysfs
+from sriov_cni import nodeconfig, nodesetup
+from sriov_cni.kernel import sysfs
 from sriov_cni.store import Allocation, FileStore
 
 CONFIG = """

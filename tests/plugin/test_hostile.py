@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import log, netlink, plugin
+from sriov_cni import log, plugin
 from sriov_cni.cni import Code
+from sriov_cni.kernel import netlink
 
 from pluginlib import Node, Outcome, Ready, ipam_reservations, link, link_names, netdev_view, run_bin, sh
 

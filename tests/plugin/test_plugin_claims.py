@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from sriov_cni import plugin
+from sriov_cni.kernel.vfsettings import Vlan
 from sriov_cni.store import FileStore, MemoryStore, Store
-from sriov_cni.vfsettings import Vlan
 
 from pluginlib import Node
 from test_plugin_del_gc import ok, stale_record

@@ -66,7 +66,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "plugin"), str(REPO / "tests" / "vm")]
 
-from sriov_cni import plugin, sysfs  # noqa: E402
+from sriov_cni import plugin  # noqa: E402
+from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.store import FileStore  # noqa: E402
 
 if TYPE_CHECKING:
