@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from sriov_cni import client, nodestate, server, store
+from sriov_cni import client, nodestate, server
 from sriov_cni.cni import CNIError
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
+from sriov_cni.plugin import store
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
 

@@ -99,9 +99,9 @@ def in_process() -> None:
         import site
 
         site.main()
-    from sriov_cni import plugin
+    from sriov_cni.plugin import commands
 
-    plugin.main()
+    commands.main()
 
 
 def main() -> None:

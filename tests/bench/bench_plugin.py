@@ -349,9 +349,9 @@ def scale(work: Path) -> list[str]:
     """Median time of ``allocate.reserve`` while a pool of N VFs fills, generated sysfs, memory store."""
     from nodetree import FakeHost, Tree
 
-    from sriov_cni import allocate
     from sriov_cni.kernel import sysfs
-    from sriov_cni.store import Allocation, MemoryStore
+    from sriov_cni.plugin import allocate
+    from sriov_cni.plugin.store import Allocation, MemoryStore
 
     saved = sysfs.SYS
     netns = "/proc/self/ns/net"

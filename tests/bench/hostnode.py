@@ -29,9 +29,10 @@ sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT / "tests" / "plugi
 import pytest  # noqa: E402
 from pluginlib import FakeVfControl, Node  # noqa: E402
 
-from sriov_cni import plugin, server  # noqa: E402
+from sriov_cni import server  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402
-from sriov_cni.store import FileStore  # noqa: E402
+from sriov_cni.plugin import commands  # noqa: E402
+from sriov_cni.plugin.store import FileStore  # noqa: E402
 
 
 class HostNode:
@@ -59,11 +60,11 @@ def main() -> None:
     for spec in pfs:
         name, count = spec.rsplit(":", 1)
         fake.add_pf(name, int(count))
-    deps = plugin.Deps(vf_control=lambda: fake, store=FileStore)
+    deps = commands.Deps(vf_control=lambda: fake, store=FileStore)
 
     def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
-        plugin.configure_logging_from_env(env)
-        return plugin.run(env, stdin, stdout, stderr, deps)
+        commands.configure_logging_from_env(env)
+        return commands.run(env, stdin, stdout, stderr, deps)
 
     server.PROGRAMS["sriov"] = run_sriov
     server.serve(socket_path)

@@ -378,7 +378,7 @@ def python_sriov(sock: Path, version: str, plugin_importable: bool = True) -> tu
     Without ``plugin_importable`` it can run nothing itself, so a call that
     succeeds was run by the daemon.
     """
-    block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin'] = None; "
+    block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin.commands'] = None; "
     code = (f"import sriov_cni; sriov_cni.__version__ = {version!r}; {block}"
             "from sriov_cni.client import main; main()")
     env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(sock), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeLinks, Tree
-from sriov_cni import tuning
 from sriov_cni.node import config as node_config, setup as node_setup
+from sriov_cni.plugin import tuning
 
 VF1 = "0000:01:10.1"
 

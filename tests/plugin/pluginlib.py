@@ -35,10 +35,10 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import plugin
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings
-from sriov_cni.store import FileStore
+from sriov_cni.plugin import commands
+from sriov_cni.plugin.store import FileStore
 
 REPO = Path(__file__).resolve().parents[2]
 SRIOV_BIN = REPO / "bin" / "sriov"
@@ -354,13 +354,13 @@ class Node:
             "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         }
 
-    def deps(self) -> plugin.Deps:
+    def deps(self) -> commands.Deps:
         fake = self.fake
-        return plugin.Deps(vf_control=lambda: fake, store=FileStore)
+        return commands.Deps(vf_control=lambda: fake, store=FileStore)
 
     def run(self, env: dict[str, str], stdin: bytes) -> Outcome:
         out, err = io.StringIO(), io.StringIO()
-        rc = plugin.run(env, stdin, out, err, self.deps())
+        rc = commands.run(env, stdin, out, err, self.deps())
         return Outcome(rc, out.getvalue(), err.getvalue())
 
     def cni(self, command: str, conf: dict[str, Any] | bytes, **env: Any) -> Outcome:

@@ -1,6 +1,7 @@
 """The per-VF tuning hook the plugin calls around a pod's VF.
 
-Node setup records a policy per PF in the node state file (:mod:`nodestate`).
+Node setup records a policy per PF in the node state file
+(:mod:`sriov_cni.nodestate`).
 A VF's queue IRQs exist only while its netdev is up, and moving it into a
 pod closes it, so the plugin calls :func:`apply_vf_tuning` after bringing
 the VF up in the pod and :func:`release_vf_tuning` before taking it out
