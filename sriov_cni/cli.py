@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from sriov_cni import client, nodestate, server
+from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
+from sriov_cni.daemon import client, server
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
 from sriov_cni.plugin import store

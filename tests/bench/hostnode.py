@@ -2,7 +2,7 @@
 
 :class:`HostNode` builds PFs whose "VFs" are veth ends in a temporary sysfs
 (tests/plugin/pluginlib.py); run as a program, this module is the sriov-cni
-daemon for such a node: the real :func:`sriov_cni.server.serve`, with
+daemon for such a node: the real :func:`sriov_cni.daemon.server.serve`, with
 ``sysfs.SYS`` pointed at the tree and the PF side (the one thing a veth
 cannot stand in for) kept in memory by ``FakeVfControl``.  Every forked call
 starts from the daemon's copy of it, which holds as long as the benchmark's
@@ -29,7 +29,7 @@ sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT / "tests" / "plugi
 import pytest  # noqa: E402
 from pluginlib import FakeVfControl, Node  # noqa: E402
 
-from sriov_cni import server  # noqa: E402
+from sriov_cni.daemon import server  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
 from sriov_cni.plugin.store import FileStore  # noqa: E402

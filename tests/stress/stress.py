@@ -226,7 +226,7 @@ class ExecTransport:
     """Exec a CNI executable; optionally with the daemon behind it."""
 
     def __init__(self, exe: list[str], daemon: list[str] | None, socket_path: str) -> None:
-        from sriov_cni import client
+        from sriov_cni.daemon import client
 
         self.exe = exe
         self.socket_env = {client.SOCKET_ENV: socket_path}
@@ -963,7 +963,7 @@ def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, v
             transport = ForkTransport(node.deps)
             ipam_exe = REPO / "bin" / "sriov-ipam"
         else:
-            from sriov_cni import client
+            from sriov_cni.daemon import client
 
             node = IgbNode(vfs)
             shims = work / "shims"

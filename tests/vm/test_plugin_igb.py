@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import client
+from sriov_cni.daemon import client
 from sriov_cni.plugin import commands
 from vmlib import Sriov, ip_json, vf_pci_dirs
 
@@ -158,7 +158,7 @@ def test_parallel_adds_exhaustion_and_status(igb_pfs: list[str], sriov: Sriov, n
     bindir = tmp_path / "bin"
     client.install(str(bindir))
     sock = tmp_path / "helper.sock"
-    helper = subprocess.Popen([sys.executable, "-m", "sriov_cni.server", str(sock)], cwd=REPO)
+    helper = subprocess.Popen([sys.executable, "-m", "sriov_cni.daemon.server", str(sock)], cwd=REPO)
     try:
         for _ in range(1200):
             if sock.exists():

@@ -2,7 +2,7 @@
 
 The executables a container runtime runs, ``sriov`` and ``sriov-ipam``, are
 either the static shim (shim/sriov-shim.c, on nodes without our Python) or
-the Python client (:mod:`sriov_cni.client`). Both connect here and send
+the Python client (:mod:`sriov_cni.daemon.client`). Both connect here and send
 their version, their name, their working directory and environment, with
 their stdin, stdout and stderr attached as descriptors. For each call the
 daemon forks a child that takes those over and runs exactly the code the
@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from typing import IO
 
 from sriov_cni import __version__
-from sriov_cni.client import DEFAULT_SOCKET, REFUSED, decode_request
 from sriov_cni.cni import CNIError, Code
+from sriov_cni.daemon.client import DEFAULT_SOCKET, REFUSED, decode_request
 
 # The shim has the same limit compiled in (shim/sriov-shim.c MAX_HEADER).
 MAX_HEADER = 1 << 20
