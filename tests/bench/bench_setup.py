@@ -29,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from sriov_cni.node import config as node_config, setup as node_setup, vfs  # noqa: E402  (needs the path set above)
-from sriov_cni.kernel import sysfs  # noqa: E402
+from sriov_cni.kernel import sysfs  # noqa: E402  (needs the path set above)
+from sriov_cni.node import config as node_config, setup as node_setup, vfs  # noqa: E402
 
 
 def igb_pfs() -> list[str]:
