@@ -7,7 +7,7 @@
  * to run), its working directory and environment, and its stdin, stdout and
  * stderr as descriptors (SCM_RIGHTS). The daemon runs the plugin on those
  * descriptors and answers with one status byte, which becomes our exit
- * status. Protocol (same as sriov_cni/client.py):
+ * status. Protocol (same as sriov_cni/daemon/client.py):
  *
  *   request: 4-byte big-endian length N, with the three descriptors attached,
  *            then N bytes "version NUL program NUL cwd NUL KEY=VALUE NUL ..."
@@ -36,7 +36,7 @@
 #endif
 
 #define DEFAULT_SOCKET "/run/sriov-cni/plugin.sock"
-/* The daemon's limit on the request (sriov_cni/server.py MAX_HEADER). */
+/* The daemon's limit on the request (sriov_cni/daemon/server.py MAX_HEADER). */
 #define MAX_HEADER (1u << 20)
 #define REFUSED 255
 #define CONNECT_TIMEOUT_S 5

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import click
 
-from sriov_cni import client, netlink, nodeconfig, nodesetup, nodestate, nodestatus, server, store, sysfs
+from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
+from sriov_cni.daemon import client, server
+from sriov_cni.kernel import netlink, sysfs
+from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
+from sriov_cni.plugin import store
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
 
@@ -34,8 +38,8 @@ class CommandError(click.ClickException):
 
 
 _EXPECTED = (
-    nodeconfig.NodeConfigError,
-    nodesetup.SetupError,
+    node_config.NodeConfigError,
+    node_setup.SetupError,
     nodestate.TuningError,
     sysfs.SysfsError,
     netlink.NetlinkError,
@@ -55,12 +59,12 @@ def main() -> None:
 @click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), help=f"Where to record what was applied [default: {nodestate.STATE_FILE}].")
 def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None) -> None:
     try:
-        config = nodeconfig.load(config_path)
-        plan = nodesetup.plan(config, data_dir, nodesetup.NetlinkLinks())
+        config = node_config.load(config_path)
+        plan = node_setup.plan(config, data_dir, node_setup.NetlinkLinks())
         if dry_run:
-            nodesetup.show(plan, click.echo)
+            node_setup.show(plan, click.echo)
         else:
-            nodesetup.execute(plan, state_file or nodestate.STATE_FILE, click.echo)
+            node_setup.execute(plan, state_file or nodestate.STATE_FILE, click.echo)
     except _EXPECTED as exc:
         raise CommandError(str(exc)) from exc
 
@@ -72,13 +76,13 @@ def status(as_json: bool, data_dir: Path) -> None:
     """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins."""
     try:
         with netlink.namespace() as host:
-            pfs = nodestatus.gather(data_dir, lambda name: host.find(name) is not None)
+            pfs = node_status.gather(data_dir, lambda name: host.find(name) is not None)
     except _EXPECTED as exc:
         raise CommandError(str(exc)) from exc
     if as_json:
         click.echo(json.dumps({"pfs": pfs}, indent=1))
     else:
-        for line in nodestatus.table(pfs):
+        for line in node_status.table(pfs):
             click.echo(line)
 
 

@@ -1,10 +1,10 @@
 """The node state file: what ``sriov-cni setup`` applied, for the plugin and ``status``.
 
 Setup decides a :class:`Policy` per PF and writes it, with the IRQ pins it
-made, to :data:`STATE_FILE`; the plugin's per-VF hook (:mod:`tuning`) reads
-it on every ADD and DEL.  The file is replaced atomically and carries
-:data:`STATE_VERSION`, so a plugin never acts on half a file or on a layout
-it does not know.
+made, to :data:`STATE_FILE`; the plugin's per-VF hook
+(:mod:`sriov_cni.plugin.tuning`) reads it on every ADD and DEL.  The file is
+replaced atomically and carries :data:`STATE_VERSION`, so a plugin never
+acts on half a file or on a layout it does not know.
 """
 
 from __future__ import annotations

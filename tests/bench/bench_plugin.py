@@ -11,7 +11,7 @@ peak RSS of the executable's own process (by GNU time, which forks it from a
 small process: a process forked from this one would inherit this one's peak)
 and of the daemon's child serving the call, with the child's private part
 (what each call costs beyond the shared daemon), as the children report them
-(``SRIOV_CNI_DAEMON_STATS``, see sriov_cni/server.py).
+(``SRIOV_CNI_DAEMON_STATS``, see sriov_cni/daemon/server.py).
 
 Phases: one ADD and one DEL through the shim, profiled in the daemon's child
 (``SRIOV_CNI_DAEMON_PROFILE``), charged to phases by tests/bench/phases.py.
@@ -55,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests" / "node")]
 
-from sriov_cni import client, server  # noqa: E402
+from sriov_cni.daemon import client, server  # noqa: E402
 
 from hostnode import CODE_ENV  # noqa: E402
 
@@ -349,8 +349,9 @@ def scale(work: Path) -> list[str]:
     """Median time of ``allocate.reserve`` while a pool of N VFs fills, generated sysfs, memory store."""
     from nodetree import FakeHost, Tree
 
-    from sriov_cni import allocate, sysfs
-    from sriov_cni.store import Allocation, MemoryStore
+    from sriov_cni.kernel import sysfs
+    from sriov_cni.plugin import allocate
+    from sriov_cni.plugin.store import Allocation, MemoryStore
 
     saved = sysfs.SYS
     netns = "/proc/self/ns/net"

@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from sriov_cni import nodeconfig, nodesetup, sysfs, vfs  # noqa: E402  (needs the path set above)
+from sriov_cni.kernel import sysfs  # noqa: E402  (needs the path set above)
+from sriov_cni.node import config as node_config, setup as node_setup, vfs  # noqa: E402
 
 
 def igb_pfs() -> list[str]:
@@ -56,10 +57,10 @@ def bare(pcis: list[str], count: int) -> float:
     return time.perf_counter() - start
 
 
-def in_process(config: nodeconfig.NodeConfig, data: Path, state: Path) -> float:
+def in_process(config: node_config.NodeConfig, data: Path, state: Path) -> float:
     start = time.perf_counter()
-    plan = nodesetup.plan(config, data, nodesetup.NetlinkLinks())
-    nodesetup.execute(plan, state, lambda line: None)
+    plan = node_setup.plan(config, data, node_setup.NetlinkLinks())
+    node_setup.execute(plan, state, lambda line: None)
     return time.perf_counter() - start
 
 
@@ -84,7 +85,7 @@ def main() -> None:
     text = "pfs:\n" + "".join(
         f"  - {{pf: {pf}, numVfs: {args.vfs}, tuning: {{rps: true, xps: true, rfsFlowEntries: 32768}}}}\n" for pf in pfs
     )
-    config = nodeconfig.parse(text)
+    config = node_config.parse(text)
     times: dict[str, list[float]] = {"bare": [], "setup": [], "process": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -2,7 +2,7 @@
 
 :class:`HostNode` builds PFs whose "VFs" are veth ends in a temporary sysfs
 (tests/plugin/pluginlib.py); run as a program, this module is the sriov-cni
-daemon for such a node: the real :func:`sriov_cni.server.serve`, with
+daemon for such a node: the real :func:`sriov_cni.daemon.server.serve`, with
 ``sysfs.SYS`` pointed at the tree and the PF side (the one thing a veth
 cannot stand in for) kept in memory by ``FakeVfControl``.  Every forked call
 starts from the daemon's copy of it, which holds as long as the benchmark's
@@ -29,8 +29,10 @@ sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT / "tests" / "plugi
 import pytest  # noqa: E402
 from pluginlib import FakeVfControl, Node  # noqa: E402
 
-from sriov_cni import plugin, server, sysfs  # noqa: E402
-from sriov_cni.store import FileStore  # noqa: E402
+from sriov_cni.daemon import server  # noqa: E402
+from sriov_cni.kernel import sysfs  # noqa: E402
+from sriov_cni.plugin import commands  # noqa: E402
+from sriov_cni.plugin.store import FileStore  # noqa: E402
 
 
 class HostNode:
@@ -58,11 +60,11 @@ def main() -> None:
     for spec in pfs:
         name, count = spec.rsplit(":", 1)
         fake.add_pf(name, int(count))
-    deps = plugin.Deps(vf_control=lambda: fake, store=FileStore)
+    deps = commands.Deps(vf_control=lambda: fake, store=FileStore)
 
     def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
-        plugin.configure_logging_from_env(env)
-        return plugin.run(env, stdin, stdout, stderr, deps)
+        commands.configure_logging_from_env(env)
+        return commands.run(env, stdin, stdout, stderr, deps)
 
     server.PROGRAMS["sriov"] = run_sriov
     server.serve(socket_path)

@@ -20,15 +20,15 @@ from pathlib import Path
 PHASES: dict[tuple[str, str], str] = {
     ("cni.py", "_parse_invocation"): "config parse",
     ("config.py", "*"): "config parse",
-    ("plugin.py", "_configure_log"): "logging setup",
+    ("commands.py", "_configure_log"): "logging setup",
     ("log.py", "configure"): "logging setup",
     ("store.py", "*"): "store lock + read/write (fsync)",
     ("lease.py", "*"): "store lock + read/write (fsync)",
     ("_api.py", "*"): "store lock + read/write (fsync)",  # filelock
     ("_unix.py", "*"): "store lock + read/write (fsync)",  # filelock
     ("allocate.py", "*"): "allocation (pool, VF state)",
-    ("plugin.py", "_candidates"): "allocation (pool, VF state)",
-    ("plugin.py", "make"): "allocation (pool, VF state)",
+    ("commands.py", "_candidates"): "allocation (pool, VF state)",
+    ("commands.py", "make"): "allocation (pool, VF state)",
     ("bind.py", "snapshot"): "PF settings (snapshot, apply, restore)",
     ("bind.py", "apply_pf_settings"): "PF settings (snapshot, apply, restore)",
     ("bind.py", "restore_pf_settings"): "PF settings (snapshot, apply, restore)",
@@ -37,16 +37,16 @@ PHASES: dict[tuple[str, str], str] = {
     ("bind.py", "restore_netdev"): "move/attach (and back)",
     ("tuning.py", "*"): "VF tuning (IRQs, queues)",
     ("delegate.py", "*"): "IPAM",
-    ("plugin.py", "_configure_ips"): "pod addresses + routes",
-    ("plugin.py", "_result"): "result",
+    ("commands.py", "_configure_ips"): "pod addresses + routes",
+    ("commands.py", "_result"): "result",
     ("cni.py", "_emit"): "result",
     ("handles.py", "session"): "netlink sockets + netns entry",
     ("handles.py", "namespace"): "netlink sockets + netns entry",
-    ("plugin.py", "cmd_add"): "netns checks, look-ups",
-    ("plugin.py", "cmd_del"): "netns checks, look-ups",
-    ("plugin.py", "_pod_netns"): "netns checks, look-ups",
-    ("plugin.py", "_refuse_existing"): "netns checks, look-ups",
-    ("plugin.py", "_not_host"): "netns checks, look-ups",
+    ("commands.py", "cmd_add"): "netns checks, look-ups",
+    ("commands.py", "cmd_del"): "netns checks, look-ups",
+    ("commands.py", "_pod_netns"): "netns checks, look-ups",
+    ("commands.py", "_refuse_existing"): "netns checks, look-ups",
+    ("commands.py", "_not_host"): "netns checks, look-ups",
 }
 OTHER = "other"
 

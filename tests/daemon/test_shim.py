@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from sriov_cni import __version__, client, server
+from sriov_cni import __version__
+from sriov_cni.daemon import client, server
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = Path(client.SHIM)
@@ -391,15 +392,31 @@ def test_install_cni_writes_the_shim_atomically_as_both_executables(tmp_path: Pa
         assert stat.S_IMODE(path.stat().st_mode) == 0o755
 
 
+def test_install_cni_python_scripts_run_this_installation(tmp_path: Path) -> None:
+    # The scripts put the directory holding this sriov_cni package first on
+    # their path; run without PYTHONPATH from elsewhere, they must still
+    # import this tree and answer.
+    dest = tmp_path / "cni-bin"
+    written = client.install(str(dest), sys.executable)
+    assert sorted(Path(p).name for p in written) == ["sriov", "sriov-ipam"]
+    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(tmp_path / "none.sock"), "PATH": "/usr/bin:/bin"}
+    for path in written:
+        assert f"sys.path.insert(0, {str(REPO)!r})" in Path(path).read_text()
+        proc = subprocess.run([path], input=b'{"cniVersion": "1.0.0"}', env=env, cwd=tmp_path,
+                              capture_output=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
+
+
 def python_sriov(sock: Path, version: str, plugin_importable: bool = True) -> tuple[int, dict[str, Any]]:
     """The Python ``sriov`` executable, claiming to be ``version``.
 
     Without ``plugin_importable`` it can run nothing itself, so a call that
     succeeds was run by the daemon.
     """
-    block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin'] = None; "
+    block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin.commands'] = None; "
     code = (f"import sriov_cni; sriov_cni.__version__ = {version!r}; {block}"
-            "from sriov_cni.client import main; main()")
+            "from sriov_cni.daemon.client import main; main()")
     env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(sock), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
                           capture_output=True, timeout=60)

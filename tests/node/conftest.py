@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeHost, FakeLinks, Tree
-from sriov_cni import netlink, sysfs, tuning
+from sriov_cni.kernel import netlink, sysfs
+from sriov_cni.plugin import tuning
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sriov_cni import sysfs
+from sriov_cni.kernel import sysfs
 
 
 def _write(path: Path, text: str) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeHost, Tree
-from sriov_cni import allocate, sysfs
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.store import Allocation, FileStore, MemoryStore, Staged, Store
+from sriov_cni.kernel import sysfs
+from sriov_cni.plugin import allocate
+from sriov_cni.plugin.store import Allocation, FileStore, MemoryStore, Staged, Store
 
 
 def make(vf: sysfs.VF, container: str = "ours") -> Allocation:

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from nodetree import Tree
-from sriov_cni import nodesetup
 from sriov_cni.cli import main
-from sriov_cni.store import Allocation, FileStore
+from sriov_cni.node import setup as node_setup
+from sriov_cni.plugin.store import Allocation, FileStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_setup_missing_config(tree: Tree, tmp_path: Path) -> None:
 
 def test_setup_writes_the_state_file_given(tree: Tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree.igb()
-    monkeypatch.setattr(nodesetup, "NetlinkLinks", lambda: None)  # nothing to change on the link
+    monkeypatch.setattr(node_setup, "NetlinkLinks", lambda: None)  # nothing to change on the link
     config = tmp_path / "node.yaml"
     config.write_text("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]\n")
     state = tmp_path / "state.json"

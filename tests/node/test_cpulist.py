@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sriov_cni import cpulist
+from sriov_cni.kernel import cpulist
 
 
 @pytest.mark.parametrize(

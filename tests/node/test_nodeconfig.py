@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sriov_cni.nodeconfig import NodeConfigError, PfSpec, TuningSpec, load, parse
+from sriov_cni.node.config import NodeConfigError, PfSpec, TuningSpec, load, parse
 
 
 def test_full_config() -> None:

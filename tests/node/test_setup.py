@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeLinks, Tree
-from sriov_cni import nodeconfig, nodesetup, sysfs
-from sriov_cni.store import Allocation, FileStore
+from sriov_cni.kernel import sysfs
+from sriov_cni.node import config as node_config, setup as node_setup
+from sriov_cni.plugin.store import Allocation, FileStore
 
 CONFIG = """
 pfs:
@@ -21,11 +22,11 @@ pfs:
 
 def run(text: str, tmp_path: Path, links: FakeLinks, dry: bool = False) -> list[str]:
     out: list[str] = []
-    plan = nodesetup.plan(nodeconfig.parse(text), tmp_path / "data", links)
+    plan = node_setup.plan(node_config.parse(text), tmp_path / "data", links)
     if dry:
-        nodesetup.show(plan, out.append)
+        node_setup.show(plan, out.append)
     else:
-        nodesetup.execute(plan, tmp_path / "run" / "node.json", out.append)
+        node_setup.execute(plan, tmp_path / "run" / "node.json", out.append)
     return out
 
 
@@ -97,7 +98,7 @@ def _allocation(tmp_path: Path, vf_pci: str, index: int, pf_pci: str = "0000:01:
 def test_count_change_refused_while_a_vf_is_allocated(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
     vfs = tree.igb(vfs=3)
     _allocation(tmp_path, vfs[1], 1)
-    with pytest.raises(nodesetup.SetupError) as info:
+    with pytest.raises(node_setup.SetupError) as info:
         run("pfs: [{pf: eth0, numVfs: 5}]", tmp_path, links)
     assert str(info.value) == (
         "refusing to change eth0 from 3 to 5 VFs: the change goes through 0 and would destroy "
@@ -132,7 +133,7 @@ def test_kernel_errors_are_explained(tree: Tree, links: FakeLinks, tmp_path: Pat
         raise sysfs.SysfsError("refused", code)
 
     monkeypatch.setattr(sysfs, "write", refuse)
-    with pytest.raises(nodesetup.SetupError) as info:
+    with pytest.raises(node_setup.SetupError) as info:
         run("pfs: [{pf: eth0, numVfs: 4}]", tmp_path, links)
     assert words in str(info.value)
     assert str(info.value).startswith("0000:01:00.0: cannot set sriov_numvfs to 4: ")
@@ -146,24 +147,24 @@ def test_fewer_vfs_than_asked_is_an_error(tree: Tree, links: FakeLinks, tmp_path
         real(path, "2" if path.name == "sriov_numvfs" and value == "7" else value)
 
     monkeypatch.setattr(sysfs, "write", stingy)
-    with pytest.raises(nodesetup.SetupError, match="asked for 7 VFs, the driver enabled 2"):
+    with pytest.raises(node_setup.SetupError, match="asked for 7 VFs, the driver enabled 2"):
         run("pfs: [{pf: eth0, numVfs: 7}]", tmp_path, links)
 
 
 def test_more_vfs_than_totalvfs_names_the_field(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
     tree.igb()
-    with pytest.raises(nodesetup.SetupError, match=r"^pfs\[0\]\.numVfs: 8 is more than eth0 supports \(sriov_totalvfs 7\)$"):
+    with pytest.raises(node_setup.SetupError, match=r"^pfs\[0\]\.numVfs: 8 is more than eth0 supports \(sriov_totalvfs 7\)$"):
         run("pfs: [{pf: eth0, numVfs: 8}]", tmp_path, links)
 
 
 def test_unknown_pf_names_the_field(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
-    with pytest.raises(nodesetup.SetupError, match=r"^pfs\[0\]\.pf: no network device 'eth9' on this node$"):
+    with pytest.raises(node_setup.SetupError, match=r"^pfs\[0\]\.pf: no network device 'eth9' on this node$"):
         run("pfs: [{pf: eth9, numVfs: 1}]", tmp_path, links)
 
 
 def test_same_pf_by_name_and_address_is_refused(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
     tree.igb()
-    with pytest.raises(nodesetup.SetupError, match=r"pfs\[1\]\.pf: 0000:01:00.0 is 0000:01:00.0, which an earlier entry"):
+    with pytest.raises(node_setup.SetupError, match=r"pfs\[1\]\.pf: 0000:01:00.0 is 0000:01:00.0, which an earlier entry"):
         run("pfs: [{pf: eth0, numVfs: 1}, {pf: '0000:01:00.0', numVfs: 1}]", tmp_path, links)
 
 
@@ -197,13 +198,13 @@ def test_all_local_cpus_isolated_falls_back_to_the_rest(tree: Tree, links: FakeL
 def test_explicit_cpus_that_are_all_isolated_are_an_error(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
     tree.cpus("0-7", isolated="2-3")
     tree.igb()
-    with pytest.raises(nodesetup.SetupError, match=r"^pfs\[0\]\.tuning: irqCpus leaves no CPU"):
+    with pytest.raises(node_setup.SetupError, match=r"^pfs\[0\]\.tuning: irqCpus leaves no CPU"):
         run("pfs: [{pf: eth0, numVfs: 0, tuning: {irqCpus: 2-3}}]", tmp_path, links)
 
 
 def test_offline_explicit_cpus_are_an_error(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
     tree.igb()
-    with pytest.raises(nodesetup.SetupError, match=r"irqCpus names CPUs that are not online: 8-9$"):
+    with pytest.raises(node_setup.SetupError, match=r"irqCpus names CPUs that are not online: 8-9$"):
         run("pfs: [{pf: eth0, numVfs: 0, tuning: {irqCpus: 7-9}}]", tmp_path, links)
 
 
@@ -229,7 +230,7 @@ def test_other_pin_failures_stop_setup(tree: Tree, links: FakeLinks, tmp_path: P
         raise sysfs.SysfsError(f"writing {value!r} to {path}: Invalid argument", errno.EINVAL)
 
     monkeypatch.setattr(sysfs, "write", invalid)
-    with pytest.raises(nodesetup.SetupError, match=r"^eth0: pinning IRQ 31 \(eth0-TxRx-0\) to CPU 0: writing"):
+    with pytest.raises(node_setup.SetupError, match=r"^eth0: pinning IRQ 31 \(eth0-TxRx-0\) to CPU 0: writing"):
         run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
     assert not (tmp_path / "run" / "node.json").exists()
 

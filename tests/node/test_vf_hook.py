@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeLinks, Tree
-from sriov_cni import nodeconfig, nodesetup, tuning
+from sriov_cni.node import config as node_config, setup as node_setup
+from sriov_cni.plugin import tuning
 
 VF1 = "0000:01:10.1"
 
@@ -21,8 +22,8 @@ def state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def setup_node(tree: Tree, links: FakeLinks, tmp_path: Path, state_file: Path, tuning_yaml: str) -> None:
     tree.igb(vfs=3)
-    config = nodeconfig.parse(f"pfs: [{{pf: eth0, numVfs: 3, tuning: {tuning_yaml}}}]")
-    nodesetup.execute(nodesetup.plan(config, tmp_path / "data", links), state_file, lambda line: None)
+    config = node_config.parse(f"pfs: [{{pf: eth0, numVfs: 3, tuning: {tuning_yaml}}}]")
+    node_setup.execute(node_setup.plan(config, tmp_path / "data", links), state_file, lambda line: None)
 
 
 def test_no_state_file_means_nothing_done(tree: Tree, state_file: Path, fake_netlink: list[str | None], writes: list[tuple[str, str]]) -> None:
@@ -34,7 +35,7 @@ def test_no_state_file_means_nothing_done(tree: Tree, state_file: Path, fake_net
 
 def test_pf_without_policy_means_nothing_done(tree: Tree, links: FakeLinks, tmp_path: Path, state_file: Path, fake_netlink: list[str | None], writes: list[tuple[str, str]]) -> None:
     tree.igb(vfs=3)
-    nodesetup.execute(nodesetup.plan(nodeconfig.parse("pfs: [{pf: eth0, numVfs: 3}]"), tmp_path / "data", links), state_file, lambda line: None)
+    node_setup.execute(node_setup.plan(node_config.parse("pfs: [{pf: eth0, numVfs: 3}]"), tmp_path / "data", links), state_file, lambda line: None)
     assert tuning.apply_vf_tuning(VF1, "/run/netns/pod", "net1") == []
     assert writes == [] and fake_netlink == []
 

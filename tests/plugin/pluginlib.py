@@ -1,7 +1,7 @@
 """Helpers for the ``sriov`` plugin's host tests (fixtures in conftest.py).
 
 Only the PF side of SR-IOV is faked (:class:`FakeVfControl`, an in-memory
-:class:`sriov_cni.netlink.VfControl`): there is no SR-IOV NIC on the host.
+:class:`sriov_cni.kernel.netlink.VfControl`): there is no SR-IOV NIC on the host.
 Everything else is real: each "VF netdev" is one end of a veth pair in the
 test process's network namespace (its peer lives in a per-test namespace,
 so deleting that namespace destroys every pair wherever its VF end went),
@@ -35,9 +35,10 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import netlink, plugin, sysfs, vfsettings
-from sriov_cni.store import FileStore
-from sriov_cni.vfsettings import PfSettings
+from sriov_cni.kernel import netlink, sysfs, vfsettings
+from sriov_cni.kernel.vfsettings import PfSettings
+from sriov_cni.plugin import commands
+from sriov_cni.plugin.store import FileStore
 
 REPO = Path(__file__).resolve().parents[2]
 SRIOV_BIN = REPO / "bin" / "sriov"
@@ -353,13 +354,13 @@ class Node:
             "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         }
 
-    def deps(self) -> plugin.Deps:
+    def deps(self) -> commands.Deps:
         fake = self.fake
-        return plugin.Deps(vf_control=lambda: fake, store=FileStore)
+        return commands.Deps(vf_control=lambda: fake, store=FileStore)
 
     def run(self, env: dict[str, str], stdin: bytes) -> Outcome:
         out, err = io.StringIO(), io.StringIO()
-        rc = plugin.run(env, stdin, out, err, self.deps())
+        rc = commands.run(env, stdin, out, err, self.deps())
         return Outcome(rc, out.getvalue(), err.getvalue())
 
     def cni(self, command: str, conf: dict[str, Any] | bytes, **env: Any) -> Outcome:

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import log, netlink, plugin
 from sriov_cni.cni import Code
+from sriov_cni.kernel import netlink
+from sriov_cni.plugin import commands, log
 
 from pluginlib import Node, Outcome, Ready, ipam_reservations, link, link_names, netdev_view, run_bin, sh
 
@@ -377,7 +378,7 @@ def test_non_utf8_netns_with_a_log_file_prints_no_traceback(
     node, _, before = ready
     log_file = tmp_path / "sriov.log"
     netns = b"/run/netns/\xff".decode("utf-8", "surrogateescape")
-    plugin.configure_logging_from_env({"CNI_NETNS": netns, "CNI_IFNAME": "net1", "CNI_CONTAINERID": "c1"})
+    commands.configure_logging_from_env({"CNI_NETNS": netns, "CNI_IFNAME": "net1", "CNI_CONTAINERID": "c1"})
     for command in ("ADD", "DEL"):
         res = node.cni(command, node.conf(logFile=str(log_file)), netns=netns)
         assert "Traceback" not in res.stdout + res.stderr
@@ -472,7 +473,7 @@ def test_new_state_directories_are_private(ready: Ready) -> None:
 def test_deeply_nested_config_is_a_decode_error(node: Node, opener: str, command: str) -> None:
     stdin = (opener * 100000).encode()
     out, err = io.StringIO(), io.StringIO()
-    rc = plugin.run(node.env(command), stdin, out, err, node.deps())
+    rc = commands.run(node.env(command), stdin, out, err, node.deps())
     if command == "VERSION":
         assert rc == 0 and json.loads(out.getvalue())["supportedVersions"]
     else:

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipam.main import HANDLERS as IPAM_HANDLERS
-from sriov_cni import plugin
 from sriov_cni.cni import Code, dispatch
+from sriov_cni.plugin import commands
 
 from pluginlib import Node, ipam_reservations
 
@@ -182,7 +182,7 @@ def test_sriov_plugin_edge(node: Node, paths: dict[str, str], tmp_path: Path, mo
         env, stdin = invocation
         records = node.records()
         reserved = ipam_reservations(node.ipam_dir, "sriov-net")
-        rc, stdout = _answer(lambda out: plugin.run(env, stdin, out, io.StringIO(), node.deps()))
+        rc, stdout = _answer(lambda out: commands.run(env, stdin, out, io.StringIO(), node.deps()))
         _check_protocol(rc, stdout)
         assert os.listdir(cwd) == [] and os.listdir(paths["victim"]) == []
         if env["CNI_COMMAND"] == "ADD":
@@ -193,7 +193,7 @@ def test_sriov_plugin_edge(node: Node, paths: dict[str, str], tmp_path: Path, mo
             else:
                 # Keep the node small: give the VF straight back.
                 del_env = dict(env, CNI_COMMAND="DEL")
-                rc_del, out_del = _answer(lambda out: plugin.run(del_env, stdin, out, io.StringIO(), node.deps()))
+                rc_del, out_del = _answer(lambda out: commands.run(del_env, stdin, out, io.StringIO(), node.deps()))
                 assert rc_del == 0, out_del
                 assert node.picture()["host"] == host_before
 

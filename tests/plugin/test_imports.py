@@ -15,12 +15,12 @@ from pathlib import Path
 import sriov_cni
 
 PACKAGE = Path(sriov_cni.__file__).parent
-NETLINK_SPEAKERS = {"links", "handles", "vfcontrol"}
+NETLINK_SPEAKERS = {"kernel.links", "kernel.handles", "kernel.vfcontrol"}
 
 
 def test_only_the_netlink_modules_import_pyroute2() -> None:
     importers = set()
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):
@@ -28,16 +28,16 @@ def test_only_the_netlink_modules_import_pyroute2() -> None:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             if any(n.split(".")[0] == "pyroute2" for n in names):
-                importers.add(path.stem)
+                importers.add(".".join(path.relative_to(PACKAGE).with_suffix("").parts))
     assert importers == NETLINK_SPEAKERS
 
 
 def test_config_allocation_store_and_tuning_do_not_load_pyroute2() -> None:
     code = (
         "import sys\n"
-        "import sriov_cni.allocate, sriov_cni.config, sriov_cni.store, sriov_cni.tuning\n"
+        "import sriov_cni.plugin.allocate, sriov_cni.plugin.config, sriov_cni.plugin.store, sriov_cni.plugin.tuning\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyroute2'))\n"
-        "import sriov_cni.netlink\n"
+        "import sriov_cni.kernel.netlink\n"
         "print('pyroute2' in sys.modules)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import bind, netlink
+from sriov_cni.kernel import netlink
+from sriov_cni.plugin import bind
 
 from pluginlib import Node, altname, link, link_names, sh
 

@@ -1,4 +1,4 @@
-"""VF claims: one CNI call at a time changes a VF (see sriov_cni/store.py).
+"""VF claims: one CNI call at a time changes a VF (see sriov_cni/plugin/store.py).
 
 The race they close: a pod's netns is gone, so its record is stale; the
 runtime's DEL for that pod and another pod's ADD, reclaiming the stale VF,
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sriov_cni import plugin
-from sriov_cni.store import FileStore, MemoryStore, Store
-from sriov_cni.vfsettings import Vlan
+from sriov_cni.kernel.vfsettings import Vlan
+from sriov_cni.plugin import commands
+from sriov_cni.plugin.store import FileStore, MemoryStore, Store
 
 from pluginlib import Node
 from test_plugin_del_gc import ok, stale_record
@@ -85,7 +85,7 @@ def test_del_waits_for_the_claim_then_answers_try_again(node: Node, monkeypatch:
     conf = node.conf(vlan=7)
     node.add(conf, netns=pod)
     during = node.picture()
-    monkeypatch.setattr(plugin, "CLAIM_WAIT", 0.3)
+    monkeypatch.setattr(commands, "CLAIM_WAIT", 0.3)
 
     with claimed_elsewhere(node.data_dir, pf.vfs[0].pci):
         res = node.cni("DEL", conf, netns=pod)

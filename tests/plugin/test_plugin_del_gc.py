@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sriov_cni.store import Allocation, FileStore, OriginalState
-from sriov_cni.vfsettings import PfSettings, Rate, Vlan
+from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
+from sriov_cni.plugin.store import Allocation, FileStore, OriginalState
 
 from pluginlib import Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
 

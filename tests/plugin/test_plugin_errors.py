@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import netlink
+from sriov_cni.kernel import netlink
 
 from pluginlib import Node, Outcome, Ready, addresses, ipam_reservations, link, sh
 

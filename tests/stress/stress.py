@@ -17,7 +17,7 @@ Two nodes:
     The host test fixtures: veth ends as VF netdevs in a temporary sysfs,
     with a PF side faked in a file shared by every plugin process.  Plugin
     calls are forked from this (single-threaded) driver with the package
-    already imported, and run :func:`sriov_cni.plugin.run` directly.
+    already imported, and run :func:`sriov_cni.plugin.commands.run` directly.
 ``igb``
     The QEMU guest's igb PFs and their real VFs.  Plugin calls exec the
     static shim, as on a node, served by ``sriov-cni daemon``; the faults
@@ -67,8 +67,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "plugin"), str(REPO / "tests" / "vm")]
 
-from sriov_cni import plugin, sysfs  # noqa: E402
-from sriov_cni.store import FileStore  # noqa: E402
+from sriov_cni.kernel import sysfs  # noqa: E402
+from sriov_cni.plugin import commands  # noqa: E402
+from sriov_cni.plugin.store import FileStore  # noqa: E402
 
 if TYPE_CHECKING:
     from pluginlib import FakeVfControl
@@ -189,9 +190,9 @@ class Transport(Protocol):
 
 
 class ForkTransport:
-    """Fork a child of this driver that runs ``plugin.run`` with ``deps``."""
+    """Fork a child of this driver that runs ``commands.run`` with ``deps``."""
 
-    def __init__(self, deps: plugin.Deps) -> None:
+    def __init__(self, deps: commands.Deps) -> None:
         self.deps = deps
 
     def start(self, env: dict[str, str], stdin: bytes) -> Running:
@@ -209,8 +210,8 @@ class ForkTransport:
                     os.close(fd)
                 sys.stdout = open(1, "w", closefd=False)
                 sys.stderr = open(2, "w", closefd=False)
-                plugin.configure_logging_from_env(env)
-                status = plugin.run(env, stdin, sys.stdout, sys.stderr, self.deps)
+                commands.configure_logging_from_env(env)
+                status = commands.run(env, stdin, sys.stdout, sys.stderr, self.deps)
             except BaseException:
                 # Escaped the plugin's own handling: a product bug, and the
                 # traceback is what the violation report needs.
@@ -241,7 +242,7 @@ class ExecTransport:
     """Exec a CNI executable; optionally with the daemon behind it."""
 
     def __init__(self, exe: list[str], daemon: list[str] | None, socket_path: str) -> None:
-        from sriov_cni import client
+        from sriov_cni.daemon import client
 
         self.exe = exe
         self.socket_env = {client.SOCKET_ENV: socket_path}
@@ -410,7 +411,7 @@ class HostNode:
         self.vfs = {vf.pci: vf for pf in self.node.pfs for vf in pf.vfs}
         self.vf_pcis = sorted(self.vfs)
         self.cni_path = DEBIAN_CNI_DIR
-        self.deps = plugin.Deps(vf_control=lambda: self.fake, store=FileStore)
+        self.deps = commands.Deps(vf_control=lambda: self.fake, store=FileStore)
         self._peer_to_vf = {f"peer{n}{i}": vf.pci for n, pf in enumerate(self.node.pfs) for i, vf in enumerate(pf.vfs)}
 
     def pool_conf(self) -> dict[str, Any]:
@@ -982,7 +983,7 @@ def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, v
             transport = ForkTransport(node.deps)
             ipam_exe = REPO / "bin" / "sriov-ipam"
         else:
-            from sriov_cni import client
+            from sriov_cni.daemon import client
 
             node = IgbNode(vfs)
             shims = work / "shims"

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import client, plugin
+from sriov_cni.daemon import client
+from sriov_cni.plugin import commands
 from vmlib import Sriov, ip_json, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
@@ -67,7 +68,7 @@ def env(command: str, container: str = "c1", netns: str = "", ifname: str = "net
 def cni(command: str, conf: dict[str, Any], **kw: str) -> tuple[int, Any]:
     """The plugin in-process with its real dependencies; returns (exit status, parsed stdout)."""
     out, err = io.StringIO(), io.StringIO()
-    rc = plugin.run(env(command, **kw), json.dumps(conf).encode(), out, err)
+    rc = commands.run(env(command, **kw), json.dumps(conf).encode(), out, err)
     text = out.getvalue()
     return rc, (json.loads(text) if text.strip() else None)
 
@@ -157,7 +158,7 @@ def test_parallel_adds_exhaustion_and_status(igb_pfs: list[str], sriov: Sriov, n
     bindir = tmp_path / "bin"
     client.install(str(bindir))
     sock = tmp_path / "helper.sock"
-    helper = subprocess.Popen([sys.executable, "-m", "sriov_cni.server", str(sock)], cwd=REPO)
+    helper = subprocess.Popen([sys.executable, "-m", "sriov_cni.daemon.server", str(sock)], cwd=REPO)
     try:
         for _ in range(1200):
             if sock.exists():

@@ -45,7 +45,7 @@ from runtimelib import (
 )
 from vmlib import Sriov, sriov_daemon, vf_pci_dirs, wait_until
 
-from sriov_cni.client import DEFAULT_SOCKET
+from sriov_cni.daemon.client import DEFAULT_SOCKET
 
 pytestmark = pytest.mark.sriov_vm
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sriov_cni import client
+from sriov_cni.daemon import client
 from test_plugin_igb import host_link, ns_path, records, restored, vfinfo, view
 from vmlib import Sriov, ip_json, sriov_daemon, vf_pci_dirs, wait_until
 

@@ -4,7 +4,7 @@ The settings live on the PF (admin MAC, VLAN, spoofchk, trust, link state,
 rates) and are changed through the PF's netdev.  Callers depend on the
 :class:`VfControl` protocol, so tests without SR-IOV hardware substitute a
 fake for exactly this part; the kernel implementation is
-:class:`sriov_cni.vfcontrol.KernelVfControl`.
+:class:`sriov_cni.kernel.vfcontrol.KernelVfControl`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 On a node that has this package installed, the ``sriov`` console script is
 this module. It imports only the standard library, so it can start Python
 without site-packages (``-S``) and still be fast. When the sriov-cni daemon
-(:mod:`sriov_cni.server`) answers, it runs the call in a warm forked process
-with our stdin, stdout and stderr; otherwise, or when the daemon is of
-another version, the same plugin code runs in this process. Nodes without
+(:mod:`sriov_cni.daemon.server`) answers, it runs the call in a warm forked
+process with our stdin, stdout and stderr; otherwise, or when the daemon is
+of another version, the same plugin code runs in this process. Nodes without
 Python run the static shim (shim/sriov-shim.c) instead, which speaks the
 same protocol; :func:`install` writes it.
 """
@@ -17,6 +17,7 @@ import _struct
 import os
 import sys
 
+import sriov_cni
 from sriov_cni import __version__
 
 SOCKET_ENV = "SRIOV_CNI_SOCKET"
@@ -99,9 +100,9 @@ def in_process() -> None:
         import site
 
         site.main()
-    from sriov_cni import plugin
+    from sriov_cni.plugin import commands
 
-    plugin.main()
+    commands.main()
 
 
 def main() -> None:
@@ -124,9 +125,11 @@ def install(dest: str, python: str | None = None) -> list[str]:
 
     if python is None and not os.path.exists(SHIM):
         raise ShimNotBuilt(f"the shim is not built ({SHIM} is missing): run make -C shim")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The directory holding the sriov_cni package, first on the scripts'
+    # path so they run this installation's code.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(sriov_cni.__file__)))
     scripts = {
-        "sriov": (f"#!{python} -S\n", "sriov_cni.client"),
+        "sriov": (f"#!{python} -S\n", "sriov_cni.daemon.client"),
         "sriov-ipam": (f"#!{python}\n", "ipam.main"),
     }
     written = []

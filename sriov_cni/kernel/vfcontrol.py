@@ -8,9 +8,9 @@ from typing import Any
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg as _ifinfmsg
 
-from sriov_cni.links import translate
-from sriov_cni.nlerrors import LinkNotFound
-from sriov_cni.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
+from sriov_cni.kernel.links import translate
+from sriov_cni.kernel.nlerrors import LinkNotFound
+from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 
 # pyroute2 encodes IFLA_VF_VLAN_INFO as 14 bytes, but the kernel's
 # struct ifla_vf_vlan_info is 16 (two bytes of tail padding), and kernels

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from sriov_cni import sysfs
+from sriov_cni.kernel import sysfs
 
 
 def pids() -> list[int]:

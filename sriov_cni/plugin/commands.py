@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
-from sriov_cni import __version__, allocate, attachments, bind, config, delegate, log, netlink, sysfs, tuning
+from sriov_cni import __version__, attachments
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
 from sriov_cni.cni import log as logger
-from sriov_cni.config import NetConf
-from sriov_cni.lease import Lease
-from sriov_cni.store import LOCK_TIMEOUT, Allocation, FileStore, Store
+from sriov_cni.kernel import netlink, sysfs
+from sriov_cni.plugin import allocate, bind, config, delegate, log, tuning
+from sriov_cni.plugin.config import NetConf
+from sriov_cni.plugin.lease import Lease
+from sriov_cni.plugin.store import LOCK_TIMEOUT, Allocation, FileStore, Store
 
 # How long DEL and GC wait for a VF another call is changing (an ADD still
 # running for the same attachment, typically) before answering "try again".

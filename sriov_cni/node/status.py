@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sriov_cni import cpulist, irqs, sysfs
-from sriov_cni.allocate import VfState, vf_state
-from sriov_cni.store import Allocation, read_allocations
+from sriov_cni.kernel import cpulist, irqs, sysfs
+from sriov_cni.plugin.allocate import VfState, vf_state
+from sriov_cni.plugin.store import Allocation, read_allocations
 
 
 def _irq_pins(pci: str) -> list[dict[str, Any]]:

@@ -1,8 +1,8 @@
 """Link, address and route operations inside one network namespace, over netlink.
 
-:class:`Namespace` wraps a pyroute2 handle; :mod:`sriov_cni.handles` opens
+:class:`Namespace` wraps a pyroute2 handle; :mod:`sriov_cni.kernel.handles` opens
 and caches them.  pyroute2's ``NetlinkError`` becomes the exceptions of
-:mod:`sriov_cni.nlerrors` here (:func:`translate`).
+:mod:`sriov_cni.kernel.nlerrors` here (:func:`translate`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 from pyroute2 import NetlinkError as _PyNetlinkError
 
 from sriov_cni.cni import IPAddress, IPInterface, IPNetwork
-from sriov_cni.netns import open_netns, run_in_netns
-from sriov_cni.nlerrors import LinkNotFound, for_errno
+from sriov_cni.kernel.netns import open_netns, run_in_netns
+from sriov_cni.kernel.nlerrors import LinkNotFound, for_errno
 
 IFF_UP = 0x1
 IFF_PROMISC = 0x100

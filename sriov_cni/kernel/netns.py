@@ -16,7 +16,7 @@ import socket
 import stat
 from typing import Callable
 
-from sriov_cni.nlerrors import NetlinkError, NetnsNotFound
+from sriov_cni.kernel.nlerrors import NetlinkError, NetnsNotFound
 
 
 def open_netns(netns_path: str) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from sriov_cni import cpulist
+from sriov_cni.kernel import cpulist
 
 VF_DRIVERS = ("kernel", "vfio-pci", "uio_pci_generic")
 

@@ -1,6 +1,7 @@
 """The per-VF tuning hook the plugin calls around a pod's VF.
 
-Node setup records a policy per PF in the node state file (:mod:`nodestate`).
+Node setup records a policy per PF in the node state file
+(:mod:`sriov_cni.nodestate`).
 A VF's queue IRQs exist only while its netdev is up, and moving it into a
 pod closes it, so the plugin calls :func:`apply_vf_tuning` after bringing
 the VF up in the pod and :func:`release_vf_tuning` before taking it out
@@ -13,12 +14,12 @@ import (stdlib and the sysfs-level modules only) and cost one failed
 
 from __future__ import annotations
 
-from sriov_cni import cpulist, sysfs
-from sriov_cni.irqs import affinity, default_affinity, device_irqs, irq_dir, pin, plan_pins, queue_irqs, vf_start
-from sriov_cni.netns import run_in_netns
-from sriov_cni.nlerrors import NetlinkError
+from sriov_cni.kernel import cpulist, sysfs
+from sriov_cni.kernel.irqs import affinity, default_affinity, device_irqs, irq_dir, pin, plan_pins, queue_irqs, vf_start
+from sriov_cni.kernel.netns import run_in_netns
+from sriov_cni.kernel.nlerrors import NetlinkError
+from sriov_cni.kernel.queues import apply_queues, clear_queues, tx_cpus
 from sriov_cni.nodestate import STATE_FILE, TuningError, pf_policy, read_state
-from sriov_cni.queues import apply_queues, clear_queues, tx_cpus
 
 
 def _vf_index(pf_pci: str, vf_pci: str) -> int:

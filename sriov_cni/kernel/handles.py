@@ -11,9 +11,9 @@ from contextlib import contextmanager
 
 from pyroute2 import IPRoute
 
-from sriov_cni.links import Namespace
-from sriov_cni.netns import netlink_socket_in
-from sriov_cni.nlerrors import NetlinkError
+from sriov_cni.kernel.links import Namespace
+from sriov_cni.kernel.netns import netlink_socket_in
+from sriov_cni.kernel.nlerrors import NetlinkError
 
 
 def _open(path: str | None) -> Namespace:

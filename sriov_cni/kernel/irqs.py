@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sriov_cni import cpulist, sysfs
+from sriov_cni.kernel import cpulist, sysfs
 
 # Queue vectors as drivers name them: igb/ixgbe/i40e/ice/iavf "<if>-TxRx-<n>",
 # igb and igbvf "<if>-rx-<n>" / "<if>-tx-<n>", mlx5 "mlx5_comp<n>@pci:<bdf>".

@@ -1,6 +1,6 @@
 """One VF held for one attachment: its record, its claim, and the record protocol.
 
-ADD gets a lease from :func:`sriov_cni.allocate.reserve`; DEL and GC make
+ADD gets a lease from :func:`sriov_cni.plugin.allocate.reserve`; DEL and GC make
 one from the record they found and the claim they took.  Every write
 through a lease first checks, under the store lock, that the record still
 belongs to the same attachment: an ADD that reclaimed a stale VF (its pod's
@@ -11,7 +11,7 @@ or removed by that call.
 from __future__ import annotations
 
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.store import Allocation, Claim, Store
+from sriov_cni.plugin.store import Allocation, Claim, Store
 
 
 class Lease:

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from sriov_cni import sysfs
+from sriov_cni.kernel import sysfs
 
 # Some drivers block in the sriov_numvfs write (i40e "other operation is
 # pending"); the write runs in a thread so a stuck driver becomes an error

@@ -3,26 +3,26 @@
 They are implemented by concern, and only the modules that speak netlink
 import pyroute2:
 
-* :mod:`sriov_cni.links`: link, address and route operations inside one
+* :mod:`sriov_cni.kernel.links`: link, address and route operations inside one
   network namespace (:class:`Namespace`);
-* :mod:`sriov_cni.handles`: the handle per namespace (:func:`namespace`) and
+* :mod:`sriov_cni.kernel.handles`: the handle per namespace (:func:`namespace`) and
   its reuse within a CNI call (:func:`session`);
-* :mod:`sriov_cni.vfcontrol`: PF-side VF settings through the kernel
+* :mod:`sriov_cni.kernel.vfcontrol`: PF-side VF settings through the kernel
   (:class:`KernelVfControl`);
 
-and, without pyroute2, :mod:`sriov_cni.nlerrors` (what a failure means),
-:mod:`sriov_cni.netns` (namespace identity, running code inside one) and
-:mod:`sriov_cni.vfsettings` (the VF settings' values and the
+and, without pyroute2, :mod:`sriov_cni.kernel.nlerrors` (what a failure means),
+:mod:`sriov_cni.kernel.netns` (namespace identity, running code inside one) and
+:mod:`sriov_cni.kernel.vfsettings` (the VF settings' values and the
 :class:`VfControl` protocol).  Code that needs only those imports them
 directly, so parsing a config or choosing a VF does not load pyroute2.
 """
 
 from __future__ import annotations
 
-from sriov_cni.handles import namespace, session
-from sriov_cni.links import LinkInfo, Namespace
-from sriov_cni.netns import is_own_netns, netns_inode, own_netns_path
-from sriov_cni.nlerrors import (
+from sriov_cni.kernel.handles import namespace, session
+from sriov_cni.kernel.links import LinkInfo, Namespace
+from sriov_cni.kernel.netns import is_own_netns, netns_inode, own_netns_path
+from sriov_cni.kernel.nlerrors import (
     AddressRefused,
     Busy,
     InvalidArgument,
@@ -32,8 +32,8 @@ from sriov_cni.nlerrors import (
     NetnsNotFound,
     NotSupported,
 )
-from sriov_cni.vfcontrol import KernelVfControl
-from sriov_cni.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, VfControl, Vlan
+from sriov_cni.kernel.vfcontrol import KernelVfControl
+from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, VfControl, Vlan
 
 __all__ = [
     "AddressRefused",

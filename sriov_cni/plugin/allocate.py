@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from sriov_cni import netns, sysfs
 from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
-from sriov_cni.lease import Lease
-from sriov_cni.store import Allocation, Store
+from sriov_cni.kernel import netns, sysfs
+from sriov_cni.plugin.lease import Lease
+from sriov_cni.plugin.store import Allocation, Store
 
 
 class VfState(enum.Enum):

@@ -19,7 +19,7 @@ dies, so a killed call never leaves a VF claimed.
 Every write goes to a temporary file that is fsynced and renamed over the
 old one, so a crash at any point leaves each record either old or new,
 never torn (one fsync per write; see :meth:`FileStore.put`).  Files are 0600, directories 0700 and writable by nobody
-else, and no symlink is followed (see :mod:`safepath`): the store runs as
+else, and no symlink is followed (see :mod:`sriov_cni.safepath`): the store runs as
 root and must not be steerable into overwriting other files.
 
 :class:`FileStore` and the in-memory :class:`MemoryStore` both implement
@@ -46,7 +46,7 @@ import filelock
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.vfsettings import PfSettings, Rate, Vlan, from_flat, to_flat
+from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan, from_flat, to_flat
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sriov_cni import cpulist, cpus, irqbalance, irqs, netlink, nodestate, queues, sysfs, vfs
-from sriov_cni.nodeconfig import NodeConfig, PfSpec, TuningSpec
+from sriov_cni import nodestate
+from sriov_cni.kernel import cpulist, irqs, netlink, queues, sysfs
+from sriov_cni.node import cpus, irqbalance, vfs
+from sriov_cni.node.config import NodeConfig, PfSpec, TuningSpec
 from sriov_cni.nodestate import Policy, TuningError
-from sriov_cni.store import Allocation, read_allocations
+from sriov_cni.plugin.store import Allocation, read_allocations
 
 
 class SetupError(Exception):

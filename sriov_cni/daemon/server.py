@@ -2,11 +2,11 @@
 
 The executables a container runtime runs, ``sriov`` and ``sriov-ipam``, are
 either the static shim (shim/sriov-shim.c, on nodes without our Python) or
-the Python client (:mod:`sriov_cni.client`). Both connect here and send
+the Python client (:mod:`sriov_cni.daemon.client`). Both connect here and send
 their version, their name, their working directory and environment, with
 their stdin, stdout and stderr attached as descriptors. For each call the
 daemon forks a child that takes those over and runs exactly the code the
-executable would run in process (:func:`sriov_cni.plugin.run`, or the IPAM's
+executable would run in process (:func:`sriov_cni.plugin.commands.run`, or the IPAM's
 dispatch); the child's exit status goes back as one byte.  Starting Python
 and importing pyroute2 is paid once, here, not per call.
 
@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from typing import IO
 
 from sriov_cni import __version__
-from sriov_cni.client import DEFAULT_SOCKET, REFUSED, decode_request
 from sriov_cni.cni import CNIError, Code
+from sriov_cni.daemon.client import DEFAULT_SOCKET, REFUSED, decode_request
 
 # The shim has the same limit compiled in (shim/sriov-shim.c MAX_HEADER).
 MAX_HEADER = 1 << 20
@@ -68,10 +68,10 @@ class DaemonError(Exception):
 
 
 def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
-    from sriov_cni import plugin
+    from sriov_cni.plugin import commands
 
-    plugin.configure_logging_from_env(env)
-    return plugin.run(env, stdin, stdout, stderr)
+    commands.configure_logging_from_env(env)
+    return commands.run(env, stdin, stdout, stderr)
 
 
 def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
@@ -185,7 +185,7 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
     import cProfile
     import resource
 
-    from sriov_cni import store
+    from sriov_cni.plugin import store
 
     store.lock_times = []
     profiler = cProfile.Profile() if measure.profile else None
@@ -304,7 +304,7 @@ def _warm_netlink() -> None:
     handle is closed before any fork: a netlink socket (and its event loop)
     must never be shared by two processes.
     """
-    from sriov_cni import netlink
+    from sriov_cni.kernel import netlink
 
     try:
         with netlink.namespace() as host:
@@ -319,7 +319,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
     import ipam.main  # noqa: F401
-    import sriov_cni.plugin  # noqa: F401
+    import sriov_cni.plugin.commands  # noqa: F401
 
     _warm_netlink()
     measure = Measure.from_env()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sriov_cni import cpulist, sysfs
-from sriov_cni.irqs import Pin
+from sriov_cni.kernel import cpulist, sysfs
+from sriov_cni.kernel.irqs import Pin
 from sriov_cni.nodestate import Policy, TuningError
 
 

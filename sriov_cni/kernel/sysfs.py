@@ -3,7 +3,8 @@
 ``SYS`` and ``PROC`` are the roots every sysfs and procfs path in the package
 is built from, here and in the modules that read or write their own corner
 (CPUs, IRQs and queues for tuning, the VF count and driver binding in
-:mod:`vfs`); tests point them at a temporary tree that describes PFs and VFs.
+:mod:`sriov_cni.node.vfs`); tests point them at a temporary tree that
+describes PFs and VFs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sriov_cni import cpulist, sysfs
+from sriov_cni.kernel import cpulist, sysfs
 from sriov_cni.nodestate import TuningError
 
 
