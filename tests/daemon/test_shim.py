@@ -372,8 +372,8 @@ def test_install_cni_writes_the_shim_atomically_as_both_executables(tmp_path: Pa
         assert stat.S_IMODE(path.stat().st_mode) == 0o755
 
 
-def python_sriov(sock: Path | None, version: str, plugin_importable: bool = True,
-                 variable: str = "SRIOV_CNI_SOCKET") -> tuple[int, dict[str, Any]]:
+def run_python_sriov(sock: Path | None, version: str, plugin_importable: bool = True,
+                     variable: str = "SRIOV_CNI_SOCKET", command: str = "VERSION") -> subprocess.CompletedProcess[bytes]:
     """The Python ``sriov`` executable, claiming to be ``version``, told of ``sock`` by ``variable``.
 
     Without ``plugin_importable`` it can run nothing itself, so a call that
@@ -382,17 +382,30 @@ def python_sriov(sock: Path | None, version: str, plugin_importable: bool = True
     block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin'] = None; "
     code = (f"import sriov_cni; sriov_cni.__version__ = {version!r}; {block}"
             "from sriov_cni.client import main; main()")
-    env = {"CNI_COMMAND": "VERSION", "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    env = {"CNI_COMMAND": command, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     if sock is not None:
         env[variable] = str(sock)
-    proc = subprocess.run([sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
+    return subprocess.run([sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
                           capture_output=True, timeout=60)
+
+
+def python_sriov(sock: Path | None, version: str, plugin_importable: bool = True,
+                 variable: str = "SRIOV_CNI_SOCKET") -> tuple[int, dict[str, Any]]:
+    proc = run_python_sriov(sock, version, plugin_importable, variable)
     return proc.returncode, json.loads(proc.stdout)
 
 
 def test_python_client_is_served_by_the_daemon(daemon: Daemon) -> None:
     rc, out = python_sriov(daemon.socket, __version__, plugin_importable=False)
     assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_python_client_hands_the_daemon_its_stderr(daemon: Daemon) -> None:
+    # Without CNI_COMMAND the plugin describes itself on stderr: the
+    # client's own, passed with stdin and stdout, not the connection.
+    proc = run_python_sriov(daemon.socket, __version__, plugin_importable=False, command="")
+    assert proc.returncode == 0 and proc.stdout == b"", proc
+    assert b"CNI protocol versions supported: " in proc.stderr, proc
 
 
 def test_python_client_honours_the_old_socket_variable(daemon: Daemon) -> None:
