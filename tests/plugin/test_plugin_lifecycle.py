@@ -178,3 +178,26 @@ def test_each_invocation_closes_its_vf_control(node: Node) -> None:
     assert node.fake.closed == 1
     assert node.cni("DEL", conf, netns=pod).rc == 0
     assert node.fake.closed == 2
+
+
+def test_del_undoes_what_the_pod_changed_on_the_netdev(node: Node) -> None:
+    pf = node.add_pf(1)
+    vf = pf.vfs[0]
+    assert vf.netdev
+    sh("ip", "link", "set", "dev", vf.netdev, "mtu", "1400", "alias", f"vf0 of {pf.name}")
+    pod = node.pod()
+    ns = os.path.basename(pod)
+    before = node.picture()
+    original = link(vf.netdev)
+    assert original is not None
+    conf = node.conf()
+    node.add(conf, netns=pod, ifname="net1")
+    # The pod owns its interface and may change it.  (Not its MAC here: a
+    # veth reports no parent device, so DEL finds it in the pod by MAC.)
+    sh("ip", "-n", ns, "link", "set", "dev", "net1", "mtu", "1300", "promisc", "on", "alias", "pod's own")
+
+    assert node.cni("DEL", conf, netns=pod, ifname="net1").rc == 0
+
+    back = link(vf.netdev)
+    assert back is not None and netdev_view(back) == netdev_view(original)
+    assert node.picture() == before
