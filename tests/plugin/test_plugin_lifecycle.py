@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pluginlib import Node, addresses, altname, ipam_reservations, link, link_names, netdev_view, sh
+from pluginlib import ZERO_MAC, Node, addresses, altname, ipam_reservations, link, link_names, netdev_view, sh
 
 VERSIONS = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 
@@ -128,6 +128,39 @@ def test_all_settings_restored_in_reverse_order(node: Node) -> None:
         ("mac", pf.name, 0, "00:00:00:00:00:00"),
         ("vlan", pf.name, 0, (0, 0, 0x8100)),
     ]
+    assert node.picture() == before
+
+
+def test_a_setting_the_driver_does_not_report_is_left_alone_and_the_rest_restored(node: Node) -> None:
+    # Some drivers report no trust flag: there is nothing to put back for
+    # it, but the settings applied before it must still be restored.
+    pf = node.add_pf(1)
+    node.fake.state[pf.name][0]["trust"] = None
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(vlan=10, trust="on")
+    node.add(conf, netns=pod)
+    node.fake.calls.clear()
+
+    assert node.cni("DEL", conf, netns=pod).rc == 0
+
+    assert node.fake.calls == [("vlan", pf.name, 0, (0, 0, 0x8100))]
+    assert node.picture() == {**before, "fake": {pf.name: {0: {**before["fake"][pf.name][0], "trust": True}}}}
+
+
+def test_the_pf_reading_of_the_mac_goes_back_after_the_pod_drifted_it(node: Node) -> None:
+    # igb records the MAC a VF programs itself in a pod as the PF's reading
+    # of it; DEL puts the reading back although no MAC was configured.
+    pf = node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf()
+    node.add(conf, netns=pod)
+    node.fake.state[pf.name][0]["mac"] = "02:00:00:00:d1:f7"
+
+    assert node.cni("DEL", conf, netns=pod).rc == 0
+
+    assert node.fake.calls == [("mac", pf.name, 0, ZERO_MAC)]
     assert node.picture() == before
 
 
