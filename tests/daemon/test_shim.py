@@ -408,24 +408,59 @@ def test_install_cni_python_scripts_run_this_installation(tmp_path: Path) -> Non
         assert "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
 
 
-def python_sriov(sock: Path, version: str, plugin_importable: bool = True) -> tuple[int, dict[str, Any]]:
-    """The Python ``sriov`` executable, claiming to be ``version``.
+def run_python_sriov(sock: Path | None, version: str, plugin_importable: bool = True,
+                     variable: str = "SRIOV_CNI_SOCKET", command: str = "VERSION") -> subprocess.CompletedProcess[bytes]:
+    """The Python ``sriov`` executable, claiming to be ``version``, told of ``sock`` by ``variable``.
 
     Without ``plugin_importable`` it can run nothing itself, so a call that
-    succeeds was run by the daemon.
+    succeeds was run by the daemon. ``sock`` None sets no socket variable.
     """
     block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin.commands'] = None; "
     code = (f"import sriov_cni; sriov_cni.__version__ = {version!r}; {block}"
             "from sriov_cni.daemon.client import main; main()")
-    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(sock), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
+    env = {"CNI_COMMAND": command, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    if sock is not None:
+        env[variable] = str(sock)
+    return subprocess.run([sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
                           capture_output=True, timeout=60)
+
+
+def python_sriov(sock: Path | None, version: str, plugin_importable: bool = True,
+                 variable: str = "SRIOV_CNI_SOCKET") -> tuple[int, dict[str, Any]]:
+    proc = run_python_sriov(sock, version, plugin_importable, variable)
     return proc.returncode, json.loads(proc.stdout)
 
 
 def test_python_client_is_served_by_the_daemon(daemon: Daemon) -> None:
     rc, out = python_sriov(daemon.socket, __version__, plugin_importable=False)
     assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_python_client_hands_the_daemon_its_stderr(daemon: Daemon) -> None:
+    # Without CNI_COMMAND the plugin describes itself on stderr: the
+    # client's own, passed with stdin and stdout, not the connection.
+    proc = run_python_sriov(daemon.socket, __version__, plugin_importable=False, command="")
+    assert proc.returncode == 0 and proc.stdout == b"", proc
+    assert b"CNI protocol versions supported: " in proc.stderr, proc
+
+
+def test_python_client_honours_the_old_socket_variable(daemon: Daemon) -> None:
+    # Nodes configured before the daemon served the shim still set it.
+    rc, out = python_sriov(daemon.socket, __version__, plugin_importable=False, variable="SRIOV_CNI_HELPER_SOCKET")
+    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_python_client_without_a_socket_variable_still_answers() -> None:
+    # It tries the default socket; whether a daemon listens there or not,
+    # the call is answered, never a traceback.
+    rc, out = python_sriov(None, __version__)
+    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
+
+
+def test_a_request_without_environment_decodes_and_a_shorter_one_does_not() -> None:
+    assert client.decode_request(client.encode_request("1.2", "sriov", "/", {})) == ("1.2", "sriov", "/", {})
+    with pytest.raises(ValueError, match="without version, program and working directory"):
+        client.decode_request(b"1.2\0sriov")
 
 
 def test_python_client_runs_in_process_when_the_daemon_refuses(daemon: Daemon) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,9 @@ import pytest
 from nodetree import FakeHost, Tree
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
+from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import allocate
-from sriov_cni.plugin.store import Allocation, FileStore, MemoryStore, Staged, Store
+from sriov_cni.plugin.store import Allocation, FileStore, MemoryStore, OriginalState, Staged, Store
 
 
 def make(vf: sysfs.VF, container: str = "ours") -> Allocation:
@@ -82,3 +84,140 @@ def test_a_staged_write_is_no_record_until_committed(kind: str, tmp_path: Path) 
     assert store.get(alloc.vf_pci) == alloc and set(store.ids()) == {alloc.vf_pci}
     if isinstance(store, FileStore):
         assert [p.name for p in store.vfs_dir.iterdir()] == [f"{alloc.vf_pci}.json"]
+
+
+@pytest.mark.parametrize("entry", ["eth0", "eth0#3", "eth0#0-3", "0000:01:00.0#0-3,5,7-9"])
+def test_a_pool_entry_prints_as_written(entry: str) -> None:
+    assert str(allocate.parse_pool_entry(entry)) == entry
+
+
+def test_a_pool_entry_is_sorted_deduplicated_and_printed_as_runs() -> None:
+    entry = allocate.parse_pool_entry("eth0# 9 ,3-3,0-1,2,1")
+    assert entry.indexes == (0, 1, 2, 3, 9)
+    assert str(entry) == "eth0#0-3,9"
+
+
+def test_the_highest_sriov_vf_index_is_accepted_and_one_more_is_not() -> None:
+    assert allocate.parse_pool_entry("eth0#65535").indexes == (65535,)
+    for entry in ("eth0#65536", "eth0#65530-65536"):
+        with pytest.raises(ValueError, match="above 65535"):
+            allocate.parse_pool_entry(entry)
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ("eth0#3-2", "ends before it starts"),
+    ("#3", "names no PF"),
+    ("eth0#", "is not a VF index or range"),
+    ("eth0#1-", "is not a VF index or range"),
+    ("eth 0#1", "neither a PF netdev name nor a PCI address"),
+])
+def test_a_bad_pool_entry_is_refused_saying_why(entry: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        allocate.parse_pool_entry(entry)
+
+
+def test_overlapping_pool_entries_name_each_vf_once_in_order(tree: Tree) -> None:
+    vfs = tree.igb(vfs=4)
+    entries = [allocate.parse_pool_entry(e) for e in ("eth0#2,1", "eth0#1-3", "0000:01:00.0#0")]
+    got = allocate.pool_vfs(entries)
+    assert [(vf.index, vf.pci, vf.pf.pci) for vf in got] == [
+        (1, vfs[1], "0000:01:00.0"), (2, vfs[2], "0000:01:00.0"), (3, vfs[3], "0000:01:00.0"),
+        (0, vfs[0], "0000:01:00.0"),
+    ]
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ("eth0#3", "asks for VF 3, but eth0 has sriov_numvfs=3"),
+    ("eth0#2-3", "asks for VF 3, but eth0 has sriov_numvfs=3"),
+    ("eth9", "pfNames entry 'eth9'"),
+])
+def test_a_pool_entry_beyond_the_pf_is_a_config_error(tree: Tree, entry: str, words: str) -> None:
+    tree.igb(vfs=3)
+    with pytest.raises(CNIError) as err:
+        allocate.pool_vfs([allocate.parse_pool_entry(entry)])
+    assert err.value.code == Code.INVALID_CONFIG and words in err.value.msg, err.value.msg
+
+
+def test_a_vf_sysfs_does_not_list_is_a_config_error(tree: Tree) -> None:
+    tree.igb(vfs=3)
+    (tree.devices / "0000:01:00.0" / "virtfn1").unlink()
+    with pytest.raises(CNIError) as err:
+        allocate.pool_vfs([allocate.parse_pool_entry("eth0")])
+    assert err.value.code == Code.INVALID_CONFIG and "eth0 has no VF 1 in sysfs" in err.value.msg
+
+
+def test_vf_states(tree: Tree, tmp_path: Path) -> None:
+    tree.igb(vfs=1)
+    tree.vf("0000:01:00.0", 1, "0000:01:10.1", None, driver="vfio-pci")
+    tree.vf("0000:01:00.0", 2, "0000:01:10.2", None)
+    host = {"eth0v0"}
+    vf0 = "0000:01:10.0"
+    free = allocate.vf_state(vf0, None, host.__contains__)
+    elsewhere = allocate.vf_state(vf0, None, lambda name: False)
+    dpdk = allocate.vf_state("0000:01:10.1", None, lambda name: False)
+    no_netdev = allocate.vf_state("0000:01:10.2", None, host.__contains__)
+    assert (free, elsewhere, dpdk, no_netdev) == (
+        allocate.VfState.FREE, allocate.VfState.IN_USE, allocate.VfState.FREE, allocate.VfState.IN_USE)
+
+    own = os.stat("/proc/self/ns/net").st_ino
+    alloc = make(sysfs.VF(vf0, 0, sysfs.resolve_pf("eth0")))
+    # A record is judged by its namespace alone, whatever sysfs shows.
+    for path, inode, state in [
+        ("/proc/self/ns/net", None, allocate.VfState.ALLOCATED),
+        ("/proc/self/ns/net", own, allocate.VfState.ALLOCATED),
+        ("/proc/self/ns/net", own + 1, allocate.VfState.STALE),  # the path now names another namespace
+        (str(tmp_path / "gone"), None, allocate.VfState.STALE),
+    ]:
+        alloc.netns, alloc.netns_inode = path, inode
+        assert allocate.vf_state(vf0, alloc, host.__contains__) is state, (path, inode)
+
+
+def record(store: Store, vf: sysfs.VF, container: str, netns: str) -> Allocation:
+    alloc = make(vf, container)
+    alloc.netns = netns
+    alloc.original = OriginalState(pf=PfSettings(mac="02:00:00:00:00:0%d" % vf.index), netdev=f"eth0v{vf.index}")
+    with store.locked():
+        store.put(alloc)
+    stored = store.get(vf.pci)
+    assert stored is not None
+    return stored
+
+
+def test_a_stale_vf_is_reclaimed_only_when_none_is_free(tree: Tree, tmp_path: Path) -> None:
+    candidates = pool(tree, 2)
+    store = FileStore(tmp_path / "data")
+    dead = record(store, candidates[0], "dead", str(tmp_path / "gone"))
+
+    assert reserve(store, candidates).vf_pci == candidates[1].pci
+
+    host = FakeHost()
+    with allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False) as lease:
+        assert lease.stale == dead and lease.alloc.vf_pci == candidates[0].pci
+        # The VF is still as the dead container left it: what it was before is the old record's.
+        assert lease.alloc.original == dead.original
+    assert store.get(candidates[0].pci) == lease.alloc and lease.alloc.container_id == "ours"
+
+    with pytest.raises(CNIError) as err:
+        reserve(store, candidates)
+    assert err.value.code == Code.NO_FREE_VF
+    assert err.value.msg == "no free VF in the pool (2 VFs, all taken)"
+    assert err.value.details == "; ".join(
+        f"{vf.pci} (container ours, netns /proc/self/ns/net)" for vf in candidates)
+
+
+def test_a_named_vf_that_is_not_free_is_named_with_its_owner(tree: Tree, tmp_path: Path) -> None:
+    candidates = pool(tree, 2)
+    store = FileStore(tmp_path / "data")
+    record(store, candidates[0], "other", "/proc/self/ns/net")
+    host = FakeHost()
+    in_host = lambda name: host.find(name) is not None  # noqa: E731
+    with pytest.raises(CNIError) as err:
+        allocate.reserve(store, candidates[:1], make, in_host, True)
+    assert err.value.code == Code.NO_FREE_VF
+    assert err.value.msg == f"VF {candidates[0].pci} (container other, netns /proc/self/ns/net) is not free"
+
+    # Its netdev is in some other namespace, and no record says whose.
+    with pytest.raises(CNIError) as err:
+        allocate.reserve(store, candidates[1:], make, lambda name: False, True)
+    assert err.value.msg == f"VF {candidates[1].pci} (its netdev is not in the host network namespace) is not free"
+    assert store.get(candidates[1].pci) is None

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from sriov_cni.cni import Code
 from sriov_cni.kernel import netlink
 from sriov_cni.plugin import bind
 
-from pluginlib import Node, altname, link, link_names, sh
+from pluginlib import Node, Ready, altname, link, link_names, sh
 
 
 def test_a_refused_rename_leaves_the_link_in_its_namespace_with_its_altnames(node: Node) -> None:
@@ -96,3 +97,39 @@ def test_admin_mac_is_retried_while_the_driver_answers_busy(node: Node, monkeypa
     assert state["mac"] == mac
     inside = link("net1", os.path.basename(pod))
     assert inside is not None and inside["address"] == mac
+
+
+def test_admin_mac_is_read_back_until_the_driver_shows_it(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    # iavf accepts a VF MAC and applies it later: the request's success is
+    # not enough, the PF's reading must show it before the netdev is set.
+    pf = node.add_pf(1)
+    pod = node.pod()
+    monkeypatch.setattr(bind, "MAC_RETRY_DELAY", 0)
+    ignored = [2]
+    set_mac = node.fake.set_mac
+
+    def late(pf_name: str, vf: int, mac: str) -> None:
+        if ignored[0]:
+            ignored[0] -= 1
+            node.fake.calls.append(("mac", pf_name, vf, mac))
+            return
+        set_mac(pf_name, vf, mac)
+
+    monkeypatch.setattr(node.fake, "set_mac", late)
+    mac = "02:aa:bb:cc:dd:02"
+    node.add(node.conf(mac=mac), netns=pod)
+
+    assert [c for c in node.fake.calls if c[0] == "mac"] == [("mac", pf.name, 0, mac)] * 3
+    assert node.fake.state[pf.name][0]["mac"] == mac
+
+
+def test_admin_mac_the_driver_never_shows_fails_the_add(ready: Ready, monkeypatch: pytest.MonkeyPatch) -> None:
+    node, pod, before = ready
+    monkeypatch.setattr(bind, "MAC_RETRY_DELAY", 0)
+    monkeypatch.setattr(node.fake, "set_mac", lambda pf_name, vf, mac: None)
+
+    res = node.cni("ADD", node.conf(mac="02:aa:bb:cc:dd:03"), netns=pod)
+
+    assert res.rc != 0 and res.code == Code.DEVICE, res.stdout
+    assert "did not take admin MAC 02:aa:bb:cc:dd:03" in res.out["msg"]
+    assert node.picture() == before

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pluginlib import Node, addresses, altname, ipam_reservations, link, link_names, netdev_view, sh
+from pluginlib import ZERO_MAC, Node, addresses, altname, ipam_reservations, link, link_names, netdev_view, sh
 
 VERSIONS = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 
@@ -131,6 +131,39 @@ def test_all_settings_restored_in_reverse_order(node: Node) -> None:
     assert node.picture() == before
 
 
+def test_a_setting_the_driver_does_not_report_is_left_alone_and_the_rest_restored(node: Node) -> None:
+    # Some drivers report no trust flag: there is nothing to put back for
+    # it, but the settings applied before it must still be restored.
+    pf = node.add_pf(1)
+    node.fake.state[pf.name][0]["trust"] = None
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(vlan=10, trust="on")
+    node.add(conf, netns=pod)
+    node.fake.calls.clear()
+
+    assert node.cni("DEL", conf, netns=pod).rc == 0
+
+    assert node.fake.calls == [("vlan", pf.name, 0, (0, 0, 0x8100))]
+    assert node.picture() == {**before, "fake": {pf.name: {0: {**before["fake"][pf.name][0], "trust": True}}}}
+
+
+def test_the_pf_reading_of_the_mac_goes_back_after_the_pod_drifted_it(node: Node) -> None:
+    # igb records the MAC a VF programs itself in a pod as the PF's reading
+    # of it; DEL puts the reading back although no MAC was configured.
+    pf = node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf()
+    node.add(conf, netns=pod)
+    node.fake.state[pf.name][0]["mac"] = "02:00:00:00:d1:f7"
+
+    assert node.cni("DEL", conf, netns=pod).rc == 0
+
+    assert node.fake.calls == [("mac", pf.name, 0, ZERO_MAC)]
+    assert node.picture() == before
+
+
 MAC_CONF, MAC_ARGS, MAC_RUNTIME = "02:00:00:00:00:c1", "02:00:00:00:00:a2", "02:00:00:00:00:e3"
 
 
@@ -178,3 +211,26 @@ def test_each_invocation_closes_its_vf_control(node: Node) -> None:
     assert node.fake.closed == 1
     assert node.cni("DEL", conf, netns=pod).rc == 0
     assert node.fake.closed == 2
+
+
+def test_del_undoes_what_the_pod_changed_on_the_netdev(node: Node) -> None:
+    pf = node.add_pf(1)
+    vf = pf.vfs[0]
+    assert vf.netdev
+    sh("ip", "link", "set", "dev", vf.netdev, "mtu", "1400", "alias", f"vf0 of {pf.name}")
+    pod = node.pod()
+    ns = os.path.basename(pod)
+    before = node.picture()
+    original = link(vf.netdev)
+    assert original is not None
+    conf = node.conf()
+    node.add(conf, netns=pod, ifname="net1")
+    # The pod owns its interface and may change it.  (Not its MAC here: a
+    # veth reports no parent device, so DEL finds it in the pod by MAC.)
+    sh("ip", "-n", ns, "link", "set", "dev", "net1", "mtu", "1300", "promisc", "on", "alias", "pod's own")
+
+    assert node.cni("DEL", conf, netns=pod, ifname="net1").rc == 0
+
+    back = link(vf.netdev)
+    assert back is not None and netdev_view(back) == netdev_view(original)
+    assert node.picture() == before
