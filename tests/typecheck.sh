@@ -3,8 +3,9 @@
 # The test directories import their helpers by bare module name (pluginlib,
 # nodetree, vmlib, ...) and several have a conftest.py, so checked together
 # the module names clash; each is checked with the directories it puts on
-# sys.path itself as its MYPYPATH.  Exits non-zero if any check fails, after
-# running them all.
+# sys.path itself as its MYPYPATH, after tests/ (where the helpers shared
+# across directories live).  Exits non-zero if any check fails, after running
+# them all.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -14,8 +15,8 @@ status=0
 echo "typecheck: sriov_cni, ipam"
 python3 -m mypy || status=1
 
-echo "typecheck: tests/conftest.py"
-python3 -m mypy --strict --explicit-package-bases --cache-dir .mypy_cache/tests tests/conftest.py || status=1
+echo "typecheck: tests/conftest.py, tests/hangipam.py"
+python3 -m mypy --strict --explicit-package-bases --cache-dir .mypy_cache/tests tests/conftest.py tests/hangipam.py || status=1
 
 for dir in tests/*/; do
     dir=${dir%/}
@@ -27,7 +28,7 @@ for dir in tests/*/; do
         *)      extra="" ;;
     esac
     echo "typecheck: $dir"
-    MYPYPATH="$dir${extra:+:$extra}" python3 -m mypy --strict --explicit-package-bases \
+    MYPYPATH="tests:$dir${extra:+:$extra}" python3 -m mypy --strict --explicit-package-bases \
         --cache-dir ".mypy_cache/tests-$name" "$dir" || status=1
 done
 

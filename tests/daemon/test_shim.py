@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+import hangipam
 from sriov_cni import __version__
 from sriov_cni.daemon import client, server
 
@@ -283,15 +284,6 @@ def test_daemon_child_killed_mid_call_is_reported_not_retried(daemon: Daemon, tm
     assert rc == 0, out2
 
 
-def zombie_or_gone(pid: int) -> bool:
-    """Ended: no such process, or a zombie its parent has not collected yet
-    (the daemon collects its children when it next accepts a call)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_a_call_and_its_ipam_end_when_the_shim_is_killed(daemon: Daemon, tmp_path: Path) -> None:
     # What a runtime does to a call it gave up on: it kills the executable
     # it ran.  The call must end with it, as an executed plugin would, and
@@ -300,11 +292,8 @@ def test_a_call_and_its_ipam_end_when_the_shim_is_killed(daemon: Daemon, tmp_pat
     bin_dir = tmp_path / "cni-bin"
     bin_dir.mkdir()
     pid_file = tmp_path / "ipam.pid"
-    hang = bin_dir / "hang-ipam"
-    hang.write_text(f"#!/bin/sh\necho $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 300\n")
-    hang.chmod(0o755)
     conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "sriov", "dataDir": str(tmp_path / "state"),
-                       "ipam": {"type": "hang-ipam"}})
+                       "ipam": {"type": hangipam.install(bin_dir, pid_file)}})
     link = tmp_path / "bin" / "sriov"
     link.parent.mkdir()
     link.symlink_to(SHIM)
@@ -314,13 +303,13 @@ def test_a_call_and_its_ipam_end_when_the_shim_is_killed(daemon: Daemon, tmp_pat
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(conf.encode())
     proc.stdin.close()
-    ipam = int(wait_for(lambda: pid_file.exists() and pid_file.read_text()))
+    ipam = hangipam.started(pid_file)
     child = daemon.children()[0]
-    assert not zombie_or_gone(ipam) and not zombie_or_gone(child)
+    assert not hangipam.ended(ipam) and not hangipam.ended(child)
     proc.kill()
     proc.wait(timeout=60)
     proc.stdout.close()
-    wait_for(lambda: zombie_or_gone(child) and zombie_or_gone(ipam))
+    wait_for(lambda: hangipam.ended(child) and hangipam.ended(ipam))
     rc, out = shim(daemon.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
     assert rc == 0, out
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import hangipam
 from pluginlib import SRIOV_BIN, Node, addresses, ipam_reservations, link_names, routes
 
 
@@ -71,15 +72,6 @@ def test_debian_host_local_refuses_1_1_0_cleanly(node: Node) -> None:
     assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
 
 
-def _gone(pid: int) -> bool:
-    """Ended: no such process, or a zombie nobody has collected yet."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_a_delegated_ipam_plugin_dies_with_the_plugin(tmp_path: Path) -> None:
     # A runtime that gives up on a call kills the plugin and nothing else.
     # Left running, a hung IPAM DEL would finish after the runtime's retry
@@ -87,10 +79,8 @@ def test_a_delegated_ipam_plugin_dies_with_the_plugin(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     pid_file = tmp_path / "ipam.pid"
-    hang = bin_dir / "hang-ipam"
-    hang.write_text(f"#!/bin/sh\necho $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 300\n")
-    hang.chmod(0o755)
-    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "sriov", "ipam": {"type": "hang-ipam"}})
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "sriov",
+                       "ipam": {"type": hangipam.install(bin_dir, pid_file)}})
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir),
            "CNI_NETNS": str(tmp_path / "gone"), "SRIOV_CNI_SOCKET": str(tmp_path / "no-daemon.sock"),
            "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -98,16 +88,12 @@ def test_a_delegated_ipam_plugin_dies_with_the_plugin(tmp_path: Path) -> None:
     assert plugin.stdin is not None
     plugin.stdin.write(conf.encode())
     plugin.stdin.close()
-    for _ in range(600):
-        if pid_file.exists():
-            break
-        time.sleep(0.05)
-    ipam = int(pid_file.read_text())
-    assert not _gone(ipam)
+    ipam = hangipam.started(pid_file)
+    assert not hangipam.ended(ipam)
     plugin.kill()
     plugin.wait(timeout=60)
     for _ in range(600):
-        if _gone(ipam):
+        if hangipam.ended(ipam):
             break
         time.sleep(0.05)
     else:
