@@ -3,9 +3,10 @@
 # The test directories import their helpers by bare module name (pluginlib,
 # nodetree, vmlib, ...) and several have a conftest.py, so checked together
 # the module names clash; each is checked with the directories it puts on
-# sys.path itself as its MYPYPATH, after tests/ (where the helpers shared
-# across directories live).  Exits non-zero if any check fails, after running
-# them all.
+# sys.path itself as its MYPYPATH (tests/ itself, where the helpers shared
+# across directories live, only for the directories importing them: on every
+# path it would make stress.py both "stress" and "stress.stress").  Exits
+# non-zero if any check fails, after running them all.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,10 +26,11 @@ for dir in tests/*/; do
     case $name in
         bench)  extra=tests/plugin:tests/node ;;
         stress) extra=tests/plugin:tests/vm ;;
+        daemon|plugin) extra=tests ;;
         *)      extra="" ;;
     esac
     echo "typecheck: $dir"
-    MYPYPATH="tests:$dir${extra:+:$extra}" python3 -m mypy --strict --explicit-package-bases \
+    MYPYPATH="$dir${extra:+:$extra}" python3 -m mypy --strict --explicit-package-bases \
         --cache-dir ".mypy_cache/tests-$name" "$dir" || status=1
 done
 
