@@ -49,6 +49,9 @@ PHASES: dict[tuple[str, str], str] = {
     ("commands.py", "_not_host"): "netns checks, look-ups",
 }
 OTHER = "other"
+# The function each netlink request passes through once: sriov_cni's own
+# request path, and pyroute2's socket core (IPRoute, in revisions that used it).
+REQUESTS = (("sriov_cni/kernel/rtnl.py", "_exchange"), ("pyroute2/netlink/core.py", "send"))
 
 Func = tuple[str, int, str]
 
@@ -58,8 +61,12 @@ def _phase_of(func: Func) -> str | None:
     return PHASES.get((name, func[2])) or PHASES.get((name, "*"))
 
 
-def breakdown(prof: Path) -> tuple[dict[str, float], float]:
-    """Seconds per phase and the profiled total, from one cProfile dump."""
+def breakdown(prof: Path) -> tuple[dict[str, float], dict[str, float], float]:
+    """Seconds and netlink requests per phase, and the profiled total, from one cProfile dump.
+
+    A request is charged to phases as its function's time is (a request
+    function called from two phases is split by the time spent from each).
+    """
     stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
     shares: dict[Func, dict[str, float]] = {}
     visiting: set[Func] = set()
@@ -86,17 +93,22 @@ def breakdown(prof: Path) -> tuple[dict[str, float], float]:
         return shares[func]
 
     seconds: dict[str, float] = defaultdict(float)
-    for func, (_, _, own, _, _) in stats.items():
+    requests: dict[str, float] = defaultdict(float)
+    for func, (_, calls, own, _, _) in stats.items():
+        counted = any(func[0].endswith(path) and func[2] == name for path, name in REQUESTS)
         for name, part in share(func).items():
             seconds[name] += own * part
-    return dict(seconds), sum(entry[2] for entry in stats.values())
+            if counted:
+                requests[name] += calls * part
+    return dict(seconds), dict(requests), sum(entry[2] for entry in stats.values())
 
 
 def table(title: str, prof: Path, unprofiled: float | None) -> list[str]:
-    seconds, total = breakdown(prof)
+    seconds, requests, total = breakdown(prof)
     lines = [f"{title}: {total * 1000:.1f} ms under cProfile"
-             + (f" ({unprofiled * 1000:.1f} ms without)" if unprofiled is not None else "")]
-    lines.append(f"  {'phase':42} {'ms':>8} {'share':>6}")
+             + (f" ({unprofiled * 1000:.1f} ms without)" if unprofiled is not None else "")
+             + f", {sum(requests.values()):.0f} netlink requests"]
+    lines.append(f"  {'phase':42} {'ms':>8} {'share':>6} {'netlink':>7}")
     for name, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {name:42} {value * 1000:8.1f} {value / total:6.1%}")
+        lines.append(f"  {name:42} {value * 1000:8.1f} {value / total:6.1%} {requests.get(name, 0):7.0f}")
     return lines
