@@ -73,23 +73,33 @@ class LinkInfo:
 
 
 def _link_info(msg: Any) -> LinkInfo:
+    # One pass over the attributes: get_attr scans them all for each name,
+    # and a link carries dozens.  pyroute2 decodes an attribute when its value is read.
+    attrs: dict[str, Any] = {}
+    for slot in msg["attrs"]:
+        attrs.setdefault(slot.name, slot)
+
+    def attr(name: str) -> Any:
+        slot = attrs.get(name)
+        return None if slot is None else slot.value
+
     flags = int(msg["flags"])
-    proplist = msg.get_attr("IFLA_PROP_LIST")
+    proplist = attr("IFLA_PROP_LIST")
     altnames: tuple[str, ...] = ()
     if proplist is not None:
         altnames = tuple(str(a) for a in proplist.get_attrs("IFLA_ALT_IFNAME"))
     return LinkInfo(
         index=int(msg["index"]),
-        name=str(msg.get_attr("IFLA_IFNAME")),
-        mac=str(msg.get_attr("IFLA_ADDRESS") or ""),
-        mtu=int(msg.get_attr("IFLA_MTU") or 0),
+        name=str(attr("IFLA_IFNAME")),
+        mac=str(attr("IFLA_ADDRESS") or ""),
+        mtu=int(attr("IFLA_MTU") or 0),
         up=bool(flags & IFF_UP),
-        carrier=bool(msg.get_attr("IFLA_CARRIER")),
+        carrier=bool(attr("IFLA_CARRIER")),
         promisc=bool(flags & IFF_PROMISC),
         altnames=altnames,
-        alias=str(msg.get_attr("IFLA_IFALIAS") or ""),
-        parent_bus=str(msg.get_attr("IFLA_PARENT_DEV_BUS_NAME") or ""),
-        parent_dev=str(msg.get_attr("IFLA_PARENT_DEV_NAME") or ""),
+        alias=str(attr("IFLA_IFALIAS") or ""),
+        parent_bus=str(attr("IFLA_PARENT_DEV_BUS_NAME") or ""),
+        parent_dev=str(attr("IFLA_PARENT_DEV_NAME") or ""),
     )
 
 
