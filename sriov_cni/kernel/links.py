@@ -41,12 +41,6 @@ IFF_PROMISC = 0x100
 RT_TABLE_MAIN = 254
 RTPROT_STATIC = 4
 RTN_UNICAST = 1
-RTEXT_FILTER_VF = 1 << 0
-# Answers to link reads leave out the counters: nothing here reads them, and
-# they are most of what the kernel sends and pyroute2 decodes.  Kernels older
-# than the flag ignore it.
-RTEXT_FILTER_SKIP_STATS = 1 << 3
-_SKIP_STATS = ("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)
 
 
 @contextmanager
@@ -114,7 +108,7 @@ class Namespace:
         self._rtnl.close()
 
     def _get(self, fields: dict[str, int], attrs: list[tuple[str, Any]]) -> LinkInfo:
-        msg = message(ifinfmsg, fields, [*attrs, _SKIP_STATS])
+        msg = message(ifinfmsg, fields, attrs)
         return _link_info(self._rtnl.request(RTM_GETLINK, msg)[0])
 
     def find(self, name: str) -> LinkInfo | None:
@@ -130,7 +124,7 @@ class Namespace:
 
     def links(self) -> list[LinkInfo]:
         with translate("listing links"):
-            msgs = self._rtnl.request(RTM_GETLINK, message(ifinfmsg, {}, [_SKIP_STATS]), NLM_F_DUMP)
+            msgs = self._rtnl.request(RTM_GETLINK, message(ifinfmsg, {}, []), NLM_F_DUMP)
             return [_link_info(m) for m in msgs]
 
     def _set(self, index: int, what: str, attrs: list[tuple[str, Any]], flags: int = 0, change: int = 0) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg as _ifinfmsg
 
-from sriov_cni.kernel.links import RTEXT_FILTER_SKIP_STATS, RTEXT_FILTER_VF, translate
+from sriov_cni.kernel.links import translate
 from sriov_cni.kernel.nlerrors import LinkNotFound
 from sriov_cni.kernel.rtnl import Rtnl, message
 from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
@@ -22,6 +22,12 @@ from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 _IVVI = _ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
 if len(_IVVI.fields) == 4:
     _IVVI.fields = _IVVI.fields + (("__pad", "H"),)
+
+RTEXT_FILTER_VF = 1 << 0
+# Leaves out each VF's counters (IFLA_VF_STATS), which nothing here reads: with
+# many VFs they are a large part of a PF's answer to send and decode.  The
+# flag covers VF counters only; kernels older than it ignore it.
+RTEXT_FILTER_SKIP_STATS = 1 << 3
 
 
 def _setting(attrs: Any, name: str, key: str) -> int | None:
@@ -76,7 +82,7 @@ class KernelVfControl:
 
     def _index(self, pf: str) -> int:
         if pf not in self._indexes:
-            msg = message(_ifinfmsg, {}, [("IFLA_IFNAME", pf), ("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)])
+            msg = message(_ifinfmsg, {}, [("IFLA_IFNAME", pf)])
             try:
                 with translate(f"looking up PF {pf}"):
                     found = self._handle().request(RTM_GETLINK, msg)[0]

@@ -120,7 +120,7 @@ def test_the_kernels_errno_reaches_the_caller(inside: netlink.Namespace) -> None
 
 def test_a_link_dump_longer_than_one_datagram_is_read_to_its_end(pod: str, inside: netlink.Namespace) -> None:
     ns = os.path.basename(pod)
-    # ~1 KiB per link without counters; the kernel sends at most 32 KiB per datagram.
+    # Over 1 KiB per link; the kernel sends at most 32 KiB per datagram.
     batch = "".join(f"link add m{i} type veth peer name m{i}p\n" for i in range(60))
     subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, text=True, check=True)
     names = [link.name for link in inside.links()]
