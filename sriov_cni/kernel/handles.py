@@ -9,16 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyroute2 import IPRoute
-
 from sriov_cni.kernel.links import Namespace
 from sriov_cni.kernel.netns import netlink_socket_in
 from sriov_cni.kernel.nlerrors import NetlinkError
+from sriov_cni.kernel.rtnl import Rtnl
 
 
 def _open(path: str | None) -> Namespace:
-    ipr = IPRoute(use_socket=netlink_socket_in(path)) if path else IPRoute()
-    return Namespace(ipr, path)
+    return Namespace(Rtnl(netlink_socket_in(path) if path else None), path)
 
 
 # Handles kept open for the duration of a session (one CNI command):

@@ -1,7 +1,7 @@
 """Link, address and route operations inside one network namespace, over netlink.
 
-:class:`Namespace` wraps a pyroute2 handle; :mod:`sriov_cni.kernel.handles` opens
-and caches them.  pyroute2's ``NetlinkError`` becomes the exceptions of
+:class:`Namespace` makes its requests on a :class:`sriov_cni.kernel.rtnl.Rtnl`
+socket; :mod:`sriov_cni.kernel.handles` opens and caches them.  pyroute2's ``NetlinkError`` becomes the exceptions of
 :mod:`sriov_cni.kernel.nlerrors` here (:func:`translate`).
 """
 
@@ -9,19 +9,38 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from pyroute2 import NetlinkError as _PyNetlinkError
+from pyroute2.netlink import NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL
+from pyroute2.netlink.rtnl import (
+    RTM_DELLINKPROP,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWLINKPROP,
+    RTM_NEWROUTE,
+)
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from sriov_cni.cni import IPAddress, IPInterface, IPNetwork
 from sriov_cni.kernel.netns import open_netns, run_in_netns
 from sriov_cni.kernel.nlerrors import LinkNotFound, for_errno
+from sriov_cni.kernel.rtnl import Rtnl, message
 
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
+RT_TABLE_MAIN = 254
+RTPROT_STATIC = 4
+RTN_UNICAST = 1
 
 
 @contextmanager
@@ -48,82 +67,104 @@ class LinkInfo:
 
 
 def _link_info(msg: Any) -> LinkInfo:
+    # One pass over the attributes: get_attr scans them all for each name,
+    # and a link carries dozens.  pyroute2 decodes an attribute when its value is read.
+    attrs: dict[str, Any] = {}
+    for slot in msg["attrs"]:
+        attrs.setdefault(slot.name, slot)
+
+    def attr(name: str) -> Any:
+        slot = attrs.get(name)
+        return None if slot is None else slot.value
+
     flags = int(msg["flags"])
-    proplist = msg.get_attr("IFLA_PROP_LIST")
+    proplist = attr("IFLA_PROP_LIST")
     altnames: tuple[str, ...] = ()
     if proplist is not None:
         altnames = tuple(str(a) for a in proplist.get_attrs("IFLA_ALT_IFNAME"))
     return LinkInfo(
         index=int(msg["index"]),
-        name=str(msg.get_attr("IFLA_IFNAME")),
-        mac=str(msg.get_attr("IFLA_ADDRESS") or ""),
-        mtu=int(msg.get_attr("IFLA_MTU") or 0),
+        name=str(attr("IFLA_IFNAME")),
+        mac=str(attr("IFLA_ADDRESS") or ""),
+        mtu=int(attr("IFLA_MTU") or 0),
         up=bool(flags & IFF_UP),
-        carrier=bool(msg.get_attr("IFLA_CARRIER")),
+        carrier=bool(attr("IFLA_CARRIER")),
         promisc=bool(flags & IFF_PROMISC),
         altnames=altnames,
-        alias=str(msg.get_attr("IFLA_IFALIAS") or ""),
-        parent_bus=str(msg.get_attr("IFLA_PARENT_DEV_BUS_NAME") or ""),
-        parent_dev=str(msg.get_attr("IFLA_PARENT_DEV_NAME") or ""),
+        alias=str(attr("IFLA_IFALIAS") or ""),
+        parent_bus=str(attr("IFLA_PARENT_DEV_BUS_NAME") or ""),
+        parent_dev=str(attr("IFLA_PARENT_DEV_NAME") or ""),
     )
 
 
 class Namespace:
     """Link, address and route operations inside one network namespace."""
 
-    def __init__(self, ipr: Any, path: str | None) -> None:
-        self._ipr = ipr
+    def __init__(self, rtnl: Rtnl, path: str | None) -> None:
+        self._rtnl = rtnl
         self.path = path
 
     def close(self) -> None:
-        self._ipr.close()
+        self._rtnl.close()
+
+    def _get(self, fields: dict[str, int], attrs: list[tuple[str, Any]]) -> LinkInfo:
+        msg = message(ifinfmsg, fields, attrs)
+        return _link_info(self._rtnl.request(RTM_GETLINK, msg)[0])
 
     def find(self, name: str) -> LinkInfo | None:
         try:
             with translate(f"looking up {name}"):
-                return _link_info(self._ipr.link("get", ifname=name)[0])
+                return self._get({}, [("IFLA_IFNAME", name)])
         except LinkNotFound:
             return None
 
     def get(self, index: int) -> LinkInfo:
         with translate(f"reading link {index}"):
-            return _link_info(self._ipr.link("get", index=index)[0])
+            return self._get({"index": index}, [])
 
     def links(self) -> list[LinkInfo]:
         with translate("listing links"):
-            return [_link_info(m) for m in self._ipr.link("dump")]
+            msgs = self._rtnl.request(RTM_GETLINK, message(ifinfmsg, {}, []), NLM_F_DUMP)
+            return [_link_info(m) for m in msgs]
 
-    def _set(self, index: int, what: str, **kwargs: Any) -> None:
+    def _set(self, index: int, what: str, attrs: list[tuple[str, Any]], flags: int = 0, change: int = 0) -> None:
+        # RTM_NEWLINK on an existing index changes that link (as `ip link set` does);
+        # ``change`` says which bits of ``flags`` to apply.
+        msg = message(ifinfmsg, {"index": index, "flags": flags, "change": change}, attrs)
         with translate(f"{what} (link {index})"):
-            self._ipr.link("set", index=index, **kwargs)
+            self._rtnl.request(RTM_NEWLINK, msg)
 
     def set_up(self, index: int, up: bool) -> None:
-        self._set(index, "setting link up" if up else "setting link down", state="up" if up else "down")
+        self._set(index, "setting link up" if up else "setting link down", [], IFF_UP if up else 0, IFF_UP)
 
     def rename(self, index: int, name: str) -> None:
-        self._set(index, f"renaming to {name}", ifname=name)
+        self._set(index, f"renaming to {name}", [("IFLA_IFNAME", name)])
 
     def set_mtu(self, index: int, mtu: int) -> None:
-        self._set(index, f"setting MTU {mtu}", mtu=mtu)
+        self._set(index, f"setting MTU {mtu}", [("IFLA_MTU", mtu)])
 
     def set_mac(self, index: int, mac: str) -> None:
-        self._set(index, f"setting MAC {mac}", address=mac)
+        self._set(index, f"setting MAC {mac}", [("IFLA_ADDRESS", mac)])
 
     def set_promisc(self, index: int, on: bool) -> None:
-        self._set(index, "setting promiscuous mode", flags=IFF_PROMISC if on else 0, change=IFF_PROMISC)
+        self._set(index, "setting promiscuous mode", [], IFF_PROMISC if on else 0, IFF_PROMISC)
 
     def set_alias(self, index: int, alias: str) -> None:
-        self._set(index, "setting alias", ifalias=alias)
+        self._set(index, "setting alias", [("IFLA_IFALIAS", alias)])
+
+    def _altnames(self, msg_type: int, flags: int, index: int, names: tuple[str, ...], what: str) -> None:
+        proplist = {"attrs": [("IFLA_ALT_IFNAME", name) for name in names]}
+        msg = message(ifinfmsg, {"index": index}, [("IFLA_PROP_LIST", proplist)])
+        with translate(f"{what} altnames {', '.join(names)} (link {index})"):
+            self._rtnl.request(msg_type, msg, flags)
 
     def del_altnames(self, index: int, names: tuple[str, ...]) -> None:
         if names:
-            with translate(f"removing altnames {', '.join(names)} (link {index})"):
-                self._ipr.link("property_del", index=index, altname=list(names))
+            self._altnames(RTM_DELLINKPROP, 0, index, names, "removing")
 
     def add_altnames(self, index: int, names: tuple[str, ...]) -> None:
         if names:
-            with translate(f"adding altnames {', '.join(names)} (link {index})"):
-                self._ipr.link("property_add", index=index, altname=list(names))
+            self._altnames(RTM_NEWLINKPROP, NLM_F_CREATE | NLM_F_APPEND, index, names, "adding")
 
     def move(self, index: int, netns_path: str, name: str | None = None) -> None:
         """Move a link to another namespace, renaming it there when ``name`` is given.
@@ -136,23 +177,32 @@ class Namespace:
         before refusing the rename (LinkExists): look for it there.
         """
         fd = open_netns(netns_path)
-        extra = {"ifname": name} if name else {}
+        attrs: list[tuple[str, Any]] = [("IFLA_NET_NS_FD", fd)]
+        if name:
+            attrs.append(("IFLA_IFNAME", name))
         try:
-            self._set(index, f"moving to {netns_path}" + (f" as {name}" if name else ""), net_ns_fd=fd, **extra)
+            self._set(index, f"moving to {netns_path}" + (f" as {name}" if name else ""), attrs)
         finally:
             os.close(fd)
 
     def add_address(self, index: int, address: IPInterface) -> None:
+        ip = str(address.ip)
+        attrs = [("IFA_ADDRESS", ip)]
+        if address.version == 4:
+            # IPv4 needs the local address too (IFA_ADDRESS is the peer's on point-to-point links).
+            attrs.append(("IFA_LOCAL", ip))
+        family = socket.AF_INET if address.version == 4 else socket.AF_INET6
+        msg = message(ifaddrmsg, {"family": family, "prefixlen": address.network.prefixlen, "index": index}, attrs)
         with translate(f"adding address {address} (link {index})"):
-            self._ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
+            self._rtnl.request(RTM_NEWADDR, msg, NLM_F_CREATE | NLM_F_EXCL)
 
     def addresses(self, index: int) -> list[IPInterface]:
         with translate(f"listing addresses (link {index})"):
-            msgs = self._ipr.addr("dump", index=index)
+            msgs = self._rtnl.request(RTM_GETADDR, message(ifaddrmsg, {}, []), NLM_F_DUMP)
             return [
                 ipaddress.ip_interface(f"{m.get_attr('IFA_ADDRESS')}/{m['prefixlen']}")
                 for m in msgs
-                if m.get_attr("IFA_ADDRESS")
+                if m["index"] == index and m.get_attr("IFA_ADDRESS")
             ]
 
     def add_route(
@@ -167,28 +217,38 @@ class Namespace:
         mtu: int | None = None,
         advmss: int | None = None,
     ) -> None:
-        kwargs: dict[str, Any] = {"oif": index, "dst": str(dst) if dst.prefixlen else "default"}
-        if dst.version == 6:
-            kwargs["family"] = 10
+        fields = {
+            "family": socket.AF_INET if dst.version == 4 else socket.AF_INET6,
+            "dst_len": dst.prefixlen,
+            # The header holds 8 bits of table id; RTA_TABLE (below) carries any.
+            "table": table if table and table < 256 else RT_TABLE_MAIN,
+            "proto": RTPROT_STATIC,
+            "scope": scope or 0,
+            "type": RTN_UNICAST,
+        }
+        attrs: list[tuple[str, Any]] = [("RTA_OIF", index)]
+        if dst.prefixlen:
+            attrs.append(("RTA_DST", str(dst.network_address)))
         if gateway is not None:
-            kwargs["gateway"] = str(gateway)
+            attrs.append(("RTA_GATEWAY", str(gateway)))
         if priority is not None:
-            kwargs["priority"] = priority
-        if table is not None:
-            kwargs["table"] = table
-        if scope is not None:
-            kwargs["scope"] = scope
-        metrics = {k: v for k, v in (("mtu", mtu), ("advmss", advmss)) if v is not None}
+            attrs.append(("RTA_PRIORITY", priority))
+        if table:
+            attrs.append(("RTA_TABLE", table))
+        metrics = [(k, v) for k, v in (("RTAX_MTU", mtu), ("RTAX_ADVMSS", advmss)) if v is not None]
         if metrics:
-            kwargs["metrics"] = metrics
+            attrs.append(("RTA_METRICS", {"attrs": metrics}))
         with translate(f"adding route {dst} via {gateway or 'link'} (link {index})"):
-            self._ipr.route("add", **kwargs)
+            self._rtnl.request(RTM_NEWROUTE, message(rtmsg, fields, attrs), NLM_F_CREATE | NLM_F_EXCL)
 
     def routes(self, index: int) -> list[tuple[IPNetwork, IPAddress | None]]:
+        """The routes through link ``index``, in every table."""
         out: list[tuple[IPNetwork, IPAddress | None]] = []
         with translate(f"listing routes (link {index})"):
-            for family in (2, 10):
-                for m in self._ipr.route("dump", family=family, oif=index):
+            for family in (socket.AF_INET, socket.AF_INET6):
+                for m in self._rtnl.request(RTM_GETROUTE, message(rtmsg, {"family": family}, []), NLM_F_DUMP):
+                    if m.get_attr("RTA_OIF") != index:
+                        continue
                     dst = m.get_attr("RTA_DST")
                     net = ipaddress.ip_network(f"{dst}/{m['dst_len']}" if dst else ("::/0" if family == 10 else "0.0.0.0/0"))
                     gw = m.get_attr("RTA_GATEWAY")

@@ -1,8 +1,10 @@
 """The netlink operations the plugin and the node command use, in one namespace of names.
 
 They are implemented by concern, and only the modules that speak netlink
-import pyroute2:
+import pyroute2 (for its message classes: the wire format):
 
+* :mod:`sriov_cni.kernel.rtnl`: requests and their answers on one netlink
+  socket (:class:`~sriov_cni.kernel.rtnl.Rtnl`);
 * :mod:`sriov_cni.kernel.links`: link, address and route operations inside one
   network namespace (:class:`Namespace`);
 * :mod:`sriov_cni.kernel.handles`: the handle per namespace (:func:`namespace`) and

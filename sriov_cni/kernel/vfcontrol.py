@@ -5,11 +5,12 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg as _ifinfmsg
 
 from sriov_cni.kernel.links import translate
 from sriov_cni.kernel.nlerrors import LinkNotFound
+from sriov_cni.kernel.rtnl import Rtnl, message
 from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 
 # pyroute2 encodes IFLA_VF_VLAN_INFO as 14 bytes, but the kernel's
@@ -21,6 +22,12 @@ from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 _IVVI = _ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
 if len(_IVVI.fields) == 4:
     _IVVI.fields = _IVVI.fields + (("__pad", "H"),)
+
+RTEXT_FILTER_VF = 1 << 0
+# Leaves out each VF's counters (IFLA_VF_STATS), which nothing here reads: with
+# many VFs they are a large part of a PF's answer to send and decode.  The
+# flag covers VF counters only; kernels older than it ignore it.
+RTEXT_FILTER_SKIP_STATS = 1 << 3
 
 
 def _setting(attrs: Any, name: str, key: str) -> int | None:
@@ -58,67 +65,73 @@ class KernelVfControl:
     """:class:`VfControl` through the kernel, in this process's namespace."""
 
     def __init__(self) -> None:
-        self._ipr: Any = None
+        self._rtnl: Rtnl | None = None
         self._indexes: dict[str, int] = {}
 
-    def _handle(self) -> Any:
-        # One handle for the process, opened on first use: a CNI call
+    def _handle(self) -> Rtnl:
+        # One socket for the process, opened on first use: a CNI call
         # makes several VF requests in a row.
-        if self._ipr is None:
-            self._ipr = IPRoute()
-        return self._ipr
+        if self._rtnl is None:
+            self._rtnl = Rtnl()
+        return self._rtnl
 
     def close(self) -> None:
-        if self._ipr is not None:
-            self._ipr.close()
-            self._ipr = None
+        if self._rtnl is not None:
+            self._rtnl.close()
+            self._rtnl = None
 
     def _index(self, pf: str) -> int:
         if pf not in self._indexes:
-            with translate(f"looking up PF {pf}"):
-                found = self._handle().link_lookup(ifname=pf)
-            if not found:
-                raise LinkNotFound(f"PF {pf} not found", errno.ENODEV)
-            self._indexes[pf] = int(found[0])
+            msg = message(_ifinfmsg, {}, [("IFLA_IFNAME", pf)])
+            try:
+                with translate(f"looking up PF {pf}"):
+                    found = self._handle().request(RTM_GETLINK, msg)[0]
+            except LinkNotFound as exc:
+                raise LinkNotFound(f"PF {pf} not found", errno.ENODEV) from exc
+            self._indexes[pf] = int(found["index"])
         return self._indexes[pf]
 
     def vfs(self, pf: str) -> dict[int, PfSettings]:
         index = self._index(pf)
+        # Without RTEXT_FILTER_VF the kernel leaves VF info out.
+        msg = message(_ifinfmsg, {"index": index}, [("IFLA_EXT_MASK", RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS)])
         with translate(f"reading VFs of {pf}"):
-            # ext_mask=1 (RTEXT_FILTER_VF): without it the kernel leaves VF info out.
-            msg = self._handle().link("get", index=index, ext_mask=1)[0]
-        vflist = msg.get_attr("IFLA_VFINFO_LIST")
+            answer = self._handle().request(RTM_GETLINK, msg)[0]
+        vflist = answer.get_attr("IFLA_VFINFO_LIST")
         if vflist is None:
             return {}
         return dict(_vf_info(v) for v in vflist.get_attrs("IFLA_VF_INFO"))
 
-    def _set_vf(self, pf: str, what: str, spec: dict[str, Any]) -> None:
+    def _set_vf(self, pf: str, vf: int, what: str, attr: tuple[str, Any]) -> None:
+        """One VF setting: ``attr`` nested in IFLA_VFINFO_LIST/IFLA_VF_INFO of the PF."""
         index = self._index(pf)
-        # pyroute2 consumes the dict it is given; every call builds a fresh one.
-        with translate(f"{what} on {pf} VF {spec['vf']}"):
-            self._handle().link("set", index=index, vf=spec)
+        vfinfo = ("IFLA_VF_INFO", {"attrs": [attr]})
+        msg = message(_ifinfmsg, {"index": index}, [("IFLA_VFINFO_LIST", {"attrs": [vfinfo]})])
+        with translate(f"{what} on {pf} VF {vf}"):
+            self._handle().request(RTM_NEWLINK, msg)
 
     def set_mac(self, pf: str, vf: int, mac: str) -> None:
-        self._set_vf(pf, f"setting admin MAC {mac}", {"vf": vf, "mac": mac})
+        self._set_vf(pf, vf, f"setting admin MAC {mac}", ("IFLA_VF_MAC", {"vf": vf, "mac": mac}))
 
     def set_vlan(self, pf: str, vf: int, vlan: int, qos: int, proto: int) -> None:
+        what = f"setting VLAN {vlan} qos {qos} proto {proto:#06x}"
         if proto == VLAN_PROTO_8021Q:
             # The plain IFLA_VF_VLAN form works on every driver that has VLANs.
-            spec: dict[str, Any] = {"vf": vf, "vlan": {"vlan": vlan, "qos": qos}}
+            self._set_vf(pf, vf, what, ("IFLA_VF_VLAN", {"vf": vf, "vlan": vlan, "qos": qos}))
         else:
-            spec = {"vf": vf, "vlan": [{"vlan": vlan, "qos": qos, "proto": proto}]}
-        self._set_vf(pf, f"setting VLAN {vlan} qos {qos} proto {proto:#06x}", spec)
+            info = ("IFLA_VF_VLAN_INFO", {"vf": vf, "vlan": vlan, "qos": qos, "proto": proto})
+            self._set_vf(pf, vf, what, ("IFLA_VF_VLAN_LIST", {"attrs": [info]}))
 
     def set_spoofchk(self, pf: str, vf: int, on: bool) -> None:
-        self._set_vf(pf, f"setting spoofchk {'on' if on else 'off'}", {"vf": vf, "spoofchk": int(on)})
+        self._set_vf(pf, vf, f"setting spoofchk {'on' if on else 'off'}", ("IFLA_VF_SPOOFCHK", {"vf": vf, "spoofchk": int(on)}))
 
     def set_trust(self, pf: str, vf: int, on: bool) -> None:
-        self._set_vf(pf, f"setting trust {'on' if on else 'off'}", {"vf": vf, "trust": int(on)})
+        self._set_vf(pf, vf, f"setting trust {'on' if on else 'off'}", ("IFLA_VF_TRUST", {"vf": vf, "trust": int(on)}))
 
     def set_link_state(self, pf: str, vf: int, state: int) -> None:
-        self._set_vf(pf, f"setting link_state {state}", {"vf": vf, "link_state": state})
+        self._set_vf(pf, vf, f"setting link_state {state}", ("IFLA_VF_LINK_STATE", {"vf": vf, "link_state": state}))
 
     def set_rate(self, pf: str, vf: int, min_tx_rate: int, max_tx_rate: int) -> None:
         # IFLA_VF_RATE carries both limits: always send both, or one resets the other.
-        spec = {"vf": vf, "rate": {"min_tx_rate": min_tx_rate, "max_tx_rate": max_tx_rate}}
-        self._set_vf(pf, f"setting tx rate {min_tx_rate}-{max_tx_rate} Mbps", spec)
+        rate = {"vf": vf, "min_tx_rate": min_tx_rate, "max_tx_rate": max_tx_rate}
+        self._set_vf(pf, vf, f"setting tx rate {min_tx_rate}-{max_tx_rate} Mbps", ("IFLA_VF_RATE", rate))

@@ -188,13 +188,17 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation) -> list[str]:
     return []
 
 
-def _move(src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None) -> None:
+def _move(
+    src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None
+) -> LinkInfo | None:
     """Move link ``name`` from namespace ``src`` to ``dst`` as ``new_name``, in one request.
 
     ``altnames`` None drops the link's altnames first (udev gives VFs
     altnames that could clash in the pod, and would block the way back); a
     tuple re-adds those names at the destination.  ``None`` as a namespace
-    means this process's own.
+    means this process's own.  Returns the link as read at the destination
+    when re-adding altnames took that reading (before they were added), so
+    the caller need not look it up again.
     """
     own = netlink.own_netns_path()
     with netlink.namespace(src) as ns:
@@ -215,11 +219,13 @@ def _move(src: str | None, name: str, dst: str | None, new_name: str, altnames: 
             if back is not None:
                 ns.add_altnames(back.index, dropped)
             raise
-    if altnames:
-        with netlink.namespace(dst) as target:
-            moved = target.find(new_name)
-            if moved is not None:
-                target.add_altnames(moved.index, tuple(a for a in altnames if a not in moved.altnames))
+    if not altnames:
+        return None
+    with netlink.namespace(dst) as target:
+        moved = target.find(new_name)
+        if moved is not None:
+            target.add_altnames(moved.index, tuple(a for a in altnames if a not in moved.altnames))
+        return moved
 
 
 def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInfo:
@@ -319,10 +325,11 @@ def restore_netdev(alloc: Allocation) -> None:
                     pod_name = found.name
         except netlink.NetnsNotFound:
             pass
-    if pod_name is not None:
-        _move(alloc.netns, pod_name, None, orig.netdev, tuple(orig.altnames))
+    moved = _move(alloc.netns, pod_name, None, orig.netdev, tuple(orig.altnames)) if pod_name is not None else None
     with netlink.namespace() as host:
-        link = _find_home_link(host, alloc, orig)
+        # The move's own reading (under the recorded name) serves: every
+        # field compared below is one that adding altnames leaves alone.
+        link = moved or _find_home_link(host, alloc, orig)
         if link is None:
             if pod_alive and sysfs.pci_dir(alloc.vf_pci).exists():
                 # The pod still exists and so does the VF, yet neither side

@@ -52,23 +52,25 @@ def _find(store: Store, container_id: str, ifname: str, network: str) -> Allocat
 # --- ADD -----------------------------------------------------------------------
 
 
-def _configure_ips(netns: str, ifname: str, result: Result) -> None:
-    """Addresses and routes inside the pod, as CNI's ConfigureIface does."""
+def _configure_ips(netns: str, ifname: str, index: int, result: Result) -> None:
+    """Addresses and routes inside the pod on link ``index`` (``ifname``), as CNI's ConfigureIface does.
+
+    The index is the one the VF got in the pod: a link that took the name
+    meanwhile does not get the VF's addresses, and a vanished one fails the
+    request (LinkNotFound).
+    """
     with netlink.namespace(netns) as pod:
-        link = pod.find(ifname)
-        if link is None:
-            raise CNIError(Code.DEVICE, f"{ifname} is not in {netns}")
         if any(ip.address.version == 6 for ip in result.ips):
             pod.set_sysctl(f"ipv6/conf/{ifname}/disable_ipv6", "0")
         gateways: dict[int, IPAddress] = {}
         for ip in result.ips:
-            pod.add_address(link.index, ip.address)
+            pod.add_address(index, ip.address)
             if ip.gateway is not None:
                 gateways.setdefault(ip.address.version, ip.gateway)
         for route in result.routes:
             gw = route.gw if route.gw is not None else gateways.get(route.dst.version)
             pod.add_route(
-                link.index,
+                index,
                 route.dst,
                 gw,
                 priority=route.priority,
@@ -209,13 +211,17 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
                 alloc.applied = bind.wanted_pf_settings(conf)
                 lease.save()
                 bind.apply_pf_settings(vfc, alloc)
-                iface = _dpdk_interface(cmd, conf, alloc) if alloc.dpdk else _attach(cmd, conf, lease)
+                index: int | None = None
+                if alloc.dpdk:
+                    iface = _dpdk_interface(cmd, conf, alloc)
+                else:
+                    iface, index = _attach(cmd, conf, lease)
                 ipam_result = None
                 if conf.ipam_type:
                     ipam_result = _ipam_add(cmd, conf.ipam_type)
                     ipam_added = True
-                    if not alloc.dpdk:
-                        _configure_ips(cmd.netns, cmd.ifname, ipam_result)
+                    if index is not None:
+                        _configure_ips(cmd.netns, cmd.ifname, index, ipam_result)
                 return _result(conf, iface, ipam_result)
             except BaseException:
                 _roll_back(cmd, vfc, lease, conf.ipam_type if ipam_added else None)
@@ -230,8 +236,8 @@ def _dpdk_interface(cmd: CmdArgs, conf: NetConf, alloc: Allocation) -> Interface
     return Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
 
 
-def _attach(cmd: CmdArgs, conf: NetConf, lease: Lease) -> Interface:
-    """The VF's netdev into the pod, configured and tuned."""
+def _attach(cmd: CmdArgs, conf: NetConf, lease: Lease) -> tuple[Interface, int]:
+    """The VF's netdev into the pod, configured and tuned; with its index there."""
     alloc = lease.alloc
     # Recorded first: only a record that says so lets a restore take an
     # interface out of the pod's namespace.
@@ -242,7 +248,7 @@ def _attach(cmd: CmdArgs, conf: NetConf, lease: Lease) -> Interface:
     # the node's tuning is applied now, not at setup.
     for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
         logger.warning("tuning: %s", warning)
-    return Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci)
+    return Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci), link.index
 
 
 def _ipam_add(cmd: CmdArgs, ipam_type: str) -> Result:

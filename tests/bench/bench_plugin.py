@@ -271,13 +271,17 @@ def cycles(peers: dict[str, Peer], n: int, daemon: Daemon) -> tuple[list[str], l
     return lines, timed
 
 
-def profiled(bench: Bench, work: Path, peer: Peer, timed: list[dict[str, Any]]) -> list[str]:
-    """One ADD and one DEL through the shim in a profiling daemon; ``timed``: the same calls unprofiled."""
+def profiled(bench: Bench, work: Path, peer: Peer, timed: list[dict[str, Any]], code: Path = ROOT) -> list[str]:
+    """One ADD and one DEL through the shim in a profiling daemon; ``timed``: the same calls unprofiled.
+
+    ``code``: the checkout whose daemon is profiled (the baseline's, for a before/after).
+    """
     unprofiled: dict[str, list[float]] = {}
     for report in timed:
         if report["program"] == "sriov":
             unprofiled.setdefault(report["command"], []).append(report["seconds"])
-    daemon = Daemon(bench, work / "run-profile" / "plugin.sock", work / "stats-profile", profile=True)
+    where = "profile" if code == ROOT else "profile-baseline"
+    daemon = Daemon(bench, work / f"run-{where}" / "plugin.sock", work / f"stats-{where}", profile=True, code=code)
     env = dict(peer.env, SRIOV_CNI_SOCKET=str(daemon.sock))
     try:
         walls = {command: invoke(peer.exe, command, peer.conf, env) for command in ("ADD", "DEL")}
@@ -491,6 +495,10 @@ def main() -> None:
             shim_peer = peers["sriov, shim + daemon"]
             same = [r for r in timed if r["container"] == shim_peer.env["CNI_CONTAINERID"]]
             part("phases of one ADD and one DEL through the shim", profiled(bench, work, shim_peer, same))
+            if args.baseline:
+                base_peer = peers[f"sriov, shim + daemon@{args.baseline[:7]}"]
+                part(f"phases of one ADD and one DEL through the shim, daemon@{args.baseline[:7]}",
+                     profiled(bench, work, base_peer, [], work / "baseline"))
         if "concurrency" not in args.skip:
             part("concurrency", concurrency(bench, work, shimdir / "sriov", via, daemon))
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pstats
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 # (file name, function) -> phase; "*" matches every function of the file.
 PHASES: dict[tuple[str, str], str] = {
@@ -49,6 +50,9 @@ PHASES: dict[tuple[str, str], str] = {
     ("commands.py", "_not_host"): "netns checks, look-ups",
 }
 OTHER = "other"
+# The function each netlink request passes through once (revisions before
+# it, on pyroute2's IPRoute, have no such function: no count is shown for them).
+REQUESTS = (("sriov_cni/kernel/rtnl.py", "_exchange"),)
 
 Func = tuple[str, int, str]
 
@@ -58,45 +62,62 @@ def _phase_of(func: Func) -> str | None:
     return PHASES.get((name, func[2])) or PHASES.get((name, "*"))
 
 
-def breakdown(prof: Path) -> tuple[dict[str, float], float]:
-    """Seconds per phase and the profiled total, from one cProfile dump."""
+def breakdown(prof: Path) -> tuple[dict[str, float], dict[str, float], float]:
+    """Seconds and netlink requests per phase, and the profiled total, from one cProfile dump.
+
+    Time is split among callers by the time spent from each; requests by
+    the number of calls from each (a slow move must not draw the cheap
+    look-ups of other phases to itself).
+    """
     stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
-    shares: dict[Func, dict[str, float]] = {}
-    visiting: set[Func] = set()
 
-    def share(func: Func) -> dict[str, float]:
-        if func in shares:
-            return shares[func]
-        phase = _phase_of(func)
-        if phase is not None:
-            shares[func] = {phase: 1.0}
-            return shares[func]
-        callers = stats[func][4] if func in stats else {}
-        weights = {caller: edge[3] for caller, edge in callers.items() if caller not in visiting}
-        total = sum(weights.values())
-        if not weights or total <= 0:
-            return {OTHER: 1.0}
-        visiting.add(func)
-        out: dict[str, float] = defaultdict(float)
-        for caller, weight in weights.items():
-            for name, part in share(caller).items():
-                out[name] += part * weight / total
-        visiting.discard(func)
-        shares[func] = dict(out)
-        return shares[func]
+    def sharer(weight: int) -> Callable[[Func], dict[str, float]]:
+        """Phase shares of a function, following caller edges weighted by ``weight`` (an index in an edge)."""
+        shares: dict[Func, dict[str, float]] = {}
+        visiting: set[Func] = set()
 
+        def share(func: Func) -> dict[str, float]:
+            if func in shares:
+                return shares[func]
+            phase = _phase_of(func)
+            if phase is not None:
+                shares[func] = {phase: 1.0}
+                return shares[func]
+            callers = stats[func][4] if func in stats else {}
+            weights = {caller: edge[weight] for caller, edge in callers.items() if caller not in visiting}
+            total = sum(weights.values())
+            if not weights or total <= 0:
+                return {OTHER: 1.0}
+            visiting.add(func)
+            out: dict[str, float] = defaultdict(float)
+            for caller, value in weights.items():
+                for name, part in share(caller).items():
+                    out[name] += part * value / total
+            visiting.discard(func)
+            shares[func] = dict(out)
+            return shares[func]
+
+        return share
+
+    by_time, by_calls = sharer(3), sharer(1)  # an edge is (primitive calls, calls, own time, cumulative time)
     seconds: dict[str, float] = defaultdict(float)
-    for func, (_, _, own, _, _) in stats.items():
-        for name, part in share(func).items():
+    requests: dict[str, float] = defaultdict(float)
+    for func, (_, calls, own, _, _) in stats.items():
+        for name, part in by_time(func).items():
             seconds[name] += own * part
-    return dict(seconds), sum(entry[2] for entry in stats.values())
+        if any(func[0].endswith(path) and func[2] == name for path, name in REQUESTS):
+            for name, part in by_calls(func).items():
+                requests[name] += calls * part
+    return dict(seconds), dict(requests), sum(entry[2] for entry in stats.values())
 
 
 def table(title: str, prof: Path, unprofiled: float | None) -> list[str]:
-    seconds, total = breakdown(prof)
+    seconds, requests, total = breakdown(prof)
     lines = [f"{title}: {total * 1000:.1f} ms under cProfile"
-             + (f" ({unprofiled * 1000:.1f} ms without)" if unprofiled is not None else "")]
-    lines.append(f"  {'phase':42} {'ms':>8} {'share':>6}")
+             + (f" ({unprofiled * 1000:.1f} ms without)" if unprofiled is not None else "")
+             + (f", {sum(requests.values()):.0f} netlink requests" if requests else "")]
+    lines.append(f"  {'phase':42} {'ms':>8} {'share':>6}" + (f" {'netlink':>7}" if requests else ""))
     for name, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {name:42} {value * 1000:8.1f} {value / total:6.1%}")
+        count = f" {requests.get(name, 0):7.0f}" if requests else ""
+        lines.append(f"  {name:42} {value * 1000:8.1f} {value / total:6.1%}{count}")
     return lines

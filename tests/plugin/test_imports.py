@@ -15,7 +15,7 @@ from pathlib import Path
 import sriov_cni
 
 PACKAGE = Path(sriov_cni.__file__).parent
-NETLINK_SPEAKERS = {"kernel.links", "kernel.handles", "kernel.vfcontrol"}
+NETLINK_SPEAKERS = {"kernel.links", "kernel.rtnl", "kernel.vfcontrol"}
 
 
 def test_only_the_netlink_modules_import_pyroute2() -> None:

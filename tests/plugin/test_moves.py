@@ -69,7 +69,7 @@ def test_a_kernel_ebusy_answer_is_busy(node: Node) -> None:
         # it: the kernel answers EBUSY, as drivers do while busy with a VF.
         # Every link request goes through this one path.
         with pytest.raises(netlink.Busy) as err:
-            inside._set(port.index, "enslaving d0", master=bridge.index)
+            inside._set(port.index, "enslaving d0", [("IFLA_MASTER", bridge.index)])
     assert err.value.errno == errno.EBUSY
     assert "master" not in (link("d0", ns) or {})
 

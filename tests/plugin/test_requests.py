@@ -1,0 +1,166 @@
+"""The netlink request path itself, against the real kernel in a throwaway namespace.
+
+Each request kind the plugin builds by hand (route attributes, address and
+route dumps, link dumps longer than one datagram) is checked with ``ip -j``
+as the oracle, and the socket-level cases are made to happen for real: the
+kernel's errno reaching the caller, an answer longer than the receive
+buffer, a request abandoned half-way through its answer.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pyroute2.netlink.rtnl import RTM_NEWLINK
+
+from sriov_cni.kernel import netlink, rtnl
+from sriov_cni.kernel.netns import netlink_socket_in
+
+from pluginlib import Node, ip_json, link_names, sh
+
+
+@pytest.fixture
+def pod(node: Node) -> str:
+    """A pod namespace holding d0 (up, with a peer d0p), for requests to work on."""
+    path = node.pod()
+    ns = os.path.basename(path)
+    sh("ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d0p")
+    sh("ip", "-n", ns, "link", "set", "d0", "up")
+    sh("ip", "-n", ns, "link", "set", "d0p", "up")
+    return path
+
+
+@pytest.fixture
+def inside(pod: str) -> Iterator[netlink.Namespace]:
+    with netlink.namespace(pod) as ns:
+        yield ns
+
+
+def _d0(inside: netlink.Namespace) -> int:
+    found = inside.find("d0")
+    assert found is not None
+    return found.index
+
+
+def test_route_attributes_reach_the_kernel(pod: str, inside: netlink.Namespace) -> None:
+    ns = os.path.basename(pod)
+    index = _d0(inside)
+    inside.add_address(index, ipaddress.ip_interface("10.60.0.2/24"))
+    inside.add_address(index, ipaddress.ip_interface("fd60::2/64"))
+    net = ipaddress.ip_network
+    gw4, gw6 = ipaddress.ip_address("10.60.0.1"), ipaddress.ip_address("fd60::1")
+    inside.add_route(index, net("10.61.0.0/16"), gw4, priority=7, mtu=1300, advmss=1200)
+    inside.add_route(index, net("0.0.0.0/0"), gw4, table=100)
+    inside.add_route(index, net("10.62.0.0/16"), gw4, table=300)
+    inside.add_route(index, net("10.63.0.0/16"), None, scope=253)
+    inside.add_route(index, net("fd61::/64"), gw6, priority=5, table=300)
+
+    def oracle(family: str) -> dict[str, dict[str, Any]]:
+        got = ip_json(family, "-d", "route", "show", "table", "all", "proto", "static", netns=ns)
+        return {f"{r['dst']} {r.get('table', 'main')}": r for r in got}
+
+    v4, v6 = oracle("-4"), oracle("-6")
+    assert set(v4) == {"10.61.0.0/16 main", "default 100", "10.62.0.0/16 300", "10.63.0.0/16 main"}
+    assert set(v6) == {"fd61::/64 300"}
+    assert v4["10.61.0.0/16 main"]["metric"] == 7
+    assert v4["10.61.0.0/16 main"]["metrics"] == [{"mtu": 1300, "advmss": 1200}]
+    assert v4["10.61.0.0/16 main"]["gateway"] == "10.60.0.1"
+    assert v4["10.63.0.0/16 main"]["scope"] == "link" and "gateway" not in v4["10.63.0.0/16 main"]
+    assert v4["default 100"]["gateway"] == "10.60.0.1"
+    assert v6["fd61::/64 300"]["metric"] == 5 and v6["fd61::/64 300"]["gateway"] == "fd60::1"
+    # The dump sees every table, and only this link's routes.
+    added = {
+        (net("10.61.0.0/16"), gw4), (net("0.0.0.0/0"), gw4), (net("10.62.0.0/16"), gw4),
+        (net("10.63.0.0/16"), None), (net("fd61::/64"), gw6),
+    }
+    assert added <= set(inside.routes(index))
+    peer = inside.find("d0p")
+    assert peer is not None
+    assert not added & set(inside.routes(peer.index))
+
+
+def test_addresses_are_listed_per_link(pod: str, inside: netlink.Namespace) -> None:
+    ns = os.path.basename(pod)
+    index = _d0(inside)
+    peer = inside.find("d0p")
+    assert peer is not None
+    inside.add_address(index, ipaddress.ip_interface("10.64.0.2/24"))
+    inside.add_address(index, ipaddress.ip_interface("fd64::2/64"))
+    inside.add_address(peer.index, ipaddress.ip_interface("10.64.0.3/24"))
+    [entry] = ip_json("addr", "show", "dev", "d0", netns=ns)
+    oracle = {ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}") for a in entry["addr_info"]}
+    assert set(inside.addresses(index)) == oracle
+    assert {ipaddress.ip_interface("10.64.0.2/24"), ipaddress.ip_interface("fd64::2/64")} <= oracle
+    assert ipaddress.ip_interface("10.64.0.3/24") in inside.addresses(peer.index)
+    assert ipaddress.ip_interface("10.64.0.3/24") not in oracle
+
+
+def test_the_kernels_errno_reaches_the_caller(inside: netlink.Namespace) -> None:
+    index = _d0(inside)
+    with pytest.raises(netlink.LinkNotFound) as missing:
+        inside.get(0x7FFFFFF0)
+    assert missing.value.errno == errno.ENODEV
+    address = ipaddress.ip_interface("10.65.0.2/24")
+    inside.add_address(index, address)
+    with pytest.raises(netlink.LinkExists) as twice:
+        inside.add_address(index, address)
+    assert twice.value.errno == errno.EEXIST
+    with pytest.raises(netlink.InvalidArgument) as bad:
+        inside.set_mtu(index, 10)
+    assert bad.value.errno == errno.EINVAL
+    # The socket stays usable after refusals.
+    assert inside.get(index).name == "d0"
+
+
+def test_a_link_dump_longer_than_one_datagram_is_read_to_its_end(pod: str, inside: netlink.Namespace) -> None:
+    ns = os.path.basename(pod)
+    # Over 1 KiB per link; the kernel sends at most 32 KiB per datagram.
+    batch = "".join(f"link add m{i} type veth peer name m{i}p\n" for i in range(60))
+    subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, text=True, check=True)
+    names = [link.name for link in inside.links()]
+    assert len(names) == len(set(names))
+    assert set(names) == link_names(ns)
+    assert len(names) == 123
+
+
+def test_an_answer_longer_than_the_receive_buffer_is_read_whole(pod: str) -> None:
+    sock = netlink_socket_in(pod)
+    conn = rtnl.Rtnl(sock)
+    try:
+        conn._buf = bytearray(64)  # far shorter than any link's answer
+        ns = netlink.Namespace(conn, pod)
+        found = ns.find("d0")
+        assert found is not None and found.name == "d0"
+        assert {link.name for link in ns.links()} == {"lo", "d0", "d0p"}
+    finally:
+        conn.close()
+
+
+class _Unreadable(Exception):
+    pass
+
+
+def test_a_request_abandoned_mid_answer_does_not_confuse_the_next(
+    inside: netlink.Namespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoders = dict(rtnl._DECODERS)
+    link_class = decoders[RTM_NEWLINK]
+
+    def failing(data: Any) -> Any:
+        raise _Unreadable()
+
+    # The first link of a dump cannot be decoded: the caller gets the error,
+    # and the rest of the dump is still queued on the socket.
+    monkeypatch.setitem(rtnl._DECODERS, RTM_NEWLINK, failing)
+    with pytest.raises(_Unreadable):
+        inside.links()
+    monkeypatch.setitem(rtnl._DECODERS, RTM_NEWLINK, link_class)
+    found = inside.find("d0p")
+    assert found is not None and found.name == "d0p"
+    assert {link.name for link in inside.links()} == {"lo", "d0", "d0p"}
