@@ -508,6 +508,7 @@ def main() -> None:
         subprocess.run(["ip", "netns", "del", netns], check=False)
         if bench.close is not None:
             bench.close()
+        shutil.rmtree(work, ignore_errors=True)
     print("\n".join(["", "==== summary"] + report))
 
 
