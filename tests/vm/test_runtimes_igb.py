@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
@@ -95,15 +96,20 @@ def cni_bin(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="module")
-def storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def storage() -> Iterator[Path]:
     """cgroup2 for the containers, and a tmpfs for the runtimes' images and containers.
 
     The guest's root is an overlay, on which neither runtime can stack its
     own overlay: podman uses vfs there and containerd the native snapshotter.
+    The path is kept short: podman refuses a runroot longer than 50
+    characters, which pytest's numbered temporary directories outgrow.
     """
-    path = tmp_path_factory.mktemp("storage")
-    with cgroup2(), mounted("tmpfs", path):
-        yield path
+    path = Path(tempfile.mkdtemp(prefix="sriov-rt-"))
+    try:
+        with cgroup2(), mounted("tmpfs", path):
+            yield path
+    finally:
+        path.rmdir()
 
 
 # --- podman ----------------------------------------------------------------------
