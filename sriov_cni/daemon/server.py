@@ -302,8 +302,8 @@ def _warm_netlink() -> None:
 
     pyroute2 fills its message classes' attribute tables and caches on first
     use; done once in the daemon, every forked call inherits them.  The
-    handle is closed before any fork: a netlink socket (and its event loop)
-    must never be shared by two processes.
+    handle is closed before any fork: a netlink socket shared by two
+    processes would deliver one's answers to the other.
     """
     from sriov_cni.kernel import netlink
 
