@@ -47,8 +47,8 @@ def session() -> Iterator[None]:
 def namespace(path: str | None = None) -> Iterator[Namespace]:
     """A netlink handle bound to the namespace at ``path`` (``None``: our own).
 
-    Never creates a namespace: pyroute2's default would make a new empty one
-    for a path that vanished, hiding exactly the case DEL must recognise.
+    Never creates a namespace: a path that vanished fails to open, which is
+    exactly the case DEL must recognise (a new empty namespace would hide it).
     """
     if _session is None:
         ns = _open(path)

@@ -1,8 +1,9 @@
 """Link, address and route operations inside one network namespace, over netlink.
 
 :class:`Namespace` makes its requests on a :class:`sriov_cni.kernel.rtnl.Rtnl`
-socket; :mod:`sriov_cni.kernel.handles` opens and caches them.  pyroute2's ``NetlinkError`` becomes the exceptions of
-:mod:`sriov_cni.kernel.nlerrors` here (:func:`translate`).
+socket; :mod:`sriov_cni.kernel.handles` opens and caches them.  pyroute2's
+``NetlinkError`` becomes the exceptions of :mod:`sriov_cni.kernel.nlerrors`
+here (:func:`translate`).
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ class Namespace:
                     if m.get_attr("RTA_OIF") != index:
                         continue
                     dst = m.get_attr("RTA_DST")
-                    net = ipaddress.ip_network(f"{dst}/{m['dst_len']}" if dst else ("::/0" if family == 10 else "0.0.0.0/0"))
+                    net = ipaddress.ip_network(f"{dst}/{m['dst_len']}" if dst else ("::/0" if family == socket.AF_INET6 else "0.0.0.0/0"))
                     gw = m.get_attr("RTA_GATEWAY")
                     out.append((net, ipaddress.ip_address(gw) if gw else None))
         return out
