@@ -49,6 +49,7 @@ from typing import IO
 from sriov_cni import __version__
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.daemon.client import DEFAULT_SOCKET, REFUSED, decode_request
+from sriov_cni.kernel import lifetime
 
 # The shim has the same limit compiled in (shim/sriov-shim.c MAX_HEADER).
 MAX_HEADER = 1 << 20
@@ -58,6 +59,9 @@ REQUEST_TIMEOUT = 10.0
 # Each child is a forked copy of the daemon; calls beyond this wait in the
 # listen queue until one ends, so a flood cannot exhaust the node's memory.
 MAX_CHILDREN = 64
+# Children forked ahead, each waiting to take the next call.  Two, so that
+# a second call arriving at once need not wait for its fork either.
+SPARES = 2
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
 
@@ -196,11 +200,7 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
     else:
         code = run(env, stdin, sys.stdout, sys.stderr)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    reply(code)
-    # The caller waits for its stdout to close, not only for the answer:
-    # close it before spending time on the statistics.
-    for fd in (0, 1, 2):
-        os.close(fd)
+    reply(code)  # closes the caller's stdout before the statistics are gathered
     base = os.path.join(measure.directory, str(os.getpid()))
     if profiler is not None:
         profiler.dump_stats(base + ".prof")
@@ -221,8 +221,9 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
     os.rename(base + ".tmp", base + ".json")
 
 
-def _serve_one(conn: socket.socket, request_timeout: float, measure: Measure | None = None) -> None:
-    """Runs in the forked child."""
+def _serve_one(conn: socket.socket, request_timeout: float, watchdog: Watchdog,
+               measure: Measure | None = None) -> None:
+    """Runs in the call's child, from the accepted connection to the answer."""
     try:
         program, run, env = _become_caller(conn, request_timeout)
     except (OSError, ValueError) as exc:
@@ -231,15 +232,18 @@ def _serve_one(conn: socket.socket, request_timeout: float, measure: Measure | N
         refusal = exc
     else:
 
-        answered = threading.Event()
-
         def reply(code: int) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
-            answered.set()
+            watchdog.answered.set()
             conn.sendall(bytes([code & 0xFF]))
+            # The caller's runtime reads its stdout to the end, and this
+            # child holds a copy: closed now, not when the process ends
+            # (exit tears the address space down before it closes files).
+            for fd in (0, 1, 2):
+                os.close(fd)
 
-        threading.Thread(target=_die_with_caller, args=(conn, answered), daemon=True).start()
+        watchdog.watch(conn)
         stdin = sys.stdin.buffer.read()
         if measure is None:
             reply(run(env, stdin, sys.stdout, sys.stderr))
@@ -253,8 +257,8 @@ def _serve_one(conn: socket.socket, request_timeout: float, measure: Measure | N
     conn.sendall(bytes([REFUSED]) + answer.encode() + b"\n")
 
 
-def _die_with_caller(conn: socket.socket, answered: threading.Event) -> None:
-    """End this child when its caller hangs up before the answer.
+class Watchdog:
+    """Ends this child when its caller hangs up before the answer.
 
     A runtime that gives up on a call kills the executable it ran, the shim.
     The call's child must end with it, as an executed plugin would, and so
@@ -262,12 +266,29 @@ def _die_with_caller(conn: socket.socket, answered: threading.Event) -> None:
     would race the runtime's next call for the same pod (a DEL whose IPAM
     wakes up after a re-ADD releases the live pod's address).  The records
     make a call killed at any point safe to repeat.
+
+    The thread starts before a call arrives (:func:`_spare`), so a call does
+    not wait for it.
     """
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLRDHUP)
-    poller.poll()
-    if not answered.is_set():
-        os.killpg(0, signal.SIGKILL)
+
+    def __init__(self) -> None:
+        self.answered = threading.Event()
+        self._conn: socket.socket | None = None
+        self._given = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def watch(self, conn: socket.socket) -> None:
+        self._conn = conn
+        self._given.set()
+
+    def _run(self) -> None:
+        self._given.wait()
+        assert self._conn is not None
+        poller = select.poll()
+        poller.register(self._conn.fileno(), select.POLLRDHUP)
+        poller.poll()
+        if not self.answered.is_set():
+            os.killpg(0, signal.SIGKILL)
 
 
 def _peer_is_root(conn: socket.socket) -> bool:
@@ -276,13 +297,84 @@ def _peer_is_root(conn: socket.socket) -> bool:
     return bool(uid == 0)
 
 
-def _reap(children: set[int], max_children: int) -> None:
-    """Collect ended children; wait for one while ``max_children`` run."""
-    while children:
-        pid, _ = os.waitpid(-1, 0 if len(children) >= max_children else os.WNOHANG)
-        if pid == 0:
-            return
-        children.discard(pid)
+def _spare(listener: socket.socket, daemon: int, taken: int, request_timeout: float,
+           measure: Measure | None) -> None:
+    """Runs in a forked child: waits for one call, serves it, ends.
+
+    The daemon keeps such children forked ahead of the calls, so a call
+    does not wait for the fork of the daemon (a copy of every page table of
+    a 40 MiB interpreter), nor for its watchdog thread to start.
+    """
+    # An idle spare ends with the daemon: it would hold the old socket open,
+    # waiting for calls that can no longer reach it.
+    lifetime.die_with_parent(daemon)
+    watchdog = Watchdog()
+    while True:
+        conn, _ = listener.accept()
+        if _peer_is_root(conn):
+            break
+        conn.close()
+    listener.close()
+    # Taken: a call runs to its end even when the daemon is restarted
+    # meanwhile, as an executed plugin would.
+    lifetime.outlive_parent()
+    # The call's group: what it starts (delegated IPAM, helpers in a pod's
+    # namespace) ends with it (Watchdog).
+    os.setpgid(0, 0)
+    os.write(taken, struct.pack("=i", os.getpid()))
+    os.close(taken)
+    _serve_one(conn, request_timeout, watchdog, measure)
+
+
+class _Children:
+    """The daemon's children: spares waiting for a call, and calls running."""
+
+    def __init__(self, max_children: int) -> None:
+        self.max = max_children
+        self.spares: set[int] = set()
+        self.busy: set[int] = set()
+        self.taken_r, self.taken_w = os.pipe()
+        # SIGCHLD wakes the loop through a pipe of its own, so a spare that
+        # died before taking a call is replaced without delay.
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def reap(self, block: bool) -> None:
+        while self.spares or self.busy:
+            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+            if pid == 0:
+                return
+            self.spares.discard(pid)
+            self.busy.discard(pid)
+            block = False
+
+    def wait_for_a_taker(self) -> None:
+        poller = select.poll()
+        poller.register(self.taken_r, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        for fd, _ in poller.poll():
+            if fd == self.wake_r:
+                while True:
+                    try:
+                        os.read(self.wake_r, 512)
+                    except BlockingIOError:
+                        break
+            else:
+                # Each taker writes its pid in one write (atomic in a pipe).
+                data = os.read(self.taken_r, 4 * 64)
+                for (pid,) in struct.iter_unpack("=i", data):
+                    if pid in self.spares:  # else it was reaped already
+                        self.spares.remove(pid)
+                        self.busy.add(pid)
+        self.reap(block=False)
+
+    def in_child(self) -> None:
+        """What a freshly forked child must not keep of the daemon's loop."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in (self.taken_r, self.wake_r, self.wake_w):
+            os.close(fd)
 
 
 def _private_directory(path: str) -> None:
@@ -329,6 +421,9 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     # which the fork had shared.
     gc.freeze()
     measure = Measure.from_env()
+    if measure is not None:
+        import cProfile  # noqa: F401  imported once here, not in every measured call
+        import resource  # noqa: F401
     _private_directory(path)
     try:
         os.unlink(path)
@@ -341,29 +436,27 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     finally:
         os.umask(old_umask)
     listener.listen(128)
-    children: set[int] = set()
+    children = _Children(max_children)
+    daemon = os.getpid()
     sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}\n")
     sys.stderr.flush()
     while True:
-        _reap(children, max_children)
-        conn, _ = listener.accept()
-        if not _peer_is_root(conn):
-            conn.close()
-            continue
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            status = 1
-            try:
-                listener.close()
-                # The call's group: what it starts (delegated IPAM, helpers
-                # in a pod's namespace) ends with it (_die_with_caller).
-                os.setpgid(0, 0)
-                _serve_one(conn, request_timeout, measure)
-                status = 0
-            finally:  # the child must always reach _exit
-                os._exit(status)
-        children.add(pid)
-        conn.close()
+        if len(children.spares) < SPARES and len(children.spares) + len(children.busy) < children.max:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - child
+                status = 1
+                try:
+                    children.in_child()
+                    _spare(listener, daemon, children.taken_w, request_timeout, measure)
+                    status = 0
+                finally:  # the child must always reach _exit
+                    os._exit(status)
+            children.spares.add(pid)
+        elif not children.spares:
+            # MAX_CHILDREN calls run: further ones wait in the listen queue.
+            children.reap(block=True)
+        else:
+            children.wait_for_a_taker()
 
 
 def main() -> None:

@@ -41,6 +41,13 @@ def shim_built() -> None:
         pytest.fail("the shim is not built: make -C shim (tests/setup-host.sh does it)", pytrace=False)
 
 
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:  # ended meanwhile
+        return None
+
+
 class Daemon:
     def __init__(self, directory: Path, *options: str, command: str = "daemon",
                  env: dict[str, str] | None = None) -> None:
@@ -55,8 +62,10 @@ class Daemon:
         assert f"listening on {self.socket}" in banner, banner
 
     def children(self) -> list[int]:
+        """The children running a call: each leads its own process group (spares do not)."""
         with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-            return [int(pid) for pid in f.read().split()]
+            pids = [int(pid) for pid in f.read().split()]
+        return [pid for pid in pids if pid == _group_of(pid)]
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -39,6 +39,13 @@ def shim_built() -> None:
         pytest.fail("the shim is not built: make -C shim (tests/setup-host.sh does it)", pytrace=False)
 
 
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:  # ended meanwhile
+        return None
+
+
 class Node:
     """A daemon on ``work/sock/plugin.sock`` and the runtime's chroot ``work/root``."""
 
@@ -59,9 +66,11 @@ class Node:
         self.daemon = None
 
     def daemon_children(self) -> list[int]:
+        """The daemon's children running a call: each leads its own process group (spares do not)."""
         assert self.daemon is not None
         with open(f"/proc/{self.daemon.pid}/task/{self.daemon.pid}/children") as f:
-            return [int(pid) for pid in f.read().split()]
+            pids = [int(pid) for pid in f.read().split()]
+        return [pid for pid in pids if pid == _group_of(pid)]
 
     def build_chroot(self) -> None:
         """After the pods exist: the netns directory is bound as it is then."""
