@@ -200,10 +200,14 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
         with allocate.reserve(store, candidates, make, in_host, conf.device_id is not None) as lease:
             alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
-            ipam_added = False
+            ipam: delegate.IpamCall | None = None
             try:
                 if lease.stale is not None:
                     _reclaim(cmd, conf, vfc, lease.stale)
+                if conf.ipam_type:
+                    # Runs while the VF is set up; its answer is needed only
+                    # for the pod's addresses.
+                    ipam = delegate.IpamCall("ADD", cmd, conf.ipam_type)
                 if alloc.original is None:
                     alloc.original = bind.snapshot(vfc, host, alloc)
                 # Record what is about to change before changing it: after a
@@ -217,14 +221,13 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
                 else:
                     iface, index = _attach(cmd, conf, lease)
                 ipam_result = None
-                if conf.ipam_type:
-                    ipam_result = _ipam_add(cmd, conf.ipam_type)
-                    ipam_added = True
+                if ipam is not None:
+                    ipam_result = _ipam_add(ipam)
                     if index is not None:
                         _configure_ips(cmd.netns, cmd.ifname, index, ipam_result)
                 return _result(conf, iface, ipam_result)
             except BaseException:
-                _roll_back(cmd, vfc, lease, conf.ipam_type if ipam_added else None)
+                _roll_back(cmd, vfc, lease, ipam)
                 raise
 
 
@@ -251,18 +254,19 @@ def _attach(cmd: CmdArgs, conf: NetConf, lease: Lease) -> tuple[Interface, int]:
     return Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci), link.index
 
 
-def _ipam_add(cmd: CmdArgs, ipam_type: str) -> Result:
-    result = delegate.run_ipam("ADD", cmd, ipam_type)
+def _ipam_add(ipam: delegate.IpamCall) -> Result:
+    result = ipam.result()
     assert result is not None
     if not result.ips:
-        raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} returned no IP address")
+        raise CNIError(Code.IPAM, f"IPAM plugin {ipam.ipam_type} returned no IP address")
     return result
 
 
-def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, lease: Lease, ipam_type: str | None) -> None:
-    if ipam_type:
+def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, lease: Lease, ipam: delegate.IpamCall | None) -> None:
+    # An IPAM ADD still running is waited for: what it reserved is released.
+    if ipam is not None and ipam.succeeded():
         try:
-            delegate.run_ipam("DEL", cmd, ipam_type)
+            delegate.run_ipam("DEL", cmd, ipam.ipam_type)
         except CNIError as exc:
             logger.error("rollback: releasing the address: %s", exc)
     try:
@@ -304,14 +308,6 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
     logger.info("released VF %s", alloc.vf_pci)
 
 
-def _ipam_best_effort(command: str, cmd: CmdArgs, ipam_type: str | None, errors: list[CNIError]) -> None:
-    if ipam_type:
-        try:
-            delegate.run_ipam(command, cmd, ipam_type)
-        except CNIError as exc:
-            errors.append(exc)
-
-
 def _raise_collected(what: str, errors: list[CNIError]) -> None:
     if errors:
         raise CNIError(errors[0].code, f"{what} incomplete", "; ".join(str(e) for e in errors))
@@ -323,7 +319,8 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
     common = config.load_common(cmd)
     _configure_log(common, cmd.container_id, cmd.netns, cmd.ifname)
     errors: list[CNIError] = []
-    _ipam_best_effort("DEL", cmd, common.ipam_type, errors)
+    # Runs while the VF is given back.
+    ipam = delegate.IpamCall("DEL", cmd, common.ipam_type) if common.ipam_type else None
     store = deps.store(common.data_dir)
     alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
     if alloc is None:
@@ -333,6 +330,11 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
             _release(deps.vf_control(), store, alloc)
         except CNIError as exc:
             errors.append(exc)
+    if ipam is not None:
+        try:
+            ipam.result()
+        except CNIError as exc:
+            errors.insert(0, exc)
     _raise_collected("DEL", errors)
 
 
@@ -350,7 +352,11 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
                 _release(vfc, store, alloc)
             except CNIError as exc:
                 errors.append(exc)
-    _ipam_best_effort("GC", cmd, common.ipam_type, errors)
+    if common.ipam_type:
+        try:
+            delegate.run_ipam("GC", cmd, common.ipam_type)
+        except CNIError as exc:
+            errors.append(exc)
     _raise_collected("GC", errors)
 
 

@@ -9,15 +9,14 @@ error object.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
-import signal
 import subprocess
 from dataclasses import replace
 from typing import Callable
 
 from sriov_cni.cni import CmdArgs, CNIError, Code, Result, bounded_int, decode_json
+from sriov_cni.kernel import lifetime
 
 IN_PROCESS_TYPE = "sriov-ipam"
 
@@ -32,21 +31,6 @@ def find_plugin(name: str, path: tuple[str, ...]) -> str:
         if os.path.isfile(candidate):
             return candidate
     raise CNIError(Code.INVALID_CONFIG, f"IPAM plugin {name!r} not found in CNI_PATH {':'.join(path)}")
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with(parent: int) -> None:
-    """Runs in the IPAM plugin's child before exec: end it when ``parent`` dies."""
-    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # died before the signal was armed
-        os._exit(1)
 
 
 def _orphan_guard() -> Callable[[], None] | None:
@@ -64,38 +48,97 @@ def _orphan_guard() -> Callable[[], None] | None:
     """
     if os.getpgid(0) == os.getpid():
         return None
-    _libc()  # loaded here, not in the forked child
-    return functools.partial(_die_with, os.getpid())
+    lifetime.load()  # here, not in the forked child
+    return functools.partial(lifetime.die_with_parent, os.getpid())
+
+
+class IpamCall:
+    """One IPAM command, started here and answered by :meth:`result`.
+
+    An executed plugin starts at once and runs beside this process, so ADD
+    and DEL move the VF while it works (starting a Go plugin costs a node
+    about as much as the move itself).  The in-process ``sriov-ipam`` runs
+    in :meth:`result`.  A plugin that cannot be started is reported there
+    too, so a best-effort caller has one place to collect every failure.
+    """
+
+    def __init__(self, command: str, cmd: CmdArgs, ipam_type: str) -> None:
+        self._command = command
+        self._cmd = cmd
+        self.ipam_type = ipam_type
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._outcome: Result | CNIError | None = None
+        self._done = False
+        if ipam_type != IN_PROCESS_TYPE:
+            try:
+                self._proc = self._start()
+            except CNIError as exc:
+                self._finish(exc)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        exe = find_plugin(self.ipam_type, self._cmd.path)
+        env = dict(self._cmd.env)
+        env["CNI_COMMAND"] = self._command
+        # The config goes in whole before the plugin starts, so it never
+        # waits for this process to feed a pipe.
+        config = os.memfd_create("cni-config", os.MFD_CLOEXEC)
+        try:
+            os.write(config, self._cmd.stdin)
+            os.lseek(config, 0, os.SEEK_SET)
+            return subprocess.Popen([exe], stdin=config, stdout=subprocess.PIPE, env=env,
+                                    preexec_fn=_orphan_guard())
+        except OSError as exc:
+            raise CNIError(Code.IPAM, f"cannot run IPAM plugin {exe}: {exc.strerror}") from exc
+        finally:
+            os.close(config)
+
+    def _finish(self, outcome: Result | CNIError | None) -> None:
+        self._outcome, self._done = outcome, True
+
+    def result(self) -> Result | None:
+        """The plugin's result for ADD (None for the other commands); raises its error."""
+        if not self._done:
+            try:
+                self._finish(self._wait())
+            except CNIError as exc:
+                self._finish(exc)
+        if isinstance(self._outcome, CNIError):
+            raise self._outcome
+        return self._outcome
+
+    def succeeded(self) -> bool:
+        try:
+            self.result()
+        except CNIError:
+            return False
+        return True
+
+    def _wait(self) -> Result | None:
+        if self._proc is None:
+            from ipam.main import HANDLERS
+
+            return HANDLERS[self._command](replace(self._cmd, command=self._command))
+        assert self._proc.stdout is not None
+        with self._proc.stdout:
+            raw = self._proc.stdout.read()
+        returncode = self._proc.wait()
+        return _answer(self._command, self.ipam_type, returncode, raw.decode(errors="replace").strip())
 
 
 def run_ipam(command: str, cmd: CmdArgs, ipam_type: str) -> Result | None:
-    """Run IPAM ``command``; returns its result for ADD, None otherwise."""
-    if ipam_type == IN_PROCESS_TYPE:
-        from ipam.main import HANDLERS
+    """Run IPAM ``command`` to its end; returns its result for ADD, None otherwise."""
+    return IpamCall(command, cmd, ipam_type).result()
 
-        return HANDLERS[command](replace(cmd, command=command))
-    exe = find_plugin(ipam_type, cmd.path)
-    env = dict(cmd.env)
-    env["CNI_COMMAND"] = command
-    try:
-        proc = subprocess.run(
-            [exe],
-            input=cmd.stdin,
-            env=env,
-            stdout=subprocess.PIPE,
-            check=False,
-            preexec_fn=_orphan_guard(),
-        )
-    except OSError as exc:
-        raise CNIError(Code.IPAM, f"cannot run IPAM plugin {exe}: {exc.strerror}") from exc
-    out = proc.stdout.decode(errors="replace").strip()
-    if proc.returncode != 0:
+
+def _answer(command: str, ipam_type: str, returncode: int, out: str) -> Result | None:
+    """What an executed IPAM plugin's exit status and stdout say."""
+    if returncode != 0:
         try:
             err = decode_json(out, "the error object")
         except CNIError:
             err = None
         if not isinstance(err, dict):
-            raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} failed with status {proc.returncode}", out[:500])
+            raise CNIError(Code.IPAM, f"IPAM plugin {ipam_type} failed with status {returncode}", out[:500])
         try:
             code = bounded_int(err.get("code"), "code", Code.INTERNAL)
         except ValueError:
