@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from sriov_cni.cni import IPAddress, IPInterface, IPNetwork
 from sriov_cni.kernel.netns import open_netns, run_in_netns
 from sriov_cni.kernel.nlerrors import LinkNotFound, for_errno
+from sriov_cni.kernel import rtnl
 from sriov_cni.kernel.rtnl import Rtnl, message
 
 IFF_UP = 0x1
@@ -67,34 +69,44 @@ class LinkInfo:
     parent_dev: str
 
 
-def _link_info(msg: Any) -> LinkInfo:
-    # One pass over the attributes: get_attr scans them all for each name,
-    # and a link carries dozens.  pyroute2 decodes an attribute when its value is read.
-    attrs: dict[str, Any] = {}
-    for slot in msg["attrs"]:
-        attrs.setdefault(slot.name, slot)
+_IFINFO = struct.Struct("=BxHiII")  # struct ifinfomsg: family, type, index, flags, change
+_IFLA = rtnl.numbers(ifinfmsg)
+_IFLA_ALT_IFNAME = rtnl.numbers(ifinfmsg.proplist)["IFLA_ALT_IFNAME"]
 
-    def attr(name: str) -> Any:
-        slot = attrs.get(name)
-        return None if slot is None else slot.value
 
-    flags = int(msg["flags"])
-    proplist = attr("IFLA_PROP_LIST")
+def _text(payload: memoryview) -> str:
+    return bytes(payload).split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _link_info(answer: bytes) -> LinkInfo:
+    _, _, index, flags, _ = _IFINFO.unpack_from(answer, rtnl.HEADER_SIZE)
+    attrs = rtnl.attributes(answer)
+
+    def first(name: str) -> memoryview | None:
+        found = attrs.get(_IFLA[name])
+        return found[0] if found else None
+
+    def text(name: str) -> str:
+        payload = first(name)
+        return "" if payload is None else _text(payload)
+
+    mac, mtu, carrier, proplist = first("IFLA_ADDRESS"), first("IFLA_MTU"), first("IFLA_CARRIER"), first("IFLA_PROP_LIST")
     altnames: tuple[str, ...] = ()
     if proplist is not None:
-        altnames = tuple(str(a) for a in proplist.get_attrs("IFLA_ALT_IFNAME"))
+        nested = rtnl.attributes(proplist, 0)
+        altnames = tuple(_text(a) for a in nested.get(_IFLA_ALT_IFNAME, []))
     return LinkInfo(
-        index=int(msg["index"]),
-        name=str(attr("IFLA_IFNAME")),
-        mac=str(attr("IFLA_ADDRESS") or ""),
-        mtu=int(attr("IFLA_MTU") or 0),
+        index=index,
+        name=text("IFLA_IFNAME"),
+        mac=":".join(f"{b:02x}" for b in mac) if mac is not None else "",
+        mtu=struct.unpack_from("=I", mtu)[0] if mtu is not None and len(mtu) >= 4 else 0,
         up=bool(flags & IFF_UP),
-        carrier=bool(attr("IFLA_CARRIER")),
+        carrier=bool(carrier is not None and len(carrier) and carrier[0]),
         promisc=bool(flags & IFF_PROMISC),
         altnames=altnames,
-        alias=str(attr("IFLA_IFALIAS") or ""),
-        parent_bus=str(attr("IFLA_PARENT_DEV_BUS_NAME") or ""),
-        parent_dev=str(attr("IFLA_PARENT_DEV_NAME") or ""),
+        alias=text("IFLA_IFALIAS"),
+        parent_bus=text("IFLA_PARENT_DEV_BUS_NAME"),
+        parent_dev=text("IFLA_PARENT_DEV_NAME"),
     )
 
 
@@ -199,7 +211,8 @@ class Namespace:
 
     def addresses(self, index: int) -> list[IPInterface]:
         with translate(f"listing addresses (link {index})"):
-            msgs = self._rtnl.request(RTM_GETADDR, message(ifaddrmsg, {}, []), NLM_F_DUMP)
+            answers = self._rtnl.request(RTM_GETADDR, message(ifaddrmsg, {}, []), NLM_F_DUMP)
+            msgs = [rtnl.decoded(ifaddrmsg, a) for a in answers]
             return [
                 ipaddress.ip_interface(f"{m.get_attr('IFA_ADDRESS')}/{m['prefixlen']}")
                 for m in msgs
@@ -247,7 +260,8 @@ class Namespace:
         out: list[tuple[IPNetwork, IPAddress | None]] = []
         with translate(f"listing routes (link {index})"):
             for family in (socket.AF_INET, socket.AF_INET6):
-                for m in self._rtnl.request(RTM_GETROUTE, message(rtmsg, {"family": family}, []), NLM_F_DUMP):
+                answers = self._rtnl.request(RTM_GETROUTE, message(rtmsg, {"family": family}, []), NLM_F_DUMP)
+                for m in (rtnl.decoded(rtmsg, a) for a in answers):
                     if m.get_attr("RTA_OIF") != index:
                         continue
                     dst = m.get_attr("RTA_DST")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import struct
 from typing import Any
 
 from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg as _ifinfmsg
 
+from sriov_cni.kernel import rtnl
 from sriov_cni.kernel.links import translate
 from sriov_cni.kernel.nlerrors import LinkNotFound
 from sriov_cni.kernel.rtnl import Rtnl, message
@@ -23,6 +25,8 @@ _IVVI = _ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
 if len(_IVVI.fields) == 4:
     _IVVI.fields = _IVVI.fields + (("__pad", "H"),)
 
+_IFINDEX = struct.Struct("=i")  # ifinfomsg's ifi_index, after family, pad and type
+
 RTEXT_FILTER_VF = 1 << 0
 # Leaves out each VF's counters (IFLA_VF_STATS), which nothing here reads: with
 # many VFs they are a large part of a PF's answer to send and decode.  The
@@ -30,34 +34,53 @@ RTEXT_FILTER_VF = 1 << 0
 RTEXT_FILTER_SKIP_STATS = 1 << 3
 
 
-def _setting(attrs: Any, name: str, key: str) -> int | None:
-    nla = attrs.get_attr(name)
-    if nla is None:
+_IFLA_VFINFO_LIST = rtnl.numbers(_ifinfmsg)["IFLA_VFINFO_LIST"]
+_IFLA_VF_INFO = rtnl.numbers(_ifinfmsg.vflist)["IFLA_VF_INFO"]
+_VF = rtnl.numbers(_ifinfmsg.vflist.vfinfo)
+_IFLA_VF_VLAN_INFO = rtnl.numbers(_ifinfmsg.vflist.vfinfo.vf_vlist)["IFLA_VF_VLAN_INFO"]
+# The kernel's structs behind those attributes; each starts with the VF's number.
+_VF_MAC = struct.Struct("=I32s")  # struct ifla_vf_mac
+_VF_U32S = struct.Struct("=III")  # ifla_vf_vlan (vf, vlan, qos), ifla_vf_rate (vf, min, max)
+_VF_SETTING = struct.Struct("=II")  # ifla_vf_spoofchk, _trust, _link_state: vf, setting
+_VLAN_PROTO = struct.Struct("!H")  # ifla_vf_vlan_info's __be16 vlan_proto, after vf, vlan, qos
+
+
+def _vf_info(vfinfo: memoryview) -> tuple[int, PfSettings] | None:
+    """One VF's settings, by its number; None when the kernel names no VF (no IFLA_VF_MAC)."""
+    attrs = rtnl.attributes(vfinfo, 0)
+
+    def first(name: str) -> memoryview | None:
+        found = attrs.get(_VF[name])
+        return found[0] if found else None
+
+    def setting(name: str) -> int | None:
+        payload = first(name)
+        if payload is None:
+            return None
+        value: int = _VF_SETTING.unpack_from(payload)[1]
+        # Drivers that do not implement a setting report it as (u32)-1.
+        return None if value == 0xFFFFFFFF else value
+
+    named = first("IFLA_VF_MAC")
+    if named is None:
         return None
-    value = int(nla[key])
-    # Drivers that do not implement a setting report it as (u32)-1.
-    return None if value == 0xFFFFFFFF else value
-
-
-def _vf_info(vfinfo: Any) -> tuple[int, PfSettings]:
-    mac = vfinfo.get_attr("IFLA_VF_MAC")
-    vlan = vfinfo.get_attr("IFLA_VF_VLAN")
-    rate = vfinfo.get_attr("IFLA_VF_RATE")
+    vf, mac = _VF_MAC.unpack_from(named)
+    vlan, rate, vlist = first("IFLA_VF_VLAN"), first("IFLA_VF_RATE"), first("IFLA_VF_VLAN_LIST")
     proto = VLAN_PROTO_8021Q
-    vlist = vfinfo.get_attr("IFLA_VF_VLAN_LIST")
     if vlist is not None:
-        infos = vlist.get_attrs("IFLA_VF_VLAN_INFO")
-        if infos and int(infos[0]["proto"]):
-            proto = int(infos[0]["proto"])
-    spoofchk = _setting(vfinfo, "IFLA_VF_SPOOFCHK", "spoofchk")
-    trust = _setting(vfinfo, "IFLA_VF_TRUST", "trust")
-    return int(mac["vf"]), PfSettings(
-        vlan=Vlan(int(vlan["vlan"]), int(vlan["qos"]), proto) if vlan is not None else Vlan(0, 0, proto),
-        mac=str(mac["mac"]),
-        rate=Rate(int(rate["min_tx_rate"]), int(rate["max_tx_rate"])) if rate is not None else Rate(0, 0),
+        infos = rtnl.attributes(vlist, 0).get(_IFLA_VF_VLAN_INFO)
+        if infos and len(infos[0]) >= _VF_U32S.size + _VLAN_PROTO.size:
+            proto = _VLAN_PROTO.unpack_from(infos[0], _VF_U32S.size)[0] or proto
+    _, vlan_id, qos = _VF_U32S.unpack_from(vlan) if vlan is not None else (vf, 0, 0)
+    _, min_tx, max_tx = _VF_U32S.unpack_from(rate) if rate is not None else (vf, 0, 0)
+    spoofchk, trust = setting("IFLA_VF_SPOOFCHK"), setting("IFLA_VF_TRUST")
+    return vf, PfSettings(
+        vlan=Vlan(vlan_id, qos, proto),
+        mac=":".join(f"{b:02x}" for b in mac[:6]),
+        rate=Rate(min_tx, max_tx),
         spoofchk=None if spoofchk is None else bool(spoofchk),
         trust=None if trust is None else bool(trust),
-        link_state=_setting(vfinfo, "IFLA_VF_LINK_STATE", "link_state"),
+        link_state=setting("IFLA_VF_LINK_STATE"),
     )
 
 
@@ -88,7 +111,7 @@ class KernelVfControl:
                     found = self._handle().request(RTM_GETLINK, msg)[0]
             except LinkNotFound as exc:
                 raise LinkNotFound(f"PF {pf} not found", errno.ENODEV) from exc
-            self._indexes[pf] = int(found["index"])
+            self._indexes[pf] = _IFINDEX.unpack_from(found, rtnl.HEADER_SIZE + 4)[0]
         return self._indexes[pf]
 
     def vfs(self, pf: str) -> dict[int, PfSettings]:
@@ -97,10 +120,11 @@ class KernelVfControl:
         msg = message(_ifinfmsg, {"index": index}, [("IFLA_EXT_MASK", RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS)])
         with translate(f"reading VFs of {pf}"):
             answer = self._handle().request(RTM_GETLINK, msg)[0]
-        vflist = answer.get_attr("IFLA_VFINFO_LIST")
-        if vflist is None:
+        vflist = rtnl.attributes(answer).get(_IFLA_VFINFO_LIST)
+        if not vflist:
             return {}
-        return dict(_vf_info(v) for v in vflist.get_attrs("IFLA_VF_INFO"))
+        infos = (_vf_info(v) for v in rtnl.attributes(vflist[0], 0).get(_IFLA_VF_INFO, []))
+        return dict(info for info in infos if info is not None)
 
     def _set_vf(self, pf: str, vf: int, what: str, attr: tuple[str, Any]) -> None:
         """One VF setting: ``attr`` nested in IFLA_VFINFO_LIST/IFLA_VF_INFO of the PF."""

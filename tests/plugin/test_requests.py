@@ -14,10 +14,8 @@ import ipaddress
 import os
 import subprocess
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from pyroute2.netlink.rtnl import RTM_NEWLINK
 
 from sriov_cni.kernel import netlink, rtnl
 from sriov_cni.kernel.netns import netlink_socket_in
@@ -142,25 +140,52 @@ def test_an_answer_longer_than_the_receive_buffer_is_read_whole(pod: str) -> Non
         conn.close()
 
 
-class _Unreadable(Exception):
+class _Abandoned(Exception):
     pass
 
 
-def test_a_request_abandoned_mid_answer_does_not_confuse_the_next(
+def test_a_request_abandoned_before_its_answer_does_not_confuse_the_next(
     inside: netlink.Namespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    decoders = dict(rtnl._DECODERS)
-    link_class = decoders[RTM_NEWLINK]
+    receive = rtnl.Rtnl._receive
 
-    def failing(data: Any) -> Any:
-        raise _Unreadable()
+    def abandon(self: rtnl.Rtnl) -> bytes:
+        raise _Abandoned()
 
-    # The first link of a dump cannot be decoded: the caller gets the error,
-    # and the rest of the dump is still queued on the socket.
-    monkeypatch.setitem(rtnl._DECODERS, RTM_NEWLINK, failing)
-    with pytest.raises(_Unreadable):
+    # The dump is sent, then the caller gives up before reading any of it:
+    # the whole answer stays queued on the socket.
+    monkeypatch.setattr(rtnl.Rtnl, "_receive", abandon)
+    with pytest.raises(_Abandoned):
         inside.links()
-    monkeypatch.setitem(rtnl._DECODERS, RTM_NEWLINK, link_class)
+    monkeypatch.setattr(rtnl.Rtnl, "_receive", receive)
     found = inside.find("d0p")
     assert found is not None and found.name == "d0p"
     assert {link.name for link in inside.links()} == {"lo", "d0", "d0p"}
+
+
+def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> None:
+    ns = os.path.basename(pod)
+    sh("ip", "-n", ns, "link", "set", "d0", "mtu", "1280", "promisc", "on", "alias", "the pod's first")
+    sh("ip", "-n", ns, "link", "property", "add", "dev", "d0", "altname", "first-alt")
+    sh("ip", "-n", ns, "link", "property", "add", "dev", "d0", "altname", "second-alt")
+    sh("ip", "-n", ns, "link", "set", "d0p", "down")
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    for name in ("d0", "d0p", "lo"):
+        [entry] = ip_json("-n", ns, "-d", "link", "show", "dev", name)
+        found = inside.find(name)
+        assert found is not None
+        up = "UP" in entry["flags"]
+        # ip shows the carrier (LOWER_UP) of a link that is up only.
+        carrier = "LOWER_UP" in entry["flags"] if up else found.carrier
+        assert found == netlink.LinkInfo(
+            index=entry["ifindex"], name=name, mac=entry["address"], mtu=entry["mtu"],
+            up=up, carrier=carrier, promisc="PROMISC" in entry["flags"],
+            altnames=tuple(entry.get("altnames", ())), alias=entry.get("ifalias", ""),
+            parent_bus=entry.get("parentbus", ""), parent_dev=entry.get("parentdev", ""),
+        )
+    # Each of the settings made above shows, so the comparison covers them.
+    d0 = inside.find("d0")
+    assert d0 is not None and (d0.mtu, d0.promisc, d0.alias) == (1280, True, "the pod's first")
+    assert d0.altnames == ("first-alt", "second-alt") and d0.up and not d0.carrier
+    lo = inside.find("lo")
+    assert lo is not None and lo.up and lo.carrier

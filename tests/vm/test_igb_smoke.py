@@ -16,6 +16,8 @@ import pytest
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from sriov_cni.kernel.vfcontrol import KernelVfControl
+from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 from vmlib import SYS_NET, Sriov, ip_json, numvfs, pf_pci_dir, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
@@ -107,6 +109,36 @@ def test_vf_admin_settings_read_back(igb_pfs: list[str], sriov: Sriov) -> None:
     assert untouched["address"] == "00:00:00:00:00:00"
     assert untouched["spoofchk"] is True
     assert untouched["trust"] is False
+
+
+def test_the_plugins_vf_reading_matches_ip(igb_pfs: list[str], sriov: Sriov) -> None:
+    """KernelVfControl reads each VF's settings from the PF's answer as iproute2 shows them."""
+    pf = igb_pfs[0]
+    sriov.enable(pf, 3)
+    vfc = KernelVfControl()
+    try:
+        vfc.set_mac(pf, 1, "02:00:00:5a:01:02")
+        vfc.set_vlan(pf, 1, 100, 3, VLAN_PROTO_8021Q)
+        vfc.set_spoofchk(pf, 1, False)
+        vfc.set_trust(pf, 1, True)
+        vfc.set_rate(pf, 1, 0, 100)
+        vfc.set_vlan(pf, 2, 7, 0, VLAN_PROTO_8021Q)
+        vfc.set_trust(pf, 2, True)
+        got = vfc.vfs(pf)
+    finally:
+        vfc.close()
+    assert sorted(got) == [0, 1, 2]
+    for vf, settings in got.items():
+        seen = vfinfo_ip(pf, vf)
+        vlans = seen.get("vlan_list") or [{"vlan": 0, "qos": 0}]
+        assert settings.mac == seen["address"], vf
+        assert settings.vlan == Vlan(vlans[0]["vlan"], vlans[0].get("qos", 0), VLAN_PROTO_8021Q), vf
+        assert settings.rate == Rate(seen["rate"]["min_tx"], seen["rate"]["max_tx"]), vf
+        assert (settings.spoofchk, settings.trust) == (seen["spoofchk"], seen["trust"]), vf
+        assert settings.link_state == {"auto": 0, "enable": 1, "disable": 2}[seen["link_state"]], vf
+    # What was set shows, so the comparison above covers each field.
+    assert got[1] == PfSettings(Vlan(100, 3, VLAN_PROTO_8021Q), "02:00:00:5a:01:02", Rate(0, 100), False, True, 0)
+    assert (got[2].vlan, got[2].trust, got[0].trust, got[0].spoofchk) == (Vlan(7, 0, VLAN_PROTO_8021Q), True, False, True)
 
 
 def test_vf_link_state_is_refused(igb_pfs: list[str], sriov: Sriov) -> None:
