@@ -25,8 +25,6 @@ PHASES: dict[tuple[str, str], str] = {
     ("log.py", "configure"): "logging setup",
     ("store.py", "*"): "store lock + read/write (fsync)",
     ("lease.py", "*"): "store lock + read/write (fsync)",
-    ("_api.py", "*"): "store lock + read/write (fsync)",  # filelock
-    ("_unix.py", "*"): "store lock + read/write (fsync)",  # filelock
     ("allocate.py", "*"): "allocation (pool, VF state)",
     ("commands.py", "_candidates"): "allocation (pool, VF state)",
     ("commands.py", "make"): "allocation (pool, VF state)",

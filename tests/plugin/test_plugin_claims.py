@@ -136,3 +136,13 @@ def test_a_claim_has_one_holder_until_released(store: Store) -> None:
         assert again is not None
         assert store.claim("0000:3b:10.0") is None
     assert store.claim("0000:3b:10.0") is not None
+
+
+def test_a_claim_waited_for_is_taken_when_its_holder_ends(tmp_path: Path) -> None:
+    # The holder is another process, which exits without releasing: the
+    # kernel drops its lock, and the waiter gets the claim within its wait.
+    with claimed_elsewhere(tmp_path, "0000:3b:10.0", hold=0.3):
+        assert FileStore(tmp_path).claim("0000:3b:10.0") is None
+        claim = FileStore(tmp_path).claim("0000:3b:10.0", wait=10.0)
+        assert claim is not None
+        claim.release()
