@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ContextManager, Protocol
 
@@ -104,20 +104,22 @@ class Allocation:
         )
 
     def to_json(self) -> str:
-        raw = asdict(self)
+        # Field by field rather than dataclasses.asdict, which deep-copies
+        # the record first; and on one line, which json writes with its C
+        # encoder (an indented record takes the pure-Python one).
+        raw = {name: getattr(self, name) for name in _ALLOCATION_FIELDS}
         raw["applied"] = dict(self.applied.items())
         if self.original is not None:
-            raw["original"] = {**_snapshot_to_json(self.original.pf), **raw["original"]}
-            del raw["original"]["pf"]
-        return json.dumps(raw, indent=1)
+            netdev_side = {name: getattr(self.original, name) for name in _NETDEV_SIDE}
+            raw["original"] = {**_snapshot_to_json(self.original.pf), **netdev_side}
+        return json.dumps(raw)
 
     @classmethod
     def from_json(cls, text: str) -> Allocation:
         raw = json.loads(text)
         original = raw.pop("original", None)
         applied = raw.pop("applied", {})
-        known = {f.name for f in fields(cls)}
-        alloc = cls(**{k: v for k, v in raw.items() if k in known})
+        alloc = cls(**{k: v for k, v in raw.items() if k in _ALLOCATION_FIELDS})
         alloc.applied = PfSettings(
             vlan=Vlan(*applied["vlan"]) if "vlan" in applied else None,
             mac=applied.get("mac"),
@@ -127,12 +129,16 @@ class Allocation:
             link_state=applied.get("link_state"),
         )
         if original is not None:
-            netdev_side = {f.name for f in fields(OriginalState)} - {"pf"}
             alloc.original = OriginalState(
                 pf=_snapshot_from_json(original),
-                **{k: v for k, v in original.items() if k in netdev_side},
+                **{k: v for k, v in original.items() if k in _NETDEV_SIDE},
             )
         return alloc
+
+
+_ALLOCATION_FIELDS = tuple(f.name for f in fields(Allocation))
+# OriginalState's fields besides the PF-side snapshot.
+_NETDEV_SIDE = tuple(f.name for f in fields(OriginalState) if f.name != "pf")
 
 
 # A record keeps the snapshot's PF-side settings flat, the admin MAC under

@@ -117,6 +117,8 @@ def test_a_record_keeps_the_layout_earlier_releases_wrote() -> None:
     # snapshot's PF-side settings stay flat, the applied ones keyed by setting.
     applied = PfSettings(vlan=Vlan(100, 0, 0x8100), rate=Rate(0, 500), trust=True)
     raw = json.loads(allocation(original=original(), applied=applied).to_json())
+    assert list(raw) == ["vf_pci", "pf_pci", "pf_netdev", "vf_index", "network", "container_id", "ifname", "netns",
+                         "netns_inode", "dpdk", "created", "original", "applied", "in_pod"]
     assert raw["applied"] == {"vlan": [100, 0, 0x8100], "rate": [0, 500], "trust": True}
     assert raw["original"] == {
         "admin_mac": "00:00:00:00:00:00", "vlan": 0, "qos": 0, "vlan_proto": 0x8100, "spoofchk": True,
