@@ -9,6 +9,7 @@ buffer, a request abandoned half-way through its answer.
 
 from __future__ import annotations
 
+import copy
 import errno
 import ipaddress
 import os
@@ -17,8 +18,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from pyroute2.netlink.rtnl import RTM_NEWLINK
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
 from sriov_cni.kernel import netlink, rtnl
 from sriov_cni.kernel.netns import netlink_socket_in
+from sriov_cni.kernel.vfcontrol import KernelVfControl
+from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q
 
 from pluginlib import Node, ip_json, link_names, sh
 
@@ -189,3 +195,86 @@ def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> N
     assert d0.altnames == ("first-alt", "second-alt") and d0.up and not d0.carrier
     lo = inside.find("lo")
     assert lo is not None and lo.up and lo.carrier
+
+
+def _as_pyroute2_encodes_it(msg: rtnl.Message, msg_type: int, flags: int, seq: int) -> bytes:
+    body = msg.cls()
+    for key, value in msg.fields.items():
+        body[key] = value
+    body["attrs"] = copy.deepcopy(msg.attrs)  # pyroute2 rewrites the dicts it encodes
+    header = body["header"]
+    header["type"], header["flags"], header["sequence_number"], header["pid"] = msg_type, flags, seq, 0
+    body.encode()
+    return bytes(body.data)
+
+
+@pytest.fixture
+def encodings(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bytes, bytes]]:
+    """Every request sent meanwhile: its type, our bytes and pyroute2's for the same message."""
+    seen: list[tuple[int, bytes, bytes]] = []
+    ours = rtnl.encode
+
+    def both(msg: rtnl.Message, msg_type: int, flags: int, seq: int) -> bytes:
+        data = ours(msg, msg_type, flags, seq)
+        seen.append((msg_type, data, _as_pyroute2_encodes_it(msg, msg_type, flags, seq)))
+        return data
+
+    monkeypatch.setattr(rtnl, "encode", both)
+    return seen
+
+
+def test_every_link_address_and_route_request_is_encoded_as_pyroute2_would(
+    pod: str, inside: netlink.Namespace, encodings: list[tuple[int, bytes, bytes]]
+) -> None:
+    index = _d0(inside)
+    inside.get(index)
+    inside.links()
+    inside.set_up(index, False)
+    inside.rename(index, "d0-renamed")
+    inside.set_mtu(index, 1400)
+    inside.set_mac(index, "02:00:00:00:61:01")
+    inside.set_promisc(index, True)
+    inside.set_alias(index, "the pod's")
+    inside.add_altnames(index, ("alt-one", "alt-two"))
+    inside.del_altnames(index, ("alt-one",))
+    inside.set_up(index, True)
+    net = ipaddress.ip_network
+    inside.add_address(index, ipaddress.ip_interface("10.65.0.2/24"))
+    inside.add_address(index, ipaddress.ip_interface("fd65::2/64"))
+    inside.add_route(index, net("10.66.0.0/16"), ipaddress.ip_address("10.65.0.1"), priority=7, mtu=1300,
+                     advmss=1200, table=300, scope=0)
+    inside.add_route(index, net("::/0"), ipaddress.ip_address("fd65::1"))
+    inside.addresses(index)
+    inside.routes(index)
+    with netlink.namespace() as host:
+        other = host.find("lo")
+        assert other is not None
+    kinds = {kind for kind, _, _ in encodings}
+    assert len(kinds) == 8, kinds  # GET/NEW of links, addresses and routes; NEW/DEL of link properties
+    for kind, data, theirs in encodings:
+        assert data == theirs, kind
+
+
+def test_every_vf_request_is_encoded_as_pyroute2_would(
+    monkeypatch: pytest.MonkeyPatch, encodings: list[tuple[int, bytes, bytes]]
+) -> None:
+    # No PF here: the requests are encoded and answered without the kernel.
+    answer = rtnl.encode(rtnl.message(ifinfmsg, {"index": 7}, []), RTM_NEWLINK, 0, 1)
+    encodings.clear()
+    monkeypatch.setattr(rtnl.Rtnl, "request",
+                        lambda self, msg_type, msg, flags=0: [answer] if rtnl.encode(msg, msg_type, flags, 1) else [])
+    vfc = KernelVfControl()
+    try:
+        assert vfc.vfs("pf0") == {}
+        vfc.set_mac("pf0", 3, "02:00:00:00:62:01")
+        vfc.set_vlan("pf0", 3, 100, 5, VLAN_PROTO_8021Q)
+        vfc.set_vlan("pf0", 3, 100, 5, 0x88A8)
+        vfc.set_spoofchk("pf0", 3, False)
+        vfc.set_trust("pf0", 3, True)
+        vfc.set_link_state("pf0", 3, 2)
+        vfc.set_rate("pf0", 3, 10, 1000)
+    finally:
+        vfc.close()
+    assert len(encodings) == 9
+    for kind, data, theirs in encodings:
+        assert data == theirs, kind
