@@ -1,7 +1,8 @@
 """The netlink operations the plugin and the node command use, in one namespace of names.
 
 They are implemented by concern, and only the modules that speak netlink
-import pyroute2 (for its message classes: the wire format):
+import pyroute2 (for its message classes and attribute tables: the wire
+format, which :mod:`sriov_cni.kernel.rtnl` writes and reads from them):
 
 * :mod:`sriov_cni.kernel.rtnl`: requests and their answers on one netlink
   socket (:class:`~sriov_cni.kernel.rtnl.Rtnl`);

@@ -1,10 +1,12 @@
-"""Synchronous rtnetlink requests on a plain blocking socket, in pyroute2's wire format.
+"""Synchronous rtnetlink requests on a plain blocking socket, by pyroute2's tables.
 
-pyroute2's message classes (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``) encode
-requests; this module sends them, receives and matches the answers.
-pyroute2 0.9's ``IPRoute`` runs an asyncio loop under every synchronous
-call, which costs several times the encoding, the kernel's work and the
-decoding together; a CNI call makes dozens of requests.
+pyroute2's message classes (``ifinfmsg``, ``ifaddrmsg``, ``rtmsg``) and
+their attribute tables describe every request and answer; this module
+writes the requests from them (:func:`encode`), sends them, and receives and
+matches the answers.  pyroute2 0.9's ``IPRoute`` runs an asyncio loop under
+every synchronous call, which costs several times the encoding, the
+kernel's work and the decoding together; a CNI call makes dozens of
+requests.
 
 Answers come back as the kernel sent them.  A link's answer carries some
 fifty attributes (a PF's, every VF's too), and pyroute2 builds an object
