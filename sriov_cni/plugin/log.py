@@ -45,6 +45,7 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(stream)
         self._owned = owned
         self._failed = False
+        self.context = _Context("")
 
     def handleError(self, record: logging.LogRecord) -> None:
         # A full disk (or /dev/full) must not print a traceback per line
@@ -80,12 +81,21 @@ def _handler(log_file: str | None) -> _Handler:
 
 def configure(level: str, log_file: str | None, container_id: str, netns: str, ifname: str) -> None:
     """(Re)direct the plugin's log; every line names the container, netns and interface."""
-    handler = _handler(log_file)
-    handler.setFormatter(logging.Formatter(_FORMAT))
-    handler.addFilter(_Context(_printable(f"containerID={container_id} netns={netns} ifname={ifname}")))
-    for old in list(log.handlers):
-        log.removeHandler(old)
-        old.close()
-    log.addHandler(handler)
+    context = _printable(f"containerID={container_id} netns={netns} ifname={ifname}")
+    current = log.handlers[0] if len(log.handlers) == 1 else None
+    if not log_file and isinstance(current, _Handler) and current.stream is sys.stderr:
+        # A call configures its log twice (from its environment, then from
+        # its config); on stderr both times, the handler stays and only its
+        # context changes.
+        current.context.context = context
+    else:
+        handler = _handler(log_file)
+        handler.setFormatter(logging.Formatter(_FORMAT))
+        handler.addFilter(handler.context)
+        handler.context.context = context
+        for old in list(log.handlers):
+            log.removeHandler(old)
+            old.close()
+        log.addHandler(handler)
     log.setLevel(_LEVELS.get(level, logging.INFO))
     log.propagate = False

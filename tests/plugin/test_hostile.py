@@ -358,6 +358,18 @@ def test_log_context_with_percent_signs_is_data(capsys: pytest.CaptureFixture[st
     assert "containerID=c%s1 netns=/run/netns/%(x)s ifname=net%d] hello there" in err
 
 
+def test_reconfiguring_the_log_on_stderr_changes_its_context_and_level(capsys: pytest.CaptureFixture[str]) -> None:
+    logger = logging.getLogger("sriov_cni")
+    log.configure("info", None, "first", "/run/netns/a", "net1")
+    logger.debug("not shown")
+    log.configure("debug", None, "second", "/run/netns/b", "net2")
+    logger.debug("shown")
+    assert len(logger.handlers) == 1
+    err = capsys.readouterr().err
+    assert "not shown" not in err
+    assert "containerID=second netns=/run/netns/b ifname=net2] shown" in err and "first" not in err
+
+
 def test_failing_log_writes_print_one_line_not_tracebacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log.configure("info", str(tmp_path / "sriov.log"), "c1", "/run/netns/p", "net1")
     logger = logging.getLogger("sriov_cni")
