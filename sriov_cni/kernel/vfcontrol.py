@@ -25,8 +25,6 @@ _IVVI = _ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
 if len(_IVVI.fields) == 4:
     _IVVI.fields = _IVVI.fields + (("__pad", "H"),)
 
-_IFINDEX = struct.Struct("=i")  # ifinfomsg's ifi_index, after family, pad and type
-
 RTEXT_FILTER_VF = 1 << 0
 # Leaves out each VF's counters (IFLA_VF_STATS), which nothing here reads: with
 # many VFs they are a large part of a PF's answer to send and decode.  The
@@ -89,7 +87,6 @@ class KernelVfControl:
 
     def __init__(self) -> None:
         self._rtnl: Rtnl | None = None
-        self._indexes: dict[str, int] = {}
 
     def _handle(self) -> Rtnl:
         # One socket for the process, opened on first use: a CNI call
@@ -103,23 +100,20 @@ class KernelVfControl:
             self._rtnl.close()
             self._rtnl = None
 
-    def _index(self, pf: str) -> int:
-        if pf not in self._indexes:
-            msg = message(_ifinfmsg, {}, [("IFLA_IFNAME", pf)])
-            try:
-                with translate(f"looking up PF {pf}"):
-                    found = self._handle().request(RTM_GETLINK, msg)[0]
-            except LinkNotFound as exc:
-                raise LinkNotFound(f"PF {pf} not found", errno.ENODEV) from exc
-            self._indexes[pf] = _IFINDEX.unpack_from(found, rtnl.HEADER_SIZE + 4)[0]
-        return self._indexes[pf]
+    def _request(self, pf: str, what: str, msg_type: int, attrs: list[tuple[str, Any]]) -> list[bytes]:
+        # The PF by name, in the request itself: the kernel looks it up, so
+        # no separate look-up of its index is needed.
+        msg = message(_ifinfmsg, {}, [("IFLA_IFNAME", pf), *attrs])
+        try:
+            with translate(what):
+                return self._handle().request(msg_type, msg)
+        except LinkNotFound as exc:
+            raise LinkNotFound(f"PF {pf} not found ({exc})", errno.ENODEV) from exc
 
     def vfs(self, pf: str) -> dict[int, PfSettings]:
-        index = self._index(pf)
         # Without RTEXT_FILTER_VF the kernel leaves VF info out.
-        msg = message(_ifinfmsg, {"index": index}, [("IFLA_EXT_MASK", RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS)])
-        with translate(f"reading VFs of {pf}"):
-            answer = self._handle().request(RTM_GETLINK, msg)[0]
+        mask = ("IFLA_EXT_MASK", RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS)
+        [answer] = self._request(pf, f"reading VFs of {pf}", RTM_GETLINK, [mask])
         vflist = rtnl.attributes(answer).get(_IFLA_VFINFO_LIST)
         if not vflist:
             return {}
@@ -128,11 +122,8 @@ class KernelVfControl:
 
     def _set_vf(self, pf: str, vf: int, what: str, attr: tuple[str, Any]) -> None:
         """One VF setting: ``attr`` nested in IFLA_VFINFO_LIST/IFLA_VF_INFO of the PF."""
-        index = self._index(pf)
         vfinfo = ("IFLA_VF_INFO", {"attrs": [attr]})
-        msg = message(_ifinfmsg, {"index": index}, [("IFLA_VFINFO_LIST", {"attrs": [vfinfo]})])
-        with translate(f"{what} on {pf} VF {vf}"):
-            self._handle().request(RTM_NEWLINK, msg)
+        self._request(pf, f"{what} on {pf} VF {vf}", RTM_NEWLINK, [("IFLA_VFINFO_LIST", {"attrs": [vfinfo]})])
 
     def set_mac(self, pf: str, vf: int, mac: str) -> None:
         self._set_vf(pf, vf, f"setting admin MAC {mac}", ("IFLA_VF_MAC", {"vf": vf, "mac": mac}))

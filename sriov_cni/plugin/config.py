@@ -65,10 +65,12 @@ class Keys:
         self.raw = raw
         self.notes = notes
         self.prefix = prefix
+        # Folded once: a config is asked for some twenty keys.
+        self._folded = [(k, _fold(k)) for k in raw]
 
     def get(self, key: str) -> Any:
         folded = _fold(key)
-        others = [k for k in self.raw if k != key and _fold(k) == folded]
+        others = [k for k, f in self._folded if k != key and f == folded]
         if key in self.raw:
             for other in others:
                 self.notes.add(logging.WARNING, f"ignoring {self.prefix}{other!r}: {self.prefix}{key!r} is set too")

@@ -275,6 +275,18 @@ def test_every_vf_request_is_encoded_as_pyroute2_would(
         vfc.set_rate("pf0", 3, 10, 1000)
     finally:
         vfc.close()
-    assert len(encodings) == 9
+    assert len(encodings) == 8
     for kind, data, theirs in encodings:
         assert data == theirs, kind
+
+
+def test_an_unknown_pf_is_named_as_not_found() -> None:
+    # The PF is named in each request; the kernel's ENODEV says it is gone.
+    vfc = KernelVfControl()
+    try:
+        with pytest.raises(netlink.LinkNotFound, match="PF no-such-pf0 not found"):
+            vfc.vfs("no-such-pf0")
+        with pytest.raises(netlink.LinkNotFound, match="PF no-such-pf0 not found"):
+            vfc.set_trust("no-such-pf0", 0, True)
+    finally:
+        vfc.close()
