@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sriov_cni.cni import CNIError, Code, log
@@ -189,20 +190,22 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation) -> list[str]:
 
 
 def _move(
-    src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None
+    src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None,
+    link: LinkInfo | None = None,
 ) -> LinkInfo | None:
     """Move link ``name`` from namespace ``src`` to ``dst`` as ``new_name``, in one request.
 
     ``altnames`` None drops the link's altnames first (udev gives VFs
     altnames that could clash in the pod, and would block the way back); a
     tuple re-adds those names at the destination.  ``None`` as a namespace
-    means this process's own.  Returns the link as read at the destination
-    when re-adding altnames took that reading (before they were added), so
-    the caller need not look it up again.
+    means this process's own.  ``link``: the caller's reading of ``name``
+    in ``src``, if it just took one.  Returns the link as read at the
+    destination when re-adding altnames took that reading (before they were
+    added), so the caller need not look it up again.
     """
     own = netlink.own_netns_path()
     with netlink.namespace(src) as ns:
-        link = ns.find(name)
+        link = link or ns.find(name)
         if link is None:
             raise netlink.LinkNotFound(f"{name} not found in {src or 'the host network namespace'}")
         dropped = link.altnames if altnames is None else ()
@@ -242,7 +245,9 @@ def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInf
         if conf.mac is not None:
             _set_effective_mac(pod, link.index, conf.mac)
         pod.set_up(link.index, True)
-        return pod.get(link.index)
+        # Bringing it up changes nothing else a caller reads, and the MAC
+        # was read back when set.
+        return replace(link, up=True, mac=conf.mac or link.mac)
 
 
 def _set_effective_mac(ns: Namespace, index: int, mac: str) -> None:
@@ -313,7 +318,7 @@ def restore_netdev(alloc: Allocation) -> None:
     orig = alloc.original
     if orig is None or alloc.dpdk or not orig.netdev:
         return
-    pod_name: str | None = None
+    found: LinkInfo | None = None
     pod_alive = False
     if alloc.in_pod:
         try:
@@ -322,10 +327,11 @@ def restore_netdev(alloc: Allocation) -> None:
                 found = _find_in_pod(pod, alloc, orig)
                 if found is not None:
                     pod.set_up(found.index, False)
-                    pod_name = found.name
         except netlink.NetnsNotFound:
             pass
-    moved = _move(alloc.netns, pod_name, None, orig.netdev, tuple(orig.altnames)) if pod_name is not None else None
+    moved = None
+    if found is not None:
+        moved = _move(alloc.netns, found.name, None, orig.netdev, tuple(orig.altnames), found)
     with netlink.namespace() as host:
         # The move's own reading (under the recorded name) serves: every
         # field compared below is one that adding altnames leaves alone.
