@@ -15,9 +15,9 @@ import ipaddress
 import os
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-
 from pyroute2.netlink.rtnl import RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
