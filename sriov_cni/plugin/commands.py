@@ -319,22 +319,26 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
     common = config.load_common(cmd)
     _configure_log(common, cmd.container_id, cmd.netns, cmd.ifname)
     errors: list[CNIError] = []
-    # Runs while the VF is given back.
+    # Runs while the VF is given back, and is waited for however that ends:
+    # an IPAM DEL finishing after the answer would race the runtime's next
+    # ADD for this container and release the address it got.
     ipam = delegate.IpamCall("DEL", cmd, common.ipam_type) if common.ipam_type else None
-    store = deps.store(common.data_dir)
-    alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
-    if alloc is None:
-        logger.info("no VF is allocated to this attachment; nothing to release")
-    else:
-        try:
-            _release(deps.vf_control(), store, alloc)
-        except CNIError as exc:
-            errors.append(exc)
-    if ipam is not None:
-        try:
-            ipam.result()
-        except CNIError as exc:
-            errors.insert(0, exc)
+    try:
+        store = deps.store(common.data_dir)
+        alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
+        if alloc is None:
+            logger.info("no VF is allocated to this attachment; nothing to release")
+        else:
+            try:
+                _release(deps.vf_control(), store, alloc)
+            except CNIError as exc:
+                errors.append(exc)
+    finally:
+        if ipam is not None:
+            try:
+                ipam.result()
+            except CNIError as exc:
+                errors.insert(0, exc)
     _raise_collected("DEL", errors)
 
 

@@ -291,6 +291,23 @@ def test_damaged_store_record_is_an_io_error(ready: Ready, content: str) -> None
         refused(node.cni(command, conf, netns=node.pod(), container="other"), Code.IO_FAILURE)
 
 
+def test_a_del_that_fails_on_its_store_still_waits_for_its_ipam(ready: Ready, tmp_path: Path) -> None:
+    # The IPAM DEL runs beside the VF's release: however that ends, the
+    # answer waits for it, or it would finish beside the runtime's next ADD.
+    node, pod, _ = ready
+    node.add(node.conf(), netns=pod)
+    [record] = (node.data_dir / "vfs").glob("*.json")
+    record.write_text("[]")
+    bin_dir = tmp_path / "cni-bin"
+    bin_dir.mkdir()
+    done = tmp_path / "ipam-del-done"
+    slow = bin_dir / "slow-ipam"
+    slow.write_text(f"#!/bin/sh\nsleep 1\ntouch {done}\n")
+    slow.chmod(0o755)
+    refused(node.cni("DEL", node.conf(ipam={"type": "slow-ipam"}), netns=pod, path=str(bin_dir)), Code.IO_FAILURE)
+    assert done.exists()
+
+
 def test_store_record_that_is_a_directory_is_an_io_error(ready: Ready) -> None:
     node, pod, _ = ready
     vfs = node.data_dir / "vfs"
