@@ -15,12 +15,12 @@ from sriov_cni.kernel.nlerrors import LinkNotFound
 from sriov_cni.kernel.rtnl import Rtnl, message
 from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 
-# pyroute2 encodes IFLA_VF_VLAN_INFO as 14 bytes, but the kernel's
+# pyroute2's table gives IFLA_VF_VLAN_INFO 14 bytes, but the kernel's
 # struct ifla_vf_vlan_info is 16 (two bytes of tail padding), and kernels
 # that validate the nested VLAN list (commit 1aec77b2bb2e, backported to
 # stable) reject the short form with EINVAL.  The list form is the only way
-# to set an 802.1ad VLAN, so give the struct its real size.  Decoding the
-# kernel's 16-byte answers is unaffected.
+# to set an 802.1ad VLAN, so the table gets the struct's real size, which
+# rtnl.encode then writes.  Reading the kernel's answers does not use it.
 _IVVI = _ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
 if len(_IVVI.fields) == 4:
     _IVVI.fields = _IVVI.fields + (("__pad", "H"),)
