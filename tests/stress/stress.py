@@ -568,8 +568,8 @@ class Attachment:
     network: str
     ifname: str = "net1"
     state: str = "new"  # new, live, failed, unknown, deleted, retired
-    # The VF may be in the pod: after an ADD that succeeded or was killed,
-    # until a DEL succeeds.
+    # The VF may be in the pod: after an ADD that succeeded or was killed (its
+    # call, or the daemon's child serving it), until a DEL succeeds.
     may_hold: bool = False
     netns_gone: bool = False
     prev: dict[str, Any] | None = None
@@ -593,6 +593,9 @@ class Op:
     deadline: float
     kill_at: float | None
     killed: bool = False
+    # The plugin died mid-call: the call itself, or the daemon's child
+    # serving it (whose shim then answers that the call may have partly run).
+    cut_short: bool = False
 
 
 class Driver:
@@ -742,6 +745,7 @@ class Driver:
             # finds no socket for a moment: an error answer is their due.
             for op in self.running:
                 op.faults.add("daemon_restart")
+                op.cut_short = True
         self.submit(command, att, conf, self.env(command, att, ipam_fault), faults, kill_at, self.deadline)
         self.ops[command] += 1
         self.started += 1
@@ -789,6 +793,7 @@ class Driver:
         # Only the call's own process dying leaves it without an answer; a
         # killed daemon child is something the executable must report.
         op.killed = op.killed or pid == op.call.pid
+        op.cut_short = True
 
     def reap(self, op: Op) -> None:
         # By the call's own record: judged by the selector's map, a number
@@ -825,7 +830,10 @@ class Driver:
             if ok:
                 att.state, att.may_hold, att.prev = "live", True, ans.obj
                 att.pci = next((i.get("pciID", "") for i in ans.obj["interfaces"] if i.get("sandbox")), "")
-            elif ans.rc is None or ans.obj is ValueError:
+            elif ans.rc is None or ans.obj is ValueError or op.cut_short:
+                # The plugin died mid-call, perhaps after moving the VF in:
+                # only a DEL can tell (the shim says the call may have
+                # partly run).
                 att.state, att.may_hold = "unknown", True
             elif att.state == "new":
                 att.state = "failed"
@@ -869,7 +877,7 @@ class Driver:
                     self.violate(f"VF {pci} is in pods {owner[pci]} and {att.container}")
                 owner[pci] = att.container
                 if not att.may_hold:
-                    self.violate(f"VF {pci} ({ifname}) is in pod {att.container}, whose ADD failed or was DELeted")
+                    self.violate(f"VF {pci} ({ifname}) is in pod {att.container}, whose ADD failed or was DELeted: {att.history}")
             if att.state == "live" and held.get(att.ifname) != att.pci:
                 self.violate(f"live attachment {att.container} should have VF {att.pci} as {att.ifname} in its pod,"
                              f" has {held}: {att.history}")
