@@ -27,7 +27,8 @@ Faults: SIGKILL of a call at a random point (a hung call is killed at the
 deadline, as a runtime does), the pod's netns deleted before DEL, duplicate
 DELs, ADD retried after a failure, a delegated IPAM plugin that fails or
 hangs, ENOSPC on the state directory (a small tmpfs holding the store and
-the IPAM data), and, on igb, daemon restarts.
+the IPAM data), and, on igb, daemon restarts.  GC runs with no other call
+in flight, as the spec requires of a runtime.
 
 The seed fixes which operations and faults are chosen and when; with
 ``--concurrency 1`` it also fixes their order.  The last line of output is
@@ -713,12 +714,16 @@ class Driver:
 
     def valid_attachments(self) -> list[dict[str, str]]:
         return [{"containerID": a.container, "ifname": a.ifname} for a in self.attachments
-                if a.state not in ("deleted", "retired") or a.container in self.busy]
+                if a.state not in ("deleted", "retired")]
 
     # -- running
 
     def launch(self) -> None:
         command, att = self.choose()
+        if command == "GC":
+            # The spec has the runtime run GC alone: an ADD that starts after
+            # GC took its list would otherwise lose its IPAM reservation to it.
+            self.drain()
         faults: set[str] = set()
         network = att.network if att else self.rng.choice(NETWORKS)
         if att is not None and command == "DEL" and att.state == "live" and not att.netns_gone \
@@ -747,6 +752,8 @@ class Driver:
                 op.faults.add("daemon_restart")
                 op.cut_short = True
         self.submit(command, att, conf, self.env(command, att, ipam_fault), faults, kill_at, self.deadline)
+        if command == "GC":
+            self.drain()
         self.ops[command] += 1
         self.started += 1
         for fault in faults - {"kill"}:
