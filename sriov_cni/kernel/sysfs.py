@@ -55,7 +55,7 @@ def pci_dir(pci: str) -> Path:
     return SYS / "bus" / "pci" / "devices" / pci
 
 
-def _link_name(path: Path) -> str | None:
+def _link_name(path: Path | str) -> str | None:
     try:
         return os.path.basename(os.readlink(path))
     except OSError:
@@ -96,14 +96,17 @@ def is_pf(pci: str) -> bool:
 def vf_pcis(pf_pci: str) -> dict[int, str]:
     """Every VF of a PF by index."""
     out: dict[int, str] = {}
+    # Plain strings per link: a pool of many VFs is resolved on every ADD,
+    # and building a Path for each virtfn link was most of that cost.
+    base = str(pci_dir(pf_pci))
     try:
-        entries = os.listdir(pci_dir(pf_pci))
+        entries = os.listdir(base)
     except OSError:
         return out
     for entry in entries:
         m = _VIRTFN.fullmatch(entry)
         if m:
-            target = _link_name(pci_dir(pf_pci) / entry)
+            target = _link_name(f"{base}/{entry}")
             if target:
                 out[int(m.group(1))] = target
     return dict(sorted(out.items()))
