@@ -149,8 +149,8 @@ def _not_host(netns: str) -> None:
         raise CNIError(Code.INVALID_NETNS, f"CNI_NETNS {netns} is the host's own network namespace, not a pod's")
 
 
-def _refuse_existing(cmd: CmdArgs, conf: NetConf, store: Store) -> None:
-    """An ADD for an attachment that is recorded already, or whose name the pod uses, is refused."""
+def _refuse_recorded(cmd: CmdArgs, conf: NetConf, store: Store) -> None:
+    """An ADD for an attachment that is recorded already is refused."""
     existing = _find(store, cmd.container_id, cmd.ifname, conf.name)
     if existing is not None:
         raise CNIError(
@@ -158,6 +158,10 @@ def _refuse_existing(cmd: CmdArgs, conf: NetConf, store: Store) -> None:
             f"container {cmd.container_id} already has {cmd.ifname} on network {conf.name} (VF {existing.vf_pci})",
             "DEL it first",
         )
+
+
+def _refuse_taken_name(cmd: CmdArgs, conf: NetConf) -> None:
+    """An ADD whose interface name the pod uses already is refused."""
     if not conf.device_id or sysfs.driver(conf.device_id) not in sysfs.DPDK_DRIVERS:
         with netlink.namespace(cmd.netns) as pod:
             if pod.find(cmd.ifname) is not None:
@@ -168,9 +172,37 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
     conf = _load(cmd)
     netns_inode = _pod_netns(cmd.netns)
     store = deps.store(conf.data_dir)
-    _refuse_existing(cmd, conf, store)
+    _refuse_recorded(cmd, conf, store)
     candidates = _candidates(conf)
     _not_host(cmd.netns)
+    # IPAM starts once the config has named VFs that exist and this is a new
+    # attachment, and runs while the VF is chosen and set up: a Go IPAM
+    # plugin takes about as long as all of that.  Not before: a failed ADD
+    # releases what IPAM holds for this container and interface, which must
+    # not be a live attachment's.
+    ipam = delegate.IpamCall("ADD", cmd, conf.ipam_type) if conf.ipam_type else None
+    try:
+        return _add(cmd, deps, conf, netns_inode, store, candidates, ipam)
+    except BaseException:
+        # Waits for an IPAM ADD still running, and releases what it reserved.
+        if ipam is not None and ipam.succeeded():
+            try:
+                delegate.run_ipam("DEL", cmd, ipam.ipam_type)
+            except CNIError as exc:
+                logger.error("rollback: releasing the address: %s", exc)
+        raise
+
+
+def _add(
+    cmd: CmdArgs,
+    deps: Deps,
+    conf: NetConf,
+    netns_inode: int,
+    store: Store,
+    candidates: list[sysfs.VF],
+    ipam: delegate.IpamCall | None,
+) -> Result:
+    _refuse_taken_name(cmd, conf)
     vfc = deps.vf_control()
 
     def make(vf: sysfs.VF) -> Allocation:
@@ -200,14 +232,13 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
         with allocate.reserve(store, candidates, make, in_host, conf.device_id is not None) as lease:
             alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
-            ipam: delegate.IpamCall | None = None
             try:
                 if lease.stale is not None:
                     _reclaim(cmd, conf, vfc, lease.stale)
-                if conf.ipam_type:
-                    # Runs while the VF is set up; its answer is needed only
-                    # for the pod's addresses.
-                    ipam = delegate.IpamCall("ADD", cmd, conf.ipam_type)
+                    if ipam is not None and not ipam.succeeded():
+                        # It ran before the dead container's address was
+                        # freed, which a full range needed.
+                        ipam.again()
                 if alloc.original is None:
                     alloc.original = bind.snapshot(vfc, host, alloc)
                 # Record what is about to change before changing it: after a
@@ -227,7 +258,7 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
                         _configure_ips(cmd.netns, cmd.ifname, index, ipam_result)
                 return _result(conf, iface, ipam_result)
             except BaseException:
-                _roll_back(cmd, vfc, lease, ipam)
+                _roll_back(vfc, lease)
                 raise
 
 
@@ -262,13 +293,7 @@ def _ipam_add(ipam: delegate.IpamCall) -> Result:
     return result
 
 
-def _roll_back(cmd: CmdArgs, vfc: netlink.VfControl, lease: Lease, ipam: delegate.IpamCall | None) -> None:
-    # An IPAM ADD still running is waited for: what it reserved is released.
-    if ipam is not None and ipam.succeeded():
-        try:
-            delegate.run_ipam("DEL", cmd, ipam.ipam_type)
-        except CNIError as exc:
-            logger.error("rollback: releasing the address: %s", exc)
+def _roll_back(vfc: netlink.VfControl, lease: Lease) -> None:
     try:
         _give_back(vfc, lease.alloc)
     except CNIError as exc:

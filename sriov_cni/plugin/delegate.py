@@ -66,10 +66,14 @@ class IpamCall:
         self._command = command
         self._cmd = cmd
         self.ipam_type = ipam_type
+        self.again()
+
+    def again(self) -> None:
+        """Start the command (anew, after a failure that something since may have cured)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._outcome: Result | CNIError | None = None
         self._done = False
-        if ipam_type != IN_PROCESS_TYPE:
+        if self.ipam_type != IN_PROCESS_TYPE:
             try:
                 self._proc = self._start()
             except CNIError as exc:

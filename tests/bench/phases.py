@@ -44,7 +44,10 @@ PHASES: dict[tuple[str, str], str] = {
     ("commands.py", "cmd_add"): "netns checks, look-ups",
     ("commands.py", "cmd_del"): "netns checks, look-ups",
     ("commands.py", "_pod_netns"): "netns checks, look-ups",
-    ("commands.py", "_refuse_existing"): "netns checks, look-ups",
+    ("commands.py", "_add"): "netns checks, look-ups",
+    ("commands.py", "_refuse_existing"): "netns checks, look-ups",  # before the two below
+    ("commands.py", "_refuse_recorded"): "netns checks, look-ups",
+    ("commands.py", "_refuse_taken_name"): "netns checks, look-ups",
     ("commands.py", "_not_host"): "netns checks, look-ups",
 }
 OTHER = "other"

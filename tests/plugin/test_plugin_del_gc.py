@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import subprocess
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.plugin.store import Allocation, FileStore, OriginalState
 
-from pluginlib import Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
+from pluginlib import DEBIAN_CNI_DIR, Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
 
 
 def ok(res: Outcome) -> None:
@@ -130,6 +131,30 @@ def test_stale_allocation_is_reclaimed_by_add(node: Node) -> None:
     assert {k: v for k, v in node.picture().items() if k != "pods"} == {
         k: v for k, v in clean.items() if k != "pods"
     }
+
+
+def test_add_reclaiming_a_stale_vf_gets_the_last_address_of_the_range(node: Node) -> None:
+    # IPAM starts before the VF is chosen; only reclaiming the dead
+    # container's VF frees the one address of this range, so the ADD must
+    # ask IPAM again after the reclaim.
+    node.add_pf(1)
+    ipam = {"type": "host-local", "dataDir": str(node.ipam_dir),
+            "ranges": [[{"subnet": "10.41.0.0/24", "rangeStart": "10.41.0.9", "rangeEnd": "10.41.0.9"}]]}
+    conf = node.conf(ipam=ipam)
+    stale_record(node)
+    held = subprocess.run([f"{DEBIAN_CNI_DIR}/host-local"], input=json.dumps(conf), capture_output=True,
+                          text=True, check=True,
+                          env=node.env("ADD", container="dead", netns="/var/run/netns/svpod-long-gone"))
+    assert json.loads(held.stdout)["ips"][0]["address"] == "10.41.0.9/24"
+    pod = node.pod()
+
+    res = node.add(conf, netns=pod, container="new")
+
+    assert res.out["ips"][0]["address"] == "10.41.0.9/24"
+    [record] = FileStore(node.data_dir).all()
+    assert record.container_id == "new"
+    ok(node.cni("DEL", conf, netns=pod, container="new"))
+    assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
 
 
 def test_stale_allocation_is_reclaimed_by_gc(node: Node) -> None:
