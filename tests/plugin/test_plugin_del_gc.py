@@ -138,9 +138,8 @@ def test_add_reclaiming_a_stale_vf_gets_the_last_address_of_the_range(node: Node
     # container's VF frees the one address of this range, so the ADD must
     # ask IPAM again after the reclaim.
     node.add_pf(1)
-    ipam = {"type": "host-local", "dataDir": str(node.ipam_dir),
-            "ranges": [[{"subnet": "10.41.0.0/24", "rangeStart": "10.41.0.9", "rangeEnd": "10.41.0.9"}]]}
-    conf = node.conf(ipam=ipam)
+    one_address = [[{"subnet": "10.41.0.0/24", "rangeStart": "10.41.0.9", "rangeEnd": "10.41.0.9"}]]
+    conf = node.conf(ipam=node.host_local(ranges=one_address))
     stale_record(node)
     held = subprocess.run([f"{DEBIAN_CNI_DIR}/host-local"], input=json.dumps(conf), capture_output=True,
                           text=True, check=True,
