@@ -93,10 +93,12 @@ def status(as_json: bool, data_dir: Path) -> None:
               help="Seconds a caller has to send its request.")
 @click.option("--max-children", default=server.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
               help="Calls run at once; more wait their turn.")
-def daemon(socket_path: str, request_timeout: float, max_children: int) -> None:
+@click.option("--child-idle", default=server.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds a child that has served calls waits for another before it ends.")
+def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float) -> None:
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until stopped)."""
     try:
-        server.serve(socket_path, request_timeout, max_children)
+        server.serve(socket_path, request_timeout, max_children, child_idle)
     except (server.DaemonError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
 

@@ -4,11 +4,12 @@ The executables a container runtime runs, ``sriov`` and ``sriov-ipam``, are
 either the static shim (shim/sriov-shim.c, on nodes without our Python) or
 the Python client (:mod:`sriov_cni.daemon.client`). Both connect here and send
 their version, their name, their working directory and environment, with
-their stdin, stdout and stderr attached as descriptors. For each call the
-daemon forks a child that takes those over and runs exactly the code the
-executable would run in process (:func:`sriov_cni.plugin.commands.run`, or the IPAM's
-dispatch); the child's exit status goes back as one byte.  Starting Python
-and importing pyroute2 is paid once, here, not per call.
+their stdin, stdout and stderr attached as descriptors. A child forked from
+the daemon takes those over and runs exactly the code the executable would
+run in process (:func:`sriov_cni.plugin.commands.run`, or the IPAM's
+dispatch); the exit status goes back as one byte.  Starting Python and
+importing pyroute2 is paid once, here, not per call.  A child serves one
+call at a time, and up to CALLS_PER_CHILD in turn.
 
 A call the daemon will not run (another version, a malformed, oversized or
 stalled request, an unknown executable name) is answered with ``REFUSED``
@@ -21,10 +22,11 @@ is made root-only.
 
 For measuring a node, the daemon started with ``SRIOV_CNI_DAEMON_STATS`` set
 to a directory makes each child write there, after answering, what its call
-cost: ``<pid>.json`` with the program, the CNI command, the seconds it ran
-and the CPU seconds it used, its peak and private memory and the VF store's lock wait and hold times.
+cost: ``<pid>-<n>.json`` for its n-th call (from 0), with the program, the
+CNI command, the seconds it ran and the CPU seconds it used, the child's
+peak memory (over its calls so far) and private memory, and the VF store's lock wait and hold times.
 With ``SRIOV_CNI_DAEMON_PROFILE=1`` as well, the call runs under cProfile and
-``<pid>.prof`` holds the dump (tests/bench/bench_plugin.py reads both).
+``<pid>-<n>.prof`` holds the dump (tests/bench/bench_plugin.py reads both).
 Unset, nothing is measured.
 """
 
@@ -62,6 +64,15 @@ MAX_CHILDREN = 64
 # Children forked ahead, each waiting to take the next call.  Two, so that
 # a second call arriving at once need not wait for its fork either.
 SPARES = 2
+# A child serves calls one after another, up to this many: the first call in
+# a forked child copies every page it writes (about a thousand per ADD, a
+# tenth of a millisecond each on a slow node), the next ones find them
+# copied.  Bounded, so what one call might leave behind cannot pile up.
+CALLS_PER_CHILD = 100
+# Seconds a child that has served calls waits for another before it ends,
+# giving back its copied pages (a burst of calls leaves as many children);
+# the daemon forks fresh spares as needed.
+CHILD_IDLE = 60.0
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
 
@@ -73,10 +84,14 @@ class DaemonError(Exception):
 
 
 def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
-    from sriov_cni.plugin import commands
+    from sriov_cni.plugin import commands, log
 
     commands.configure_logging_from_env(env)
-    return commands.run(env, stdin, stdout, stderr)
+    try:
+        return commands.run(env, stdin, stdout, stderr)
+    finally:
+        # The child serves other calls after this one (CALLS_PER_CHILD).
+        log.close()
 
 
 def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
@@ -185,7 +200,7 @@ def _private_kib() -> int:
     return total
 
 
-def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure,
+def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure, name: str,
                   reply: Callable[[int], None]) -> None:
     import cProfile
     import resource
@@ -201,7 +216,7 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
         code = run(env, stdin, sys.stdout, sys.stderr)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     reply(code)  # closes the caller's stdout before the statistics are gathered
-    base = os.path.join(measure.directory, str(os.getpid()))
+    base = os.path.join(measure.directory, name)
     if profiler is not None:
         profiler.dump_stats(base + ".prof")
     stats = {
@@ -221,9 +236,13 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
     os.rename(base + ".tmp", base + ".json")
 
 
-def _serve_one(conn: socket.socket, request_timeout: float, watchdog: Watchdog,
-               measure: Measure | None = None) -> None:
-    """Runs in the call's child, from the accepted connection to the answer."""
+def _serve_one(conn: socket.socket, request_timeout: float, watchdog: Watchdog, null: int,
+               measure: Measure | None, name: str) -> bool:
+    """Runs in a child, from the accepted connection to the answer.
+
+    Whether the child may serve another call: not after a refusal, whose
+    request may have left descriptors behind.
+    """
     try:
         program, run, env = _become_caller(conn, request_timeout)
     except (OSError, ValueError) as exc:
@@ -238,23 +257,25 @@ def _serve_one(conn: socket.socket, request_timeout: float, watchdog: Watchdog,
             watchdog.answered.set()
             conn.sendall(bytes([code & 0xFF]))
             # The caller's runtime reads its stdout to the end, and this
-            # child holds a copy: closed now, not when the process ends
-            # (exit tears the address space down before it closes files).
+            # child holds a copy: released now, not when the process ends
+            # (exit tears the address space down before it closes files),
+            # and not at all while the child waits for its next call.
             for fd in (0, 1, 2):
-                os.close(fd)
+                os.dup2(null, fd)
 
         watchdog.watch(conn)
         stdin = sys.stdin.buffer.read()
         if measure is None:
             reply(run(env, stdin, sys.stdout, sys.stderr))
         else:
-            _run_measured(program, run, env, stdin, measure, reply)
-        return
+            _run_measured(program, run, env, stdin, measure, name, reply)
+        return True
     # Nothing has run: the shim prints the reason, the Python client runs
     # the call itself.
     answer = json.dumps(refusal.to_dict("1.0.0"))
     conn.settimeout(request_timeout)
     conn.sendall(bytes([REFUSED]) + answer.encode() + b"\n")
+    return False
 
 
 class Watchdog:
@@ -297,33 +318,61 @@ def _peer_is_root(conn: socket.socket) -> bool:
     return bool(uid == 0)
 
 
-def _spare(listener: socket.socket, daemon: int, taken: int, request_timeout: float,
+def _next_call(listener: socket.socket, idle: float | None) -> socket.socket | None:
+    """The next call from root, or None after ``idle`` seconds without one.
+
+    The listener is non-blocking: every waiting child wakes for a call and
+    all but one find it taken.
+    """
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    while True:
+        if not poller.poll(None if idle is None else int(idle * 1000)):
+            return None
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            continue
+        if _peer_is_root(conn):
+            return conn
+        conn.close()
+
+
+def _spare(listener: socket.socket, daemon: int, messages: int, request_timeout: float, idle: float,
            measure: Measure | None) -> None:
-    """Runs in a forked child: waits for one call, serves it, ends.
+    """Runs in a forked child: serves calls one at a time until it ends.
 
     The daemon keeps such children forked ahead of the calls, so a call
     does not wait for the fork of the daemon (a copy of every page table of
-    a 40 MiB interpreter), nor for its watchdog thread to start.
+    a 40 MiB interpreter), nor for its watchdog thread to start.  After a
+    call the child tells the daemon it waits again (see CALLS_PER_CHILD).
     """
-    # An idle spare ends with the daemon: it would hold the old socket open,
-    # waiting for calls that can no longer reach it.
-    lifetime.die_with_parent(daemon)
-    watchdog = Watchdog()
-    while True:
-        conn, _ = listener.accept()
-        if _peer_is_root(conn):
-            break
-        conn.close()
-    listener.close()
-    # Taken: a call runs to its end even when the daemon is restarted
-    # meanwhile, as an executed plugin would.
-    lifetime.outlive_parent()
-    # The call's group: what it starts (delegated IPAM, helpers in a pod's
-    # namespace) ends with it (Watchdog).
-    os.setpgid(0, 0)
-    os.write(taken, struct.pack("=i", os.getpid()))
-    os.close(taken)
-    _serve_one(conn, request_timeout, watchdog, measure)
+    idle_group = os.getpgid(0)
+    # What the caller's descriptors become once a call has answered: they
+    # must be released (its runtime reads to EOF) and 0-2 must stay taken,
+    # or the next accepted connection would land on one of them.
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    for served in range(CALLS_PER_CHILD):
+        # An idle child ends with the daemon: it would hold the old socket
+        # open, waiting for calls that can no longer reach it.
+        lifetime.die_with_parent(daemon)
+        if served:
+            os.setpgid(0, idle_group)
+            os.write(messages, struct.pack("=i", -os.getpid()))
+        watchdog = Watchdog()
+        conn = _next_call(listener, idle if served else None)
+        if conn is None:
+            return
+        # Taken: a call runs to its end even when the daemon is restarted
+        # meanwhile, as an executed plugin would.
+        lifetime.outlive_parent()
+        # The call's group: what it starts (delegated IPAM, helpers in a pod's
+        # namespace) ends with it (Watchdog).
+        os.setpgid(0, 0)
+        os.write(messages, struct.pack("=i", os.getpid()))
+        with conn:
+            if not _serve_one(conn, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}"):
+                return
 
 
 class _Children:
@@ -333,25 +382,27 @@ class _Children:
         self.max = max_children
         self.spares: set[int] = set()
         self.busy: set[int] = set()
-        self.taken_r, self.taken_w = os.pipe()
+        # Children write their pid when they take a call and its negation
+        # when they wait again, each in one write (atomic in a pipe).
+        self.messages_r, self.messages_w = os.pipe()
         # SIGCHLD wakes the loop through a pipe of its own, so a spare that
         # died before taking a call is replaced without delay.
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
-    def reap(self, block: bool) -> None:
+    def reap(self) -> None:
         while self.spares or self.busy:
-            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+            pid, _ = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
             self.spares.discard(pid)
             self.busy.discard(pid)
-            block = False
 
-    def wait_for_a_taker(self) -> None:
+    def wait(self) -> None:
+        """Until a child takes a call, waits again, or ends."""
         poller = select.poll()
-        poller.register(self.taken_r, select.POLLIN)
+        poller.register(self.messages_r, select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
         for fd, _ in poller.poll():
             if fd == self.wake_r:
@@ -361,19 +412,22 @@ class _Children:
                     except BlockingIOError:
                         break
             else:
-                # Each taker writes its pid in one write (atomic in a pipe).
-                data = os.read(self.taken_r, 4 * 64)
+                data = os.read(self.messages_r, 4 * 64)
                 for (pid,) in struct.iter_unpack("=i", data):
-                    if pid in self.spares:  # else it was reaped already
+                    # A pid not found was reaped already.
+                    if pid > 0 and pid in self.spares:
                         self.spares.remove(pid)
                         self.busy.add(pid)
-        self.reap(block=False)
+                    elif pid < 0 and -pid in self.busy:
+                        self.busy.remove(-pid)
+                        self.spares.add(-pid)
+        self.reap()
 
     def in_child(self) -> None:
         """What a freshly forked child must not keep of the daemon's loop."""
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in (self.taken_r, self.wake_r, self.wake_w):
+        for fd in (self.messages_r, self.wake_r, self.wake_w):
             os.close(fd)
 
 
@@ -407,7 +461,7 @@ def _warm_netlink() -> None:
 
 
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
-          max_children: int = MAX_CHILDREN) -> None:
+          max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE) -> None:
     """Listen on ``path`` until terminated."""
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
@@ -436,6 +490,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     finally:
         os.umask(old_umask)
     listener.listen(128)
+    listener.setblocking(False)  # see _next_call
     children = _Children(max_children)
     daemon = os.getpid()
     sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}\n")
@@ -447,16 +502,15 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
                 status = 1
                 try:
                     children.in_child()
-                    _spare(listener, daemon, children.taken_w, request_timeout, measure)
+                    _spare(listener, daemon, children.messages_w, request_timeout, child_idle, measure)
                     status = 0
                 finally:  # the child must always reach _exit
                     os._exit(status)
             children.spares.add(pid)
-        elif not children.spares:
-            # MAX_CHILDREN calls run: further ones wait in the listen queue.
-            children.reap(block=True)
         else:
-            children.wait_for_a_taker()
+            # With MAX_CHILDREN calls running, further ones wait in the
+            # listen queue until a child waits again or ends.
+            children.wait()
 
 
 def main() -> None:

@@ -99,3 +99,10 @@ def configure(level: str, log_file: str | None, container_id: str, netns: str, i
         log.addHandler(handler)
     log.setLevel(_LEVELS.get(level, logging.INFO))
     log.propagate = False
+
+
+def close() -> None:
+    """End the log of a call: its file is closed, not kept into the next one."""
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()

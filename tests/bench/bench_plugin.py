@@ -164,7 +164,7 @@ class Daemon:
         for f in files:
             self.seen.add(f.name)
             report = json.loads(f.read_text())
-            report["pid"] = int(f.stem)
+            report["name"] = f.stem
             out.append(report)
         return out
 
@@ -296,7 +296,7 @@ def profiled(bench: Bench, work: Path, peer: Peer, timed: list[dict[str, Any]], 
         [report] = [r for r in reports if r["program"] == "sriov" and r["command"] == command]
         samples = unprofiled.get(command) or []
         lines += phases.table(
-            f"{command} in the daemon's child", daemon.stats / f"{report['pid']}.prof",
+            f"{command} in the daemon's child", daemon.stats / f"{report['name']}.prof",
             statistics.median(samples) if samples else None,
         )
         lines.append(f"  (the whole shim call took {walls[command] * 1000:.1f} ms with profiling)")

@@ -61,11 +61,13 @@ class Daemon:
         banner = self.proc.stderr.readline()
         assert f"listening on {self.socket}" in banner, banner
 
-    def children(self) -> list[int]:
-        """The children running a call: each leads its own process group (spares do not)."""
+    def all_children(self) -> list[int]:
         with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-            pids = [int(pid) for pid in f.read().split()]
-        return [pid for pid in pids if pid == _group_of(pid)]
+            return [int(pid) for pid in f.read().split()]
+
+    def children(self) -> list[int]:
+        """The children running a call: each leads its own process group (waiting ones do not)."""
+        return [pid for pid in self.all_children() if pid == _group_of(pid)]
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -336,11 +338,11 @@ def test_at_most_max_children_calls_run_at_once(tmp_path: Path) -> None:
         busy = wait_for(lambda: d.children())
         with version.open("rb") as stdin:
             second = subprocess.Popen([str(link)], stdin=stdin, stdout=subprocess.PIPE, env=env)
-        # The second shim waits for its answer while the daemon waits for
-        # its one child to end instead of accepting the second call.
+        # The second shim waits for its answer, and the daemon forks no
+        # spare to take it while its one child runs the first call.
         wait_for(lambda: Path(f"/proc/{second.pid}/wchan").read_text() == "unix_stream_read_generic")
-        wait_for(lambda: Path(f"/proc/{d.proc.pid}/wchan").read_text() == "do_wait")
-        assert d.children() == busy and second.poll() is None
+        wait_for(lambda: "poll" in Path(f"/proc/{d.proc.pid}/wchan").read_text())
+        assert d.all_children() == busy and second.poll() is None
         first_out, _ = first.communicate(b'{"cniVersion": "1.0.0"}', timeout=60)
         second_out, _ = second.communicate(timeout=60)
     finally:
@@ -505,3 +507,77 @@ def test_a_failed_call_exits_non_zero_through_the_daemon(daemon: Daemon, tmp_pat
                        "ipam": {"type": "sriov-ipam", "dataDir": str(tmp_path / "ipam")}}).encode()
     rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", env=ipam_env("bad"))
     assert rc == 1 and out["code"] == 7 and "msg" in out, out
+
+
+def _served_by(stats: Path, calls: int) -> list[tuple[int, int]]:
+    """(pid, call number in that child) of each measured call, in order."""
+    wait_for(lambda: len(list(stats.glob("*.json"))) >= calls)
+    served = []
+    for f in stats.glob("*.json"):
+        pid, call = f.stem.split("-")
+        served.append((int(pid), int(call)))
+    return sorted(served)
+
+
+def test_a_child_serves_calls_in_turn_each_with_only_its_own_settings(tmp_path: Path) -> None:
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    d = Daemon(tmp_path / "run", "--max-children", "1", env={server.STATS_ENV: str(stats)})
+    link = tmp_path / "bin" / "sriov"
+    link.parent.mkdir()
+    link.symlink_to(SHIM)
+
+    def delete(container: str, log_file: Path | None) -> str:
+        conf = {"cniVersion": "1.0.0", "name": "n", "type": "sriov", "logLevel": "debug",
+                "dataDir": str(tmp_path / "state"), **({"logFile": str(log_file)} if log_file else {})}
+        env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": container, "CNI_NETNS": str(tmp_path / "gone"),
+               "CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin", "SRIOV_CNI_SOCKET": str(d.socket)}
+        proc = subprocess.run([str(link)], input=json.dumps(conf).encode(), env=env, capture_output=True, timeout=60)
+        assert proc.returncode == 0, proc
+        return proc.stderr.decode()
+
+    def open_fds(pid: int) -> list[str]:
+        # Once the child waits again (back in the daemon's process group).
+        wait_for(lambda: not d.children())
+        return sorted(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+
+    try:
+        first = delete("c1", tmp_path / "one.log")
+        [(child, _)] = _served_by(stats, 1)
+        fds_after_one = open_fds(child)
+        second = delete("c2", tmp_path / "two.log")
+        third = delete("c3", None)
+        served = _served_by(stats, 3)
+        fds_after_three = open_fds(child)
+    finally:
+        d.stop()
+    # One child served the three calls, one after another.
+    assert served == [(child, 0), (child, 1), (child, 2)]
+    # Each call logged where its own config said, and only there: the log
+    # file of an earlier call is neither kept nor written to.
+    one, two = (tmp_path / "one.log").read_text(), (tmp_path / "two.log").read_text()
+    assert "containerID=c1" in one and "containerID=c2" not in one and "containerID=c3" not in one
+    assert "containerID=c2" in two and "containerID=c3" not in two
+    assert "containerID=c3" in third and not first and not second
+    # Nothing of a call stays open in the child (its log file, the caller's
+    # descriptors).
+    assert not any(str(tmp_path) in fd for fd in fds_after_one)
+    assert fds_after_three == fds_after_one
+
+
+def test_a_child_that_served_a_call_ends_after_child_idle(tmp_path: Path) -> None:
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    d = Daemon(tmp_path / "run", "--child-idle", "0.5", env={server.STATS_ENV: str(stats)})
+    try:
+        rc, out = shim(d.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
+        assert rc == 0, out
+        [(child, _)] = _served_by(stats, 1)
+        wait_for(lambda: child not in d.all_children())
+        # The daemon keeps its spares: fresh ones serve the next calls.
+        wait_for(lambda: len(d.all_children()) == server.SPARES)
+        rc, out = shim(d.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
+        assert rc == 0 and out["cniVersion"] == "1.0.0", out
+    finally:
+        d.stop()
+    assert [pid for pid, _ in _served_by(stats, 2)][1] != child
