@@ -95,10 +95,13 @@ def status(as_json: bool, data_dir: Path) -> None:
               help="Calls run at once; more wait their turn.")
 @click.option("--child-idle", default=server.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a child that has served calls waits for another before it ends.")
-def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float) -> None:
+@click.option("--calls-per-child", default=server.CALLS_PER_CHILD, show_default=True, type=click.IntRange(min=1),
+              help="Calls a child serves, one after another, before it ends; 1: a fresh child for each call.")
+def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float,
+           calls_per_child: int) -> None:
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until stopped)."""
     try:
-        server.serve(socket_path, request_timeout, max_children, child_idle)
+        server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child)
     except (server.DaemonError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
 

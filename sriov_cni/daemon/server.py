@@ -64,10 +64,11 @@ MAX_CHILDREN = 64
 # Children forked ahead, each waiting to take the next call.  Two, so that
 # a second call arriving at once need not wait for its fork either.
 SPARES = 2
-# A child serves calls one after another, up to this many: the first call in
-# a forked child copies every page it writes (about a thousand per ADD, a
-# tenth of a millisecond each on a slow node), the next ones find them
-# copied.  Bounded, so what one call might leave behind cannot pile up.
+# A child serves calls one after another, up to this many (--calls-per-child):
+# the first call in a forked child copies every page it writes (about a
+# thousand per ADD, a tenth of a millisecond each on a slow node), the next
+# ones find them copied.  Bounded, so what one call might leave behind
+# cannot pile up; 1 gives every call a fresh child.
 CALLS_PER_CHILD = 100
 # Seconds a child that has served calls waits for another before it ends,
 # giving back its copied pages (a burst of calls leaves as many children);
@@ -338,7 +339,7 @@ def _next_call(listener: socket.socket, idle: float | None) -> socket.socket | N
         conn.close()
 
 
-def _spare(listener: socket.socket, daemon: int, messages: int, request_timeout: float, idle: float,
+def _spare(listener: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int, idle: float,
            measure: Measure | None) -> None:
     """Runs in a forked child: serves calls one at a time until it ends.
 
@@ -352,7 +353,7 @@ def _spare(listener: socket.socket, daemon: int, messages: int, request_timeout:
     # must be released (its runtime reads to EOF) and 0-2 must stay taken,
     # or the next accepted connection would land on one of them.
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    for served in range(CALLS_PER_CHILD):
+    for served in range(calls):
         # An idle child ends with the daemon: it would hold the old socket
         # open, waiting for calls that can no longer reach it.
         lifetime.die_with_parent(daemon)
@@ -461,7 +462,8 @@ def _warm_netlink() -> None:
 
 
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
-          max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE) -> None:
+          max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
+          calls_per_child: int = CALLS_PER_CHILD) -> None:
     """Listen on ``path`` until terminated."""
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
@@ -502,7 +504,8 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
                 status = 1
                 try:
                     children.in_child()
-                    _spare(listener, daemon, children.messages_w, request_timeout, child_idle, measure)
+                    _spare(listener, daemon, children.messages_w, request_timeout, calls_per_child, child_idle,
+                           measure)
                     status = 0
                 finally:  # the child must always reach _exit
                     os._exit(status)

@@ -6,7 +6,10 @@ cycle (ADD into a pod namespace, DEL back) with host-local IPAM,
 interleaved in one run, so the ratio holds even on a slow or emulated
 machine.  ``sriov`` is measured as a node without Python runs it (the static
 shim forwarding to the daemon), as the Python executable through the daemon
-and in process (no daemon), and with its in-process IPAM.  Memory is the
+and in process (no daemon), and with its in-process IPAM.  A daemon's child
+serves calls in turn; the cycles through a daemon whose children serve one
+call each show what calls far apart cost, since each then runs in a child
+that has served none.  Memory is the
 peak RSS of the executable's own process (by GNU time, which forks it from a
 small process: a process forked from this one would inherit this one's peak)
 and of the daemon's child serving the call, with the child's private part
@@ -131,7 +134,8 @@ def host_node(work: Path, per_pf: int) -> Bench:
 class Daemon:
     """The sriov-cni daemon of the node, reporting every call's costs into ``stats``."""
 
-    def __init__(self, bench: Bench, sock: Path, stats: Path, profile: bool = False, code: Path = ROOT) -> None:
+    def __init__(self, bench: Bench, sock: Path, stats: Path, profile: bool = False, code: Path = ROOT,
+                 calls_per_child: int | None = None) -> None:
         """``code``: the checkout whose package the daemon runs (another revision's has no reports)."""
         self.sock = sock
         self.stats = stats
@@ -143,6 +147,10 @@ class Daemon:
         command = [str(sock) if part == "SOCKET" else part for part in bench.daemon_command]
         if "SOCKET" not in bench.daemon_command:
             command.append(str(sock))
+        if calls_per_child is not None:
+            # The host node's daemon (tests/bench/hostnode.py) takes it among its PFs.
+            command += ([f"calls={calls_per_child}"] if bench.kind == "host"
+                        else ["--calls-per-child", str(calls_per_child)])
         self.seen: set[str] = set()
         self.proc = subprocess.Popen(command, cwd=code, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stderr is not None
@@ -259,14 +267,15 @@ def cycles(peers: dict[str, Peer], n: int, daemon: Daemon) -> tuple[list[str], l
             cpu[name] = sum(statistics.median(r["cpu_seconds"] for r in mine if r["command"] == command)
                             for command in ("ADD", "DEL"))
     go = statistics.median(peers["host-device (Go)"].times)
-    lines = [f"{'plugin':26} {'median ms':>9} {'min ms':>7} {'ratio':>6} {'child CPU ms':>12} {'exe peak MiB':>12} "
+    width = max(len(name) for name in peers)
+    lines = [f"{'plugin':{width}} {'median ms':>9} {'min ms':>7} {'ratio':>6} {'child CPU ms':>12} {'exe peak MiB':>12} "
              f"{'child peak MiB':>14} {'child private MiB':>17}"]
     for name, peer in peers.items():
         med = statistics.median(peer.times)
         own = f"{peer.own_kib / 1024:.1f}" if peer.own_kib else "n/a"
         peak, private = (f"{child[name][0] / 1024:.1f}", f"{child[name][1] / 1024:.1f}") if name in child else ("-", "-")
         spent = f"{cpu[name] * 1000:.1f}" if name in cpu else "-"
-        lines.append(f"{name:26} {med * 1000:9.1f} {min(peer.times) * 1000:7.1f} {med / go:6.2f} {spent:>12} {own:>12} "
+        lines.append(f"{name:{width}} {med * 1000:9.1f} {min(peer.times) * 1000:7.1f} {med / go:6.2f} {spent:>12} {own:>12} "
                      f"{peak:>14} {private:>17}")
     shim = statistics.median(peers["sriov, shim + daemon"].times)
     lines.append(f"shim + daemon / Go host-device: {shim / go:.2f} (same VF, host-local IPAM, this run)")
@@ -482,6 +491,13 @@ def main() -> None:
         "sriov, shim + sriov-ipam": Peer(shimdir / "sriov", sriov("sriov-ipam"), dict(via, CNI_CONTAINERID="ipam"),
                                          True),
     }
+    # Calls far apart find only children that have served none: each call
+    # then copies the daemon's pages it writes (see server.CALLS_PER_CHILD).
+    fresh = Daemon(bench, work / "run-fresh" / "plugin.sock", work / "stats-fresh", calls_per_child=1)
+    peers["sriov, shim + daemon, fresh child per call"] = Peer(
+        shimdir / "sriov", sriov("host-local"), dict(base_env, SRIOV_CNI_SOCKET=str(fresh.sock), CNI_CONTAINERID="fresh"),
+        False,  # its reports are in its own directory
+    )
     baseline: Daemon | None = None
     if args.baseline:
         code = work / "baseline"
@@ -520,6 +536,7 @@ def main() -> None:
             part("concurrency", concurrency(bench, work, shimdir / "sriov", via, daemon))
     finally:
         daemon.stop()
+        fresh.stop()
         if baseline is not None:
             baseline.stop()
         subprocess.run(["ip", "netns", "del", netns], check=False)

@@ -4,11 +4,13 @@
 (tests/plugin/pluginlib.py); run as a program, this module is the sriov-cni
 daemon for such a node: the real :func:`sriov_cni.daemon.server.serve`, with
 ``sysfs.SYS`` pointed at the tree and the PF side (the one thing a veth
-cannot stand in for) kept in memory by ``FakeVfControl``.  Every forked call
-starts from the daemon's copy of it, which holds as long as the benchmark's
-configurations ask for no PF-side settings.
+cannot stand in for) kept in memory by ``FakeVfControl``.  Every child of
+the daemon starts from the daemon's copy of it, which holds as long as the
+benchmark's configurations ask for no PF-side settings.
 
-    [SRIOV_BENCH_CODE=DIR] python3 tests/bench/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ...
+    [SRIOV_BENCH_CODE=DIR] python3 tests/bench/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ... [calls=N]
+
+``calls=N`` is the daemon's ``--calls-per-child``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class HostNode:
 
 def main() -> None:
     sys_root, socket_path, *pfs = sys.argv[1:]
+    # The daemon's --calls-per-child, as "calls=N" among the PFs.
+    calls = [int(arg.partition("=")[2]) for arg in pfs if arg.startswith("calls=")]
+    pfs = [arg for arg in pfs if not arg.startswith("calls=")]
     sysfs.SYS = Path(sys_root)
     fake = FakeVfControl()
     for spec in pfs:
@@ -67,7 +72,10 @@ def main() -> None:
         return commands.run(env, stdin, stdout, stderr, deps)
 
     server.PROGRAMS["sriov"] = run_sriov
-    server.serve(socket_path)
+    if calls:
+        server.serve(socket_path, calls_per_child=calls[-1])
+    else:  # also what a baseline revision's daemon, without the option, is given
+        server.serve(socket_path)
 
 
 if __name__ == "__main__":
