@@ -196,6 +196,10 @@ class Store(Protocol):
         """PCI addresses of the VFs with a record, without reading any."""
         ...
 
+    def has(self, vf_pci: str) -> bool:
+        """Whether the VF has a record, without reading it: ``vf_pci in ids()`` for one VF."""
+        ...
+
     def get(self, vf_pci: str) -> Allocation | None: ...
 
     def put(self, alloc: Allocation) -> None:
@@ -348,6 +352,19 @@ class FileStore:
     def ids(self) -> set[str]:
         return {name[: -len(".json")] for name in self._record_names()}
 
+    def has(self, vf_pci: str) -> bool:
+        self._prepare()
+        path = self._path(vf_pci)
+        # Whatever sits at the record's name counts, as in ids(): a file
+        # that is not a readable record makes the VF taken, not free.
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise _io_error("cannot read", path, exc) from exc
+        return True
+
     def get(self, vf_pci: str) -> Allocation | None:
         self._prepare()
         return self._read(self._path(vf_pci))
@@ -445,6 +462,9 @@ class MemoryStore:
 
     def ids(self) -> AbstractSet[str]:
         return self._records.keys()
+
+    def has(self, vf_pci: str) -> bool:
+        return vf_pci in self._records
 
     def get(self, vf_pci: str) -> Allocation | None:
         text = self._records.get(vf_pci)

@@ -138,14 +138,16 @@ def test_a_record_without_snapshot_stays_without_one(store: Store) -> None:
 # --- the file store's own duties --------------------------------------------------
 
 
-def test_ids_are_the_recorded_vfs(store: Store) -> None:
+def test_ids_and_has_are_the_recorded_vfs(store: Store) -> None:
     assert set(store.ids()) == set()
+    assert not store.has("0000:3b:10.0")
     with store.locked():
         for pci in ("0000:3b:10.1", "0000:3b:10.0", "0000:3b:10.2"):
             store.put(allocation(pci))
         store.remove("0000:3b:10.1")
         assert set(store.ids()) == {"0000:3b:10.0", "0000:3b:10.2"}
         assert {a.vf_pci for a in store.all()} == set(store.ids())
+    assert [store.has(pci) for pci in ("0000:3b:10.0", "0000:3b:10.1", "0000:3b:10.2")] == [True, False, True]
 
 
 @pytest.fixture
@@ -192,6 +194,8 @@ def test_a_symlinked_record_is_not_followed(files: FileStore, tmp_path: Path) ->
     path.unlink()
     path.symlink_to(elsewhere)
     refused(files, path, "cannot read")
+    # Not a record, yet not free either: an ADD passes the VF over.
+    assert files.has(PCI_A)
 
 
 def test_a_fifo_in_place_of_a_record_is_refused_without_blocking(files: FileStore) -> None:
@@ -201,6 +205,7 @@ def test_a_fifo_in_place_of_a_record_is_refused_without_blocking(files: FileStor
     path.unlink()
     os.mkfifo(path)
     refused(files, path, "not a regular file")
+    assert files.has(PCI_A)
 
 
 @pytest.fixture
