@@ -4,8 +4,8 @@ The contract tests run against :class:`FileStore` on a temporary directory
 and against :class:`MemoryStore`, the in-memory fake, so the fake cannot
 drift from what the plugin relies on.  The file store's own duties (refusing
 damaged or planted records, reporting a held lock as "try again", atomic
-0600 writes) are checked on the real filesystem, with the lock held by
-another process.
+0600 writes, measuring its claims) are checked on the real filesystem, with
+the lock held by another process.
 """
 
 from __future__ import annotations
@@ -346,3 +346,26 @@ def test_each_lock_section_records_its_wait_and_hold(files: FileStore, lock_time
             files.put(allocation(pci))
     assert len(lock_times) == 2
     assert all(wait >= 0 and hold > 0 for wait, hold in lock_times)
+
+
+@pytest.fixture
+def claim_times() -> Iterator[list[tuple[float, bool]]]:
+    store_module.claim_times = []
+    try:
+        yield store_module.claim_times
+    finally:
+        store_module.claim_times = None
+
+
+def test_every_claim_records_its_wait_and_whether_it_got_the_claim(
+    files: FileStore, claim_times: list[tuple[float, bool]]
+) -> None:
+    first = files.claim(PCI_A)
+    assert first is not None
+    assert files.claim(PCI_A) is None
+    assert files.claim(PCI_A, wait=0.05) is None
+    with files.claim(PCI_B):  # type: ignore[union-attr]
+        pass
+    first.release()
+    assert [got for _, got in claim_times] == [True, False, False, True]
+    assert all(isinstance(waited, float) for waited, _ in claim_times)
