@@ -15,7 +15,7 @@ recorded the VF, reclaimed it or given it back.  A VF is taken only if,
 under the claim, it still has no record, or still the stale record it was
 chosen by.  So two ADDs never take the same VF (the failure of the first
 self-allocating SR-IOV plugins, which scanned sysfs and moved the VF with
-nothing held), and choosing a VF takes no node-wide lock.
+nothing held), and ADDs of different VFs never wait for each other.
 """
 
 from __future__ import annotations
