@@ -330,7 +330,9 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
             # call waited; it is that ADD's now, already put back.
             logger.info("VF %s was reclaimed by another container meanwhile; nothing to release", alloc.vf_pci)
             return
-        _give_back(vfc, alloc)
+        # As recorded now: this attachment's ADD may have run on while this
+        # call waited for its claim.
+        _give_back(vfc, lease.alloc)
         lease.forget()
     logger.info("released VF %s", alloc.vf_pci)
 

@@ -9,8 +9,10 @@ through the lease need no lock and no check.
 
 DEL and GC read the record before they had the claim, and the call they
 waited for may have changed it meanwhile: an ADD may have reclaimed the VF
-(its pod's netns was gone).  So they check :meth:`Lease.owned` first, under
-the claim.
+(its pod's netns was gone), or the attachment's own ADD, still running when
+the DEL came, may have recorded what it changed since.  So they check
+:meth:`Lease.owned` first, under the claim, and act on the record as it is
+then.
 """
 
 from __future__ import annotations
@@ -31,12 +33,17 @@ class Lease:
         self.stale = stale
 
     def owned(self) -> bool:
-        """Whether the store still gives the VF to this attachment.
+        """Whether the store still gives the VF to this attachment; if so, ``alloc`` becomes its record as it is now.
 
-        For a lease made from a record read before the claim was taken.
+        For a lease made from a record read before the claim was taken: a
+        give-back must follow what the record says now (a snapshot, PF
+        settings, the move into the pod), not what it said then.
         """
         current = self.store.get(self.alloc.vf_pci)
-        return current is not None and current.owned_by(self.alloc.container_id, self.alloc.ifname, self.alloc.network)
+        if current is None or not current.owned_by(self.alloc.container_id, self.alloc.ifname, self.alloc.network):
+            return False
+        self.alloc = current
+        return True
 
     def save(self) -> None:
         """Write ``alloc`` over its record."""

@@ -16,11 +16,11 @@ it has it: the holder before it may have recorded the VF, replaced its
 record or removed it.  So a caller checks the record again under the claim
 before acting on it: an ADD, that the VF still has no record (or still the
 stale one it chose to reclaim); a DEL or GC, that it still belongs to the
-attachment being deleted.  Without the claim, a DEL of a pod whose netns is
-gone and an ADD reclaiming that same stale record would both restore the
-VF, and the DEL could undo the settings the ADD just made for its own pod.
-The kernel drops a claim when its holder dies, so a killed call never
-leaves a VF claimed.
+attachment being deleted, taking from it what to put back.  Without the
+claim, a DEL of a pod whose netns is gone and an ADD reclaiming that same
+stale record would both restore the VF, and the DEL could undo the settings
+the ADD just made for its own pod.  The kernel drops a claim when its
+holder dies, so a killed call never leaves a VF claimed.
 
 Every write goes to a temporary file that is fsynced and renamed over the
 old one, so a crash at any point leaves each record either old or new,
