@@ -208,7 +208,7 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
 
     from sriov_cni.plugin import store
 
-    store.lock_times = []
+    store.claim_times = []
     profiler = cProfile.Profile() if measure.profile else None
     start, cpu_start = time.perf_counter(), time.process_time()
     if profiler is not None:
@@ -229,7 +229,7 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
         "cpu_seconds": cpu,
         "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "private_kib": _private_kib(),
-        "lock_wait_hold": store.lock_times,
+        "claims": store.claim_times,
     }
     # Renamed into place: a reader sees a whole file or none.
     with open(base + ".tmp", "w") as f:

@@ -6,9 +6,16 @@ driver.  An allocation whose network namespace is gone is *stale*: the
 container died without a DEL, so the VF may be reclaimed after it is put
 back the way it was.
 
-The choice and the record happen under the store's lock, so two ADDs can
-never take the same VF (the failure of the first self-allocating SR-IOV
-plugins, which scanned sysfs and moved the VF with nothing held).
+What makes the choice race-free is the VF's claim (see
+:mod:`sriov_cni.plugin.store`): a VF is recorded only under its claim, and
+under it the VF is checked again.  VFs are judged without their claims
+(from the list of recorded VFs and sysfs; a stale one from its record), so
+by the time a call has a VF's claim, the call that held it before may have
+recorded the VF, reclaimed it or given it back.  A VF is taken only if,
+under the claim, it still has no record, or still the stale record it was
+chosen by.  So two ADDs never take the same VF (the failure of the first
+self-allocating SR-IOV plugins, which scanned sysfs and moved the VF with
+nothing held), and ADDs of different VFs never wait for each other.
 """
 
 from __future__ import annotations
@@ -158,57 +165,41 @@ def reserve(
 
     A stale VF (its container died without DEL) is taken only when no VF is
     free; the caller must put it back as it was before using it.  A VF whose
-    claim another call holds (a DEL giving it back) is passed over.
-    ``explicit`` means the caller named the VF (deviceID), so failure
-    messages speak of that VF rather than of a pool.
+    claim another call holds (an ADD taking it, a DEL giving it back) is
+    passed over.  ``explicit`` means the caller named the VF (deviceID), so
+    failure messages speak of that VF rather than of a pool.
     """
-    busy: list[str] = []
-    # The common case holds the lock only to publish the choice: a free VF
-    # is claimed, its record written and synced without the lock; under
-    # it, the record is renamed into place unless another ADD recorded that
-    # VF meanwhile (then the next free one is tried).
+    # The common case reads no record: the first VF that looks free, whose
+    # claim no other call holds and which still has no record, is taken.
     for vf in _unrecorded_free(candidates, store.ids(), in_host):
-        claim = store.claim(vf.pci)
-        if claim is None:
-            busy.append(f"{vf.pci} (another CNI call is giving it back)")
-            continue
-        try:
-            new = make(vf)
-            staged = store.stage(new)
-            try:
-                with store.locked():
-                    if vf.pci not in store.ids():
-                        store.commit(staged)
-                        return Lease(store, new, claim)
-            finally:
-                store.discard(staged)
-        except BaseException:
-            claim.release()
-            raise
-        claim.release()
-    with store.locked():
-        for vf in _unrecorded_free(candidates, store.ids(), in_host):
+        taken = _take(store, vf, make, None)
+        if isinstance(taken, Lease):
+            return taken
+    # No VF that looked free could be taken.  The records are read, to
+    # reclaim a stale VF or to name the owners; a VF given back since the
+    # first look is taken here.
+    recorded = store.ids()
+    stale: list[tuple[sysfs.VF, Allocation]] = []
+    owners: list[str] = []
+    for vf in candidates:
+        alloc = store.get(vf.pci) if vf.pci in recorded else None
+        state = vf_state(vf.pci, alloc, in_host)
+        if state is VfState.FREE:
             taken = _take(store, vf, make, None)
-            if taken is not None:
+            if isinstance(taken, Lease):
                 return taken
-        recorded = store.ids()
-        stale: list[tuple[sysfs.VF, Allocation]] = []
-        owners: list[str] = []
-        for vf in candidates:
-            alloc = store.get(vf.pci) if vf.pci in recorded else None
-            state = vf_state(vf.pci, alloc, in_host)
-            if state is VfState.STALE and alloc is not None:
-                stale.append((vf, alloc))
-            elif state is VfState.ALLOCATED and alloc is not None:
-                owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
-            elif state is not VfState.FREE:
-                owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
-        for vf, old in stale:
-            taken = _take(store, vf, make, old)
-            if taken is not None:
-                return taken
-            owners.append(f"{vf.pci} (another CNI call is giving it back)")
-    owners += busy
+            owners.append(f"{vf.pci} ({taken})")
+        elif state is VfState.STALE and alloc is not None:
+            stale.append((vf, alloc))
+        elif state is VfState.ALLOCATED and alloc is not None:
+            owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
+        else:
+            owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
+    for vf, old in stale:
+        taken = _take(store, vf, make, old)
+        if isinstance(taken, Lease):
+            return taken
+        owners.append(f"{vf.pci} ({taken})")
     if explicit:
         raise CNIError(Code.NO_FREE_VF, f"VF {owners[0]} is not free" if owners else "VF is not free")
     raise CNIError(
@@ -218,18 +209,51 @@ def reserve(
     )
 
 
-def _take(store: Store, vf: sysfs.VF, make: Callable[[sysfs.VF], Allocation], old: Allocation | None) -> Lease | None:
+def _same_attachment(a: Allocation, b: Allocation) -> bool:
+    """Whether two records are of one attachment (one ADD), whatever that ADD recorded since."""
+    return (a.container_id, a.ifname, a.network, a.netns, a.netns_inode, a.created) == (
+        b.container_id, b.ifname, b.network, b.netns, b.netns_inode, b.created)
+
+
+def _take(
+    store: Store, vf: sysfs.VF, make: Callable[[sysfs.VF], Allocation], old: Allocation | None
+) -> Lease | str:
+    """``vf`` claimed and recorded for ``make``'s attachment; or why not, as the "no free VF" error says it.
+
+    ``old`` is the stale record the VF was chosen by, None for a VF chosen
+    as free.
+    """
     claim = store.claim(vf.pci)
     if claim is None:
-        return None
-    try:
-        new = make(vf)
         if old is not None:
+            return "another CNI call is giving it back"
+        return "another CNI call is taking or giving it back"
+    try:
+        # The VF was judged without its claim, and whoever held the claim
+        # since may have recorded the VF (an ADD), reclaimed it (an ADD
+        # replacing the stale record) or given it back (a DEL or GC,
+        # removing the record).  Recording it on the strength of that
+        # judgement would give one VF to two pods, or restore a VF from a
+        # record that is no longer its own.
+        if old is None:
+            stale = None
+            if store.has(vf.pci):
+                claim.release()
+                return "taken by another CNI call meanwhile"
+        else:
+            stale = store.get(vf.pci)
+            if stale is None or not _same_attachment(stale, old) or netns_alive(stale):
+                claim.release()
+                return "given back or reclaimed by another CNI call meanwhile"
+        new = make(vf)
+        if stale is not None:
             # The VF is still dirty from the dead container: its original
             # state is the stale record's, not what we would snapshot now.
-            new.original = old.original
+            # The record as read now, under the claim: the dead container's
+            # own ADD may have recorded more after the first read.
+            new.original = stale.original
         store.put(new)
     except BaseException:
         claim.release()
         raise
-    return Lease(store, new, claim, old)
+    return Lease(store, new, claim, stale)

@@ -22,11 +22,13 @@ from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.plugin import allocate, bind, config, delegate, log, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
-from sriov_cni.plugin.store import LOCK_TIMEOUT, Allocation, FileStore, Store
+from sriov_cni.plugin.store import Allocation, FileStore, Store
 
 # How long DEL and GC wait for a VF another call is changing (an ADD still
-# running for the same attachment, typically) before answering "try again".
-CLAIM_WAIT = LOCK_TIMEOUT
+# running for the same attachment, typically) before answering "try again":
+# longer than any ADD should take; a holder stuck longer is a bug, and the
+# runtime retries.
+CLAIM_WAIT = 30.0
 
 ABOUT = f"sriov CNI plugin {__version__}"
 
@@ -328,7 +330,9 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
             # call waited; it is that ADD's now, already put back.
             logger.info("VF %s was reclaimed by another container meanwhile; nothing to release", alloc.vf_pci)
             return
-        _give_back(vfc, alloc)
+        # As recorded now: this attachment's ADD may have run on while this
+        # call waited for its claim.
+        _give_back(vfc, lease.alloc)
         lease.forget()
     logger.info("released VF %s", alloc.vf_pci)
 

@@ -1,16 +1,22 @@
-"""One VF held for one attachment: its record, its claim, and the record protocol.
+"""One VF held for one attachment: its record and its claim.
 
-ADD gets a lease from :func:`sriov_cni.plugin.allocate.reserve`; DEL and GC make
-one from the record they found and the claim they took.  Every write
-through a lease first checks, under the store lock, that the record still
-belongs to the same attachment: an ADD that reclaimed a stale VF (its pod's
-netns vanished) while a slow call ran must not have its record overwritten
-or removed by that call.
+ADD gets a lease from :func:`sriov_cni.plugin.allocate.reserve`, which
+took the claim before it recorded the VF; DEL and GC make one from the
+record they found and the claim they took afterwards.  A record changes
+only under its VF's claim (see :mod:`sriov_cni.plugin.store`), so while a
+lease's holder keeps the claim nobody else can change the record: writes
+through the lease need no lock and no check.
+
+DEL and GC read the record before they had the claim, and the call they
+waited for may have changed it meanwhile: an ADD may have reclaimed the VF
+(its pod's netns was gone), or the attachment's own ADD, still running when
+the DEL came, may have recorded what it changed since.  So they check
+:meth:`Lease.owned` first, under the claim, and act on the record as it is
+then.
 """
 
 from __future__ import annotations
 
-from sriov_cni.cni import CNIError, Code
 from sriov_cni.plugin.store import Allocation, Claim, Store
 
 
@@ -26,34 +32,26 @@ class Lease:
         self.claim = claim
         self.stale = stale
 
-    def _owned(self) -> bool:
-        # Under store.locked().
-        current = self.store.get(self.alloc.vf_pci)
-        return current is not None and current.owned_by(self.alloc.container_id, self.alloc.ifname, self.alloc.network)
-
     def owned(self) -> bool:
-        """Whether the store still gives the VF to this attachment."""
-        with self.store.locked():
-            return self._owned()
+        """Whether the store still gives the VF to this attachment; if so, ``alloc`` becomes its record as it is now.
+
+        For a lease made from a record read before the claim was taken: a
+        give-back must follow what the record says now (a snapshot, PF
+        settings, the move into the pod), not what it said then.
+        """
+        current = self.store.get(self.alloc.vf_pci)
+        if current is None or not current.owned_by(self.alloc.container_id, self.alloc.ifname, self.alloc.network):
+            return False
+        self.alloc = current
+        return True
 
     def save(self) -> None:
-        """Write ``alloc`` over its record; raises CNIError if another attachment took the VF."""
-        # Written and synced before the lock, renamed into place under it: the
-        # lock is held for the ownership check and a rename, not an fsync.
-        staged = self.store.stage(self.alloc)
-        try:
-            with self.store.locked():
-                if not self._owned():
-                    raise CNIError(Code.DEVICE, f"VF {self.alloc.vf_pci} was taken over while this ADD ran")
-                self.store.commit(staged)
-        finally:
-            self.store.discard(staged)
+        """Write ``alloc`` over its record."""
+        self.store.put(self.alloc)
 
     def forget(self) -> None:
-        """Remove the record, if it is still this attachment's."""
-        with self.store.locked():
-            if self._owned():
-                self.store.remove(self.alloc.vf_pci)
+        """Remove the record."""
+        self.store.remove(self.alloc.vf_pci)
 
     def release(self) -> None:
         self.claim.release()

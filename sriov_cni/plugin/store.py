@@ -1,20 +1,26 @@
 """The per-node record of which VF belongs to which container.
 
 One JSON file per allocated VF, named after its PCI address, under
-``<dataDir>/vfs/``; one lock file, ``<dataDir>/lock``, taken with flock.
-Callers hold the lock only around short read-decide-write sections
-(choosing a VF and recording it, updating a record), never across IPAM or
-netlink moves, so concurrent ADDs neither collide nor queue behind each
-other's slow steps.  A write is staged (written and synced) before the lock
-is taken and committed (renamed into place) under it, so no fsync happens
-while the lock is held.
+``<dataDir>/vfs/``.
 
-Changing a VF (configuring it, giving it back) needs its claim, a flock on
-``<dataDir>/claims/<PCI>.lock`` held for the whole change.  Without it a
-DEL of a pod whose netns is gone and an ADD reclaiming that same stale
-record would both restore the VF, and the DEL could undo the settings the
-ADD just made for its own pod.  The kernel drops a claim when its holder
-dies, so a killed call never leaves a VF claimed.
+A VF's record changes only under the VF's claim, a flock on
+``<dataDir>/claims/<PCI>.lock``: an ADD takes it before it records the VF
+and keeps it until it has returned or rolled back; DEL and GC take it
+before they give the VF back and remove the record.  It is the store's only
+lock.  There is no node-wide one, so calls for different VFs never wait for
+each other, and an ADD passes over a VF another call has claimed rather
+than wait for it.
+
+What a caller read before it had the claim may be out of date by the time
+it has it: the holder before it may have recorded the VF, replaced its
+record or removed it.  So a caller checks the record again under the claim
+before acting on it: an ADD, that the VF still has no record (or still the
+stale one it chose to reclaim); a DEL or GC, that it still belongs to the
+attachment being deleted, taking from it what to put back.  Without the
+claim, a DEL of a pod whose netns is gone and an ADD reclaiming that same
+stale record would both restore the VF, and the DEL could undo the settings
+the ADD just made for its own pod.  The kernel drops a claim when its
+holder dies, so a killed call never leaves a VF claimed.
 
 Every write goes to a temporary file that is fsynced and renamed over the
 old one, so a crash at any point leaves each record either old or new,
@@ -37,12 +43,11 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
@@ -50,15 +55,12 @@ from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan, from_flat, to_fl
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 
-# Long enough for many concurrent ADDs to pass through their short critical
-# sections; a holder stuck longer than this is a bug, and the runtime retries.
-LOCK_TIMEOUT = 30.0
-
-# When a list, every locked() section of a FileStore appends (seconds waited
-# for the lock, seconds it was held): the daemon's call statistics report
-# them, so the promise of short critical sections can be checked on a node.
-# None (the default) records nothing.
-lock_times: list[tuple[float, float]] | None = None
+# When a list, every FileStore.claim() appends (seconds it took, whether it
+# got the claim): the daemon's call statistics report them, so how long
+# calls wait for each other's VFs, and how often an ADD passes a VF over
+# because another call holds it, can be checked on a node.  None (the
+# default) records nothing.
+claim_times: list[tuple[float, bool]] | None = None
 
 
 @dataclass
@@ -182,10 +184,6 @@ class Staged:
 
 
 class Store(Protocol):
-    def locked(self) -> ContextManager[None]:
-        """Exclusive access to the whole store, node-wide."""
-        ...
-
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
         """The VF's claim, or None when another holder keeps it longer than ``wait`` seconds."""
         ...
@@ -196,17 +194,20 @@ class Store(Protocol):
         """PCI addresses of the VFs with a record, without reading any."""
         ...
 
+    def has(self, vf_pci: str) -> bool:
+        """Whether the VF has a record, without reading it: ``vf_pci in ids()`` for one VF."""
+        ...
+
     def get(self, vf_pci: str) -> Allocation | None: ...
 
     def put(self, alloc: Allocation) -> None:
-        """Record ``alloc``, replacing the VF's record; under :meth:`locked`."""
+        """Record ``alloc``, replacing the VF's record; under the VF's claim, as every change."""
         ...
 
     def stage(self, alloc: Allocation) -> Staged:
-        """The slow, durable half of :meth:`put`, done before taking the lock.
+        """The slow, durable half of :meth:`put`: nothing is recorded until :meth:`commit`.
 
-        Nothing is recorded until :meth:`commit`, under the lock; a staged
-        write that is not committed must be given to :meth:`discard`.
+        A staged write that is not committed must be given to :meth:`discard`.
         """
         ...
 
@@ -226,8 +227,10 @@ def _io_error(what: str, path: Path, exc: OSError) -> CNIError:
 
 # Far above a real record (about 1 KiB); a larger file is not ours.
 MAX_RECORD = 64 * 1024
-# A lock held by another call is tried again after this, doubling up to
-# _LOCK_RETRY_MAX: the store's sections last about a millisecond.
+# A claim another call holds is tried again after this, doubling up to
+# _LOCK_RETRY_MAX: the holder a DEL or GC waits for may be a rollback that
+# ends within milliseconds or a whole ADD, and a waiter should notice
+# either end soon without spinning.
 _LOCK_RETRY = 0.001
 _LOCK_RETRY_MAX = 0.01
 
@@ -260,11 +263,10 @@ def _flock(path: str, wait: float) -> int | None:
 
 
 class FileStore:
-    def __init__(self, data_dir: str | Path = DEFAULT_DATA_DIR, lock_timeout: float = LOCK_TIMEOUT) -> None:
+    def __init__(self, data_dir: str | Path = DEFAULT_DATA_DIR) -> None:
         self.root = Path(data_dir)
         self.vfs_dir = self.root / "vfs"
         self.claims_dir = self.root / "claims"
-        self._lock_timeout = lock_timeout
         self._ready = False
 
     def _prepare(self) -> None:
@@ -274,32 +276,16 @@ class FileStore:
             safepath.state_dir(str(self.claims_dir))
             self._ready = True
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        self._prepare()
-        path = self.root / "lock"
-        asked = time.perf_counter()
-        try:
-            fd = _flock(str(path), self._lock_timeout)
-        except OSError as exc:
-            raise _io_error("cannot lock", path, exc) from exc
-        if fd is None:
-            raise CNIError(Code.TRY_AGAIN, f"the VF store {self.root} stayed locked for {self._lock_timeout:.0f} s")
-        held = time.perf_counter()
-        try:
-            yield
-        finally:
-            os.close(fd)
-            if lock_times is not None:
-                lock_times.append((held - asked, time.perf_counter() - held))
-
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
         self._prepare()
         path = self.claims_dir / f"{vf_pci}.lock"
+        asked = time.perf_counter()
         try:
             fd = _flock(str(path), wait)
         except OSError as exc:
             raise _io_error("cannot lock", path, exc) from exc
+        if claim_times is not None:
+            claim_times.append((time.perf_counter() - asked, fd is not None))
         return None if fd is None else Claim(functools.partial(os.close, fd))
 
     def _path(self, vf_pci: str) -> Path:
@@ -347,6 +333,19 @@ class FileStore:
 
     def ids(self) -> set[str]:
         return {name[: -len(".json")] for name in self._record_names()}
+
+    def has(self, vf_pci: str) -> bool:
+        self._prepare()
+        path = self._path(vf_pci)
+        # Whatever sits at the record's name counts, as in ids(): a file
+        # that is not a readable record makes the VF taken, not free.
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise _io_error("cannot read", path, exc) from exc
+        return True
 
     def get(self, vf_pci: str) -> Allocation | None:
         self._prepare()
@@ -407,7 +406,7 @@ class FileStore:
 def read_allocations(data_dir: Path) -> list[Allocation]:
     """The allocations recorded under ``data_dir``; none when the plugin never ran there.
 
-    For the node command, which reads the store without locking or creating
+    For the node command, which reads the store without claiming or creating
     it: FileStore creates its directories on first use, and reading the
     node must not change it.
     """
@@ -421,13 +420,10 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._records: dict[str, str] = {}
-        self._lock = threading.RLock()
+        # Guards the claims, and lets all() read the records while other
+        # threads, each under a claim, change them.
+        self._lock = threading.Lock()
         self._claimed: set[str] = set()
-
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        with self._lock:
-            yield
 
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
         deadline = time.monotonic() + wait
@@ -441,10 +437,15 @@ class MemoryStore:
             time.sleep(0.01)
 
     def all(self) -> list[Allocation]:
-        return [Allocation.from_json(self._records[k]) for k in sorted(self._records)]
+        with self._lock:
+            texts = [text for _, text in sorted(self._records.items())]
+        return [Allocation.from_json(text) for text in texts]
 
     def ids(self) -> AbstractSet[str]:
         return self._records.keys()
+
+    def has(self, vf_pci: str) -> bool:
+        return vf_pci in self._records
 
     def get(self, vf_pci: str) -> Allocation | None:
         text = self._records.get(vf_pci)
@@ -459,13 +460,15 @@ class MemoryStore:
         return Staged(alloc.vf_pci, alloc.to_json())
 
     def commit(self, staged: Staged) -> None:
-        self._records[staged.vf_pci] = staged.data
+        with self._lock:
+            self._records[staged.vf_pci] = staged.data
 
     def discard(self, staged: Staged) -> None:
         pass
 
     def remove(self, vf_pci: str) -> None:
-        self._records.pop(vf_pci, None)
+        with self._lock:
+            self._records.pop(vf_pci, None)
 
 
 def _conforms(file_store: FileStore, memory_store: MemoryStore) -> tuple[Store, Store]:

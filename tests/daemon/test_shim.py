@@ -497,7 +497,7 @@ def test_a_measuring_daemon_reports_each_call_after_answering(tmp_path: Path) ->
     # A forked child's peak starts at its own size, not the daemon's.
     assert 0 < report["private_kib"] <= report["maxrss_kib"]
     # sriov-ipam has its own store and takes no lock of the VF store.
-    assert report["lock_wait_hold"] == []
+    assert report["claims"] == []
     profile = pstats.Stats(str(stats / f"{report_file.stem}.prof"))
     assert any(func[2] == "_run_ipam" for func in profile.stats)  # type: ignore[attr-defined]
 

@@ -1,8 +1,17 @@
-"""allocate.reserve on a generated sysfs tree: the choice made outside the lock stays race-free."""
+"""allocate.reserve on a generated sysfs tree: a VF judged without its claim is checked again under it.
+
+reserve judges VFs without their claims, so another call may record,
+reclaim or give back a VF between that judgement and the claim.  The
+raced stores here let such a call run at exactly that point, holding the
+claim itself as every change of a record must; threads racing reserve over
+a small pool check the same on real timing.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,28 +21,57 @@ from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import allocate
-from sriov_cni.plugin.store import Allocation, FileStore, MemoryStore, OriginalState, Staged, Store
+from sriov_cni.plugin.lease import Lease
+from sriov_cni.plugin.store import Allocation, Claim, FileStore, MemoryStore, OriginalState, Store
 
 
 def make(vf: sysfs.VF, container: str = "ours") -> Allocation:
     return Allocation(vf.pci, vf.pf.pci, "eth0", vf.index, "net", container, "net1", "/proc/self/ns/net", None)
 
 
-class RacedStore(MemoryStore):
-    """Another ADD records the VF this one is about to commit, between its staging and its lock."""
+class Meanwhile:
+    """``change`` runs once, as another call holding ``vf_pci``'s claim, just before the claim is first granted."""
 
-    def __init__(self) -> None:
+    def __init__(self, vf_pci: str, change: Callable[[Store], None]) -> None:
+        self.vf_pci = vf_pci
+        self.change: Callable[[Store], None] | None = change
+
+    def before_claim(self, store: Store, vf_pci: str) -> None:
+        if vf_pci == self.vf_pci and self.change is not None:
+            change, self.change = self.change, None
+            held = store.claim(vf_pci)
+            assert held is not None
+            with held:
+                change(store)
+
+
+class RacedFiles(FileStore):
+    def __init__(self, root: Path, meanwhile: Meanwhile) -> None:
+        super().__init__(root)
+        self.meanwhile = meanwhile
+
+    def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
+        self.meanwhile.before_claim(self, vf_pci)
+        return super().claim(vf_pci, wait)
+
+
+class RacedMemory(MemoryStore):
+    def __init__(self, meanwhile: Meanwhile) -> None:
         super().__init__()
-        self.raced: list[str] = []
+        self.meanwhile = meanwhile
 
-    def stage(self, alloc: Allocation) -> Staged:
-        if not self.raced:
-            self.raced.append(alloc.vf_pci)
-            rival = Allocation.from_json(alloc.to_json())
-            rival.container_id = "rival"
-            with self.locked():
-                self.put(rival)
-        return super().stage(alloc)
+    def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
+        self.meanwhile.before_claim(self, vf_pci)
+        return super().claim(vf_pci, wait)
+
+
+def raced(kind: str, tmp_path: Path, vf_pci: str, change: Callable[[Store], None]) -> Store:
+    meanwhile = Meanwhile(vf_pci, change)
+    return RacedFiles(tmp_path / "data", meanwhile) if kind == "file" else RacedMemory(meanwhile)
+
+
+def fresh(kind: str, tmp_path: Path) -> Store:
+    return FileStore(tmp_path / "data") if kind == "file" else MemoryStore()
 
 
 def pool(tree: Tree, vfs: int) -> list[sysfs.VF]:
@@ -49,14 +87,51 @@ def reserve(store: Store, candidates: list[sysfs.VF]) -> Allocation:
     return lease.alloc
 
 
-def test_a_vf_recorded_by_another_add_meanwhile_is_not_taken_twice(tree: Tree) -> None:
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_a_vf_recorded_by_another_add_meanwhile_is_not_taken_twice(tree: Tree, tmp_path: Path, kind: str) -> None:
+    # The rival ADD looked at the store when this one did, claimed the first
+    # VF first, recorded it and let go of the claim: this one gets the claim
+    # of a VF that is no longer free.
     candidates = pool(tree, 3)
-    store = RacedStore()
+    store = raced(kind, tmp_path, candidates[0].pci, lambda s: s.put(make(candidates[0], "rival")))
     alloc = reserve(store, candidates)
-    assert store.raced == [candidates[0].pci]
     assert alloc.vf_pci == candidates[1].pci
     owners = {a.vf_pci: a.container_id for a in store.all()}
     assert owners == {candidates[0].pci: "rival", candidates[1].pci: "ours"}
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_adds_racing_over_a_small_pool_never_share_a_vf(tree: Tree, tmp_path: Path, kind: str) -> None:
+    candidates = pool(tree, 3)
+    host = FakeHost()
+    adds = 6
+    for round_ in range(20):
+        store = fresh(kind, tmp_path / str(round_))
+        start = threading.Barrier(adds)
+        got: dict[int, str] = {}
+        refused: list[int] = []
+
+        def add(i: int) -> None:
+            start.wait()
+            try:
+                lease = allocate.reserve(
+                    store, candidates, lambda vf: make(vf, f"c{i}"), lambda name: host.find(name) is not None, False)
+            except CNIError as exc:
+                refused.append(exc.code)
+                return
+            # Let go at once, the record staying: an ADD that looked at the
+            # store before it was written gets the claim of a taken VF.
+            lease.release()
+            got[i] = lease.alloc.vf_pci
+
+        threads = [threading.Thread(target=add, args=(i,)) for i in range(adds)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(got.values()) == [vf.pci for vf in candidates], (round_, got)
+        assert refused == [Code.NO_FREE_VF] * (adds - len(candidates))
+        assert {a.vf_pci: a.container_id for a in store.all()} == {pci: f"c{i}" for i, pci in got.items()}
 
 
 def test_the_pool_fills_in_order_then_runs_dry(tree: Tree, tmp_path: Path) -> None:
@@ -72,14 +147,13 @@ def test_the_pool_fills_in_order_then_runs_dry(tree: Tree, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("kind", ["file", "memory"])
 def test_a_staged_write_is_no_record_until_committed(kind: str, tmp_path: Path) -> None:
-    store: Store = FileStore(tmp_path / "data") if kind == "file" else MemoryStore()
+    store = fresh(kind, tmp_path)
     alloc = Allocation("0000:02:10.0", "0000:01:00.0", "eth0", 0, "net", "c", "net1", "/proc/self/ns/net", None)
     discarded = store.stage(alloc)
     store.discard(discarded)
     staged = store.stage(alloc)
-    assert store.get(alloc.vf_pci) is None and not store.ids()
-    with store.locked():
-        store.commit(staged)
+    assert store.get(alloc.vf_pci) is None and not store.ids() and not store.has(alloc.vf_pci)
+    store.commit(staged)
     store.discard(staged)  # after a commit: changes nothing
     assert store.get(alloc.vf_pci) == alloc and set(store.ids()) == {alloc.vf_pci}
     if isinstance(store, FileStore):
@@ -176,8 +250,7 @@ def record(store: Store, vf: sysfs.VF, container: str, netns: str) -> Allocation
     alloc = make(vf, container)
     alloc.netns = netns
     alloc.original = OriginalState(pf=PfSettings(mac="02:00:00:00:00:0%d" % vf.index), netdev=f"eth0v{vf.index}")
-    with store.locked():
-        store.put(alloc)
+    store.put(alloc)
     stored = store.get(vf.pci)
     assert stored is not None
     return stored
@@ -221,3 +294,73 @@ def test_a_named_vf_that_is_not_free_is_named_with_its_owner(tree: Tree, tmp_pat
         allocate.reserve(store, candidates[1:], make, lambda name: False, True)
     assert err.value.msg == f"VF {candidates[1].pci} (its netdev is not in the host network namespace) is not free"
     assert store.get(candidates[1].pci) is None
+
+
+def reclaim(store: Store, candidates: list[sysfs.VF]) -> Lease:
+    host = FakeHost()
+    with allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False) as lease:
+        return lease
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_a_stale_vf_reclaimed_by_another_add_meanwhile_is_not_reclaimed_again(
+    tree: Tree, tmp_path: Path, kind: str
+) -> None:
+    # Both ADDs found the same dead container's record; the other one got
+    # the claim first and put its own live record in its place.  Restoring
+    # the VF from the dead record now would undo what that ADD set up.
+    candidates = pool(tree, 1)
+    vf = candidates[0]
+
+    def rival_reclaims(s: Store) -> None:
+        s.put(make(vf, "rival"))
+
+    store = raced(kind, tmp_path, vf.pci, rival_reclaims)
+    record(store, vf, "dead", str(tmp_path / "gone"))
+    with pytest.raises(CNIError) as err:
+        reclaim(store, candidates)
+    assert err.value.code == Code.NO_FREE_VF
+    assert err.value.details == f"{vf.pci} (given back or reclaimed by another CNI call meanwhile)"
+    assert [(a.vf_pci, a.container_id) for a in store.all()] == [(vf.pci, "rival")]
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_a_stale_vf_given_back_meanwhile_is_not_reclaimed(tree: Tree, tmp_path: Path, kind: str) -> None:
+    # The dead container's DEL (or a GC) restored the VF and removed the
+    # record while this ADD read it: the old record no longer describes the VF.
+    candidates = pool(tree, 1)
+    vf = candidates[0]
+    store = raced(kind, tmp_path, vf.pci, lambda s: s.remove(vf.pci))
+    record(store, vf, "dead", str(tmp_path / "gone"))
+    with pytest.raises(CNIError) as err:
+        reclaim(store, candidates)
+    assert err.value.code == Code.NO_FREE_VF
+    assert "given back or reclaimed by another CNI call meanwhile" in err.value.details
+    assert store.all() == []
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+def test_a_stale_vf_is_reclaimed_from_its_record_as_it_is_under_the_claim(
+    tree: Tree, tmp_path: Path, kind: str
+) -> None:
+    # The dead container's own ADD was still running when this ADD read its
+    # record, and recorded more before it ended (the VF moved into the pod,
+    # PF settings applied): the VF is put back from that, the latest record.
+    candidates = pool(tree, 1)
+    vf = candidates[0]
+    later: list[Allocation] = []
+
+    def dead_add_records_more(s: Store) -> None:
+        current = s.get(vf.pci)
+        assert current is not None
+        current.in_pod = True
+        current.applied = PfSettings(mac="02:00:00:00:00:aa")
+        s.put(current)
+        later.append(current)
+
+    store = raced(kind, tmp_path, vf.pci, dead_add_records_more)
+    record(store, vf, "dead", str(tmp_path / "gone"))
+    lease = reclaim(store, candidates)
+    assert lease.stale == later[0] and lease.stale.in_pod
+    assert lease.alloc.container_id == "ours" and lease.alloc.original == later[0].original
+    assert store.get(vf.pci) == lease.alloc

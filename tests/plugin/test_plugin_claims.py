@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sriov_cni.kernel.vfsettings import Vlan
+from sriov_cni.kernel.vfsettings import PfSettings, Vlan
 from sriov_cni.plugin import commands
-from sriov_cni.plugin.store import FileStore, MemoryStore, Store
+from sriov_cni.plugin.store import Allocation, FileStore, MemoryStore, Store
 
 from pluginlib import Node
 from test_plugin_del_gc import ok, stale_record
@@ -116,6 +116,35 @@ def test_del_of_a_vf_reclaimed_while_it_waited_leaves_it_alone(node: Node) -> No
     assert node.fake.state[pf.name][0]["vlan"] == 42
     [record] = FileStore(node.data_dir).all()
     assert record.container_id == "new"
+
+
+def test_del_that_waited_for_its_add_gives_back_what_that_add_recorded(node: Node) -> None:
+    """A DEL sent while its ADD still ran found the record as the ADD began; it puts the VF back as the ADD left it.
+
+    A runtime that gave up waiting for an ADD sends its DEL, and the ADD
+    runs on.  What the DEL read before it had the claim says nothing was
+    changed yet; restoring from that would leave the VF in the pod, with
+    its VLAN set, and drop the record that says so.
+    """
+    pf = node.add_pf(1)
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(vlan=7)
+    node.add(conf, netns=pod)
+    [done] = FileStore(node.data_dir).all()
+    assert done.in_pod and done.original is not None and done.applied.vlan is not None
+    begun = Allocation.from_json(done.to_json())
+    begun.original, begun.applied, begun.in_pod = None, PfSettings(), False
+
+    def add_ends() -> None:
+        FileStore(node.data_dir).put(done)
+
+    FileStore(node.data_dir).put(begun)
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, add_ends, hold=0.5):
+        ok(node.cni("DEL", conf, netns=pod))
+
+    assert node.records() == []
+    assert node.picture() == before
 
 
 @pytest.fixture(params=["file", "memory"])

@@ -3,9 +3,8 @@
 The contract tests run against :class:`FileStore` on a temporary directory
 and against :class:`MemoryStore`, the in-memory fake, so the fake cannot
 drift from what the plugin relies on.  The file store's own duties (refusing
-damaged or planted records, reporting a held lock as "try again", atomic
-0600 writes) are checked on the real filesystem, with the lock held by
-another process.
+damaged or planted records, claims that other processes hold, atomic 0600
+writes, measuring its claims) are checked on the real filesystem.
 """
 
 from __future__ import annotations
@@ -67,18 +66,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
 
 
 def test_an_empty_store_has_nothing_and_removing_nothing_is_fine(store: Store) -> None:
-    with store.locked():
-        assert store.all() == []
-        assert store.get(PCI_A) is None
-        store.remove(PCI_A)
-        assert store.all() == []
+    assert store.all() == []
+    assert store.get(PCI_A) is None
+    store.remove(PCI_A)
+    assert store.all() == []
 
 
 def test_a_record_reads_back_equal_with_its_snapshot_and_applied_settings(store: Store) -> None:
     applied = PfSettings(vlan=Vlan(100, 0, 0x8100), mac="02:00:00:00:00:99", spoofchk=False)
     alloc = allocation(original=original(), applied=applied, in_pod=True)
-    with store.locked():
-        store.put(alloc)
+    store.put(alloc)
     got = store.get(PCI_A)
     assert got == alloc
     assert got is not None
@@ -87,21 +84,18 @@ def test_a_record_reads_back_equal_with_its_snapshot_and_applied_settings(store:
 
 
 def test_put_replaces_remove_forgets_and_all_is_ordered_by_vf(store: Store) -> None:
-    with store.locked():
-        store.put(allocation(PCI_B, "ctr2"))
-        store.put(allocation(PCI_A, "ctr1"))
-        store.put(allocation(PCI_A, "ctr3"))
+    store.put(allocation(PCI_B, "ctr2"))
+    store.put(allocation(PCI_A, "ctr1"))
+    store.put(allocation(PCI_A, "ctr3"))
     assert [(a.vf_pci, a.container_id) for a in store.all()] == [(PCI_A, "ctr3"), (PCI_B, "ctr2")]
-    with store.locked():
-        store.remove(PCI_A)
+    store.remove(PCI_A)
     assert store.get(PCI_A) is None
     assert [a.vf_pci for a in store.all()] == [PCI_B]
 
 
 def test_records_are_copies_not_shared_objects(store: Store) -> None:
     alloc = allocation(original=original())
-    with store.locked():
-        store.put(alloc)
+    store.put(alloc)
     alloc.container_id = "changed after put"
     got = store.get(PCI_A)
     assert got is not None and got.container_id == "ctr1"
@@ -129,8 +123,7 @@ def test_a_record_keeps_the_layout_earlier_releases_wrote() -> None:
 
 
 def test_a_record_without_snapshot_stays_without_one(store: Store) -> None:
-    with store.locked():
-        store.put(allocation())
+    store.put(allocation())
     got = store.get(PCI_A)
     assert got is not None and got.original is None and got.applied == PfSettings()
 
@@ -138,19 +131,20 @@ def test_a_record_without_snapshot_stays_without_one(store: Store) -> None:
 # --- the file store's own duties --------------------------------------------------
 
 
-def test_ids_are_the_recorded_vfs(store: Store) -> None:
+def test_ids_and_has_are_the_recorded_vfs(store: Store) -> None:
     assert set(store.ids()) == set()
-    with store.locked():
-        for pci in ("0000:3b:10.1", "0000:3b:10.0", "0000:3b:10.2"):
-            store.put(allocation(pci))
-        store.remove("0000:3b:10.1")
-        assert set(store.ids()) == {"0000:3b:10.0", "0000:3b:10.2"}
-        assert {a.vf_pci for a in store.all()} == set(store.ids())
+    assert not store.has("0000:3b:10.0")
+    for pci in ("0000:3b:10.1", "0000:3b:10.0", "0000:3b:10.2"):
+        store.put(allocation(pci))
+    store.remove("0000:3b:10.1")
+    assert set(store.ids()) == {"0000:3b:10.0", "0000:3b:10.2"}
+    assert {a.vf_pci for a in store.all()} == set(store.ids())
+    assert [store.has(pci) for pci in ("0000:3b:10.0", "0000:3b:10.1", "0000:3b:10.2")] == [True, False, True]
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> FileStore:
-    return FileStore(tmp_path / "data", lock_timeout=0.2)
+    return FileStore(tmp_path / "data")
 
 
 def refused(files: FileStore, path: Path, words: str) -> CNIError:
@@ -167,8 +161,7 @@ def refused(files: FileStore, path: Path, words: str) -> CNIError:
 @pytest.mark.parametrize("content", [b"{\"vf_pci\": \"0000:3b:1", b"[]", b"{}", b"\xff\xfe", b""])
 def test_a_damaged_record_is_refused_not_read_as_free(files: FileStore, content: bytes) -> None:
     # Reading it as "no record" would hand the VF out a second time.
-    with files.locked():
-        files.put(allocation())
+    files.put(allocation())
     path = files.vfs_dir / f"{PCI_A}.json"
     path.write_bytes(content)
     err = refused(files, path, "unreadable")
@@ -176,40 +169,39 @@ def test_a_damaged_record_is_refused_not_read_as_free(files: FileStore, content:
 
 
 def test_an_oversized_record_is_refused(files: FileStore) -> None:
-    with files.locked():
-        files.put(allocation())
+    files.put(allocation())
     path = files.vfs_dir / f"{PCI_A}.json"
     path.write_bytes(allocation().to_json().encode().ljust(70 * 1024))
     refused(files, path, "unreadable")
 
 
 def test_a_symlinked_record_is_not_followed(files: FileStore, tmp_path: Path) -> None:
-    with files.locked():
-        files.put(allocation())
+    files.put(allocation())
     elsewhere = tmp_path / "planted.json"
     elsewhere.write_text(allocation(container="someone else").to_json())
     path = files.vfs_dir / f"{PCI_A}.json"
     path.unlink()
     path.symlink_to(elsewhere)
     refused(files, path, "cannot read")
+    # Not a record, yet not free either: an ADD passes the VF over.
+    assert files.has(PCI_A)
 
 
 def test_a_fifo_in_place_of_a_record_is_refused_without_blocking(files: FileStore) -> None:
-    with files.locked():
-        files.put(allocation())
+    files.put(allocation())
     path = files.vfs_dir / f"{PCI_A}.json"
     path.unlink()
     os.mkfifo(path)
     refused(files, path, "not a regular file")
+    assert files.has(PCI_A)
 
 
 @pytest.fixture
-def lock_held_elsewhere(files: FileStore) -> Iterator[subprocess.Popen[str]]:
-    """Another process holding the store's lock (flock(1), as any flock user would)."""
-    with files.locked():
-        pass  # creates the directory and the lock file
+def claim_held_elsewhere(files: FileStore) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding PCI_A's claim (flock(1), as any flock user would)."""
+    files.claim(PCI_B).release()  # type: ignore[union-attr]  # creates the directories
     holder = subprocess.Popen(
-        ["flock", str(files.root / "lock"), "sh", "-c", "echo held; read _"],
+        ["flock", str(files.claims_dir / f"{PCI_A}.lock"), "sh", "-c", "echo held; read _"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert holder.stdout is not None and holder.stdout.readline() == "held\n"
@@ -225,34 +217,34 @@ def release(holder: subprocess.Popen[str]) -> None:
         assert holder.returncode == 0
 
 
-def test_a_lock_held_too_long_is_try_again_naming_the_store(
-    files: FileStore, lock_held_elsewhere: subprocess.Popen[str]
+def test_a_claim_another_process_holds_is_refused_and_other_vfs_are_not(
+    files: FileStore, claim_held_elsewhere: subprocess.Popen[str]
 ) -> None:
-    with pytest.raises(CNIError) as err:
-        with files.locked():
-            pytest.fail("entered a lock another process holds")
-    assert err.value.code == Code.TRY_AGAIN and int(err.value.code) == 11
-    assert str(files.root) in err.value.msg
-    release(lock_held_elsewhere)
-    with files.locked():
-        files.put(allocation())
-    assert files.get(PCI_A) == allocation()
+    assert files.claim(PCI_A, wait=0.2) is None
+    other = files.claim(PCI_B)
+    assert other is not None
+    other.release()
+    release(claim_held_elsewhere)
+    claim = files.claim(PCI_A)
+    assert claim is not None
+    claim.release()
 
 
 def test_records_are_0600_in_0700_directories_and_no_temporary_file_stays(files: FileStore) -> None:
-    with files.locked():
+    with files.claim(PCI_A):  # type: ignore[union-attr]
         files.put(allocation())
         files.put(allocation(container="ctr2"))
     assert os.listdir(files.vfs_dir) == [f"{PCI_A}.json"]
-    for path in (files.vfs_dir / f"{PCI_A}.json", files.root / "lock"):
+    for path in (files.vfs_dir / f"{PCI_A}.json", files.claims_dir / f"{PCI_A}.lock"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    for directory in (files.root, files.vfs_dir):
+    for directory in (files.root, files.vfs_dir, files.claims_dir):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    # The claims are the store's only locks: there is no node-wide lock file.
+    assert sorted(os.listdir(files.root)) == ["claims", "vfs"]
 
 
 def test_records_outlive_the_store_object(files: FileStore) -> None:
-    with files.locked():
-        files.put(allocation(original=original()))
+    files.put(allocation(original=original()))
     assert FileStore(files.root).all() == [allocation(original=original())]
 
 
@@ -265,8 +257,7 @@ def test_ownership_needs_container_ifname_and_network_when_given() -> None:
 
 def test_a_record_from_before_the_newer_fields_reads_with_their_defaults(files: FileStore) -> None:
     # Records outlive upgrades: what an older version wrote must still read.
-    with files.locked():
-        files.put(allocation())
+    files.put(allocation())
     minimal = {
         "vf_pci": PCI_A, "pf_pci": "0000:3b:00.0", "pf_netdev": "ens1f0", "vf_index": 0, "network": "sriov-net",
         "container_id": "ctr1", "ifname": "net1", "netns": "/var/run/netns/pod", "netns_inode": None,
@@ -286,8 +277,7 @@ def test_a_record_from_before_the_newer_fields_reads_with_their_defaults(files: 
 
 
 def test_a_record_of_exactly_the_size_limit_reads_and_one_byte_more_is_refused(files: FileStore) -> None:
-    with files.locked():
-        files.put(allocation())
+    files.put(allocation())
     path = files.vfs_dir / f"{PCI_A}.json"
     path.write_bytes(allocation().to_json().encode().ljust(MAX_RECORD))
     assert files.get(PCI_A) == allocation()
@@ -295,25 +285,22 @@ def test_a_record_of_exactly_the_size_limit_reads_and_one_byte_more_is_refused(f
     refused(files, path, "unreadable")
 
 
-def test_a_lock_that_cannot_be_opened_is_an_io_error_naming_it(files: FileStore) -> None:
-    files.vfs_dir.mkdir(parents=True, mode=0o700)
-    files.root.chmod(0o700)
-    (files.root / "lock").mkdir()
+def test_a_claim_that_cannot_be_opened_is_an_io_error_naming_it(files: FileStore) -> None:
+    files.claim(PCI_B).release()  # type: ignore[union-attr]  # creates the directories
+    path = files.claims_dir / f"{PCI_A}.lock"
+    path.mkdir()
     with pytest.raises(CNIError) as err:
-        with files.locked():
-            pytest.fail("locked through a directory")
-    assert err.value.code == Code.IO_FAILURE and str(files.root / "lock") in err.value.msg
+        files.claim(PCI_A)
+    assert err.value.code == Code.IO_FAILURE and str(path) in err.value.msg
 
 
 def test_a_symlink_planted_at_the_temporary_name_is_not_written_through(files: FileStore, tmp_path: Path) -> None:
-    with files.locked():
-        files.put(allocation())
+    files.put(allocation())
     victim = tmp_path / "victim"
     victim.write_text("untouched\n")
     (files.vfs_dir / f".{PCI_A}.{os.getpid()}.tmp").symlink_to(victim)
     with pytest.raises(CNIError) as err:
-        with files.locked():
-            files.put(allocation(container="ctr2"))
+        files.put(allocation(container="ctr2"))
     assert err.value.code == Code.IO_FAILURE
     assert victim.read_text() == "untouched\n"
     assert files.get(PCI_A) == allocation()
@@ -327,17 +314,24 @@ def test_ids_read_no_record(files: FileStore) -> None:
 
 
 @pytest.fixture
-def lock_times() -> Iterator[list[tuple[float, float]]]:
-    store_module.lock_times = []
+def claim_times() -> Iterator[list[tuple[float, bool]]]:
+    store_module.claim_times = []
     try:
-        yield store_module.lock_times
+        yield store_module.claim_times
     finally:
-        store_module.lock_times = None
+        store_module.claim_times = None
 
 
-def test_each_lock_section_records_its_wait_and_hold(files: FileStore, lock_times: list[tuple[float, float]]) -> None:
-    for pci in (PCI_A, PCI_B):
-        with files.locked():
-            files.put(allocation(pci))
-    assert len(lock_times) == 2
-    assert all(wait >= 0 and hold > 0 for wait, hold in lock_times)
+def test_every_claim_records_its_wait_and_whether_it_got_the_claim(
+    files: FileStore, claim_times: list[tuple[float, bool]]
+) -> None:
+    first = files.claim(PCI_A)
+    assert first is not None
+    assert files.claim(PCI_A) is None
+    assert files.claim(PCI_A, wait=0.05) is None
+    with files.claim(PCI_B):  # type: ignore[union-attr]
+        pass
+    first.release()
+    assert [got for _, got in claim_times] == [True, False, False, True]
+    assert all(isinstance(waited, float) for waited, _ in claim_times)
+
