@@ -24,7 +24,8 @@ For measuring a node, the daemon started with ``SRIOV_CNI_DAEMON_STATS`` set
 to a directory makes each child write there, after answering, what its call
 cost: ``<pid>-<n>.json`` for its n-th call (from 0), with the program, the
 CNI command, the seconds it ran and the CPU seconds it used, the child's
-peak memory (over its calls so far) and private memory, and the VF store's lock wait and hold times.
+peak memory (over its calls so far) and private memory, and each VF claim
+it tried (seconds taken, whether it got the claim).
 With ``SRIOV_CNI_DAEMON_PROFILE=1`` as well, the call runs under cProfile and
 ``<pid>-<n>.prof`` holds the dump (tests/bench/bench_plugin.py reads both).
 Unset, nothing is measured.

@@ -174,15 +174,6 @@ class Claim:
         self.release()
 
 
-@dataclass(frozen=True)
-class Staged:
-    """A record written but not yet in the store: :meth:`Store.stage`."""
-
-    vf_pci: str
-    # FileStore: the synced temporary file; MemoryStore: the record itself.
-    data: str
-
-
 class Store(Protocol):
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
         """The VF's claim, or None when another holder keeps it longer than ``wait`` seconds."""
@@ -203,17 +194,6 @@ class Store(Protocol):
     def put(self, alloc: Allocation) -> None:
         """Record ``alloc``, replacing the VF's record; under the VF's claim, as every change."""
         ...
-
-    def stage(self, alloc: Allocation) -> Staged:
-        """The slow, durable half of :meth:`put`: nothing is recorded until :meth:`commit`.
-
-        A staged write that is not committed must be given to :meth:`discard`.
-        """
-        ...
-
-    def commit(self, staged: Staged) -> None: ...
-
-    def discard(self, staged: Staged) -> None: ...
 
     def remove(self, vf_pci: str) -> None: ...
 
@@ -351,8 +331,9 @@ class FileStore:
         self._prepare()
         return self._read(self._path(vf_pci))
 
-    def stage(self, alloc: Allocation) -> Staged:
+    def put(self, alloc: Allocation) -> None:
         self._prepare()
+        path = self._path(alloc.vf_pci)
         tmp = self.vfs_dir / f".{alloc.vf_pci}.{os.getpid()}.tmp"
         data = alloc.to_json().encode()
         try:
@@ -364,33 +345,19 @@ class FileStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            # The record's data was synced before the rename, so no crash can
+            # leave it torn or empty.  The directory is not synced: a rename
+            # lost with the page cache (power loss, kernel crash) leaves the
+            # previous record whole, and the VFs it describes do not survive
+            # a reboot either (the driver recreates them unset, the pods'
+            # namespaces are gone).  remove() has never synced it.
+            os.rename(tmp, path)
         except OSError as exc:
-            self.discard(Staged(alloc.vf_pci, str(tmp)))
-            raise _io_error("cannot record allocation in", self._path(alloc.vf_pci), exc) from exc
-        return Staged(alloc.vf_pci, str(tmp))
-
-    def commit(self, staged: Staged) -> None:
-        path = self._path(staged.vf_pci)
-        # The record's data was synced before the rename, so no crash can
-        # leave it torn or empty.  The directory is not synced: a rename lost
-        # with the page cache (power loss, kernel crash) leaves the previous
-        # record whole, and the VFs it describes do not survive a reboot
-        # either (the driver recreates them unset, the pods' namespaces are
-        # gone).  remove() has never synced it.
-        try:
-            os.rename(staged.data, path)
-        except OSError as exc:
-            self.discard(staged)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass  # never written
             raise _io_error("cannot record allocation in", path, exc) from exc
-
-    def discard(self, staged: Staged) -> None:
-        try:
-            os.unlink(staged.data)
-        except OSError:
-            pass  # committed already, or never written
-
-    def put(self, alloc: Allocation) -> None:
-        self.commit(self.stage(alloc))
 
     def remove(self, vf_pci: str) -> None:
         self._prepare()
@@ -452,19 +419,11 @@ class MemoryStore:
         return Allocation.from_json(text) if text is not None else None
 
     def put(self, alloc: Allocation) -> None:
-        self.commit(self.stage(alloc))
-
-    def stage(self, alloc: Allocation) -> Staged:
         # Stored serialized, like the file store, so callers never share
         # mutable records with the store.
-        return Staged(alloc.vf_pci, alloc.to_json())
-
-    def commit(self, staged: Staged) -> None:
+        text = alloc.to_json()
         with self._lock:
-            self._records[staged.vf_pci] = staged.data
-
-    def discard(self, staged: Staged) -> None:
-        pass
+            self._records[alloc.vf_pci] = text
 
     def remove(self, vf_pci: str) -> None:
         with self._lock:
