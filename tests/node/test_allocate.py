@@ -287,41 +287,33 @@ def reclaim(store: Store, candidates: list[sysfs.VF]) -> Lease:
         return lease
 
 
-@pytest.mark.parametrize("kind", ["file", "memory"])
-def test_a_stale_vf_reclaimed_by_another_add_meanwhile_is_not_reclaimed_again(
-    tree: Tree, tmp_path: Path, kind: str
-) -> None:
+def _rival_reclaims(store: Store, vf: sysfs.VF) -> None:
     # Both ADDs found the same dead container's record; the other one got
     # the claim first and put its own live record in its place.  Restoring
     # the VF from the dead record now would undo what that ADD set up.
+    store.put(make(vf, "rival"))
+
+
+def _given_back(store: Store, vf: sysfs.VF) -> None:
+    # The dead container's DEL (or a GC) restored the VF and removed the
+    # record while this ADD read it: the old record no longer describes the VF.
+    store.remove(vf.pci)
+
+
+@pytest.mark.parametrize("kind", ["file", "memory"])
+@pytest.mark.parametrize("meanwhile, left", [(_rival_reclaims, ["rival"]), (_given_back, [])])
+def test_a_stale_vf_changed_by_another_call_meanwhile_is_not_reclaimed(
+    tree: Tree, tmp_path: Path, kind: str, meanwhile: Callable[[Store, sysfs.VF], None], left: list[str]
+) -> None:
     candidates = pool(tree, 1)
     vf = candidates[0]
-
-    def rival_reclaims(s: Store) -> None:
-        s.put(make(vf, "rival"))
-
-    store = raced(kind, tmp_path, vf.pci, rival_reclaims)
+    store = raced(kind, tmp_path, vf.pci, lambda s: meanwhile(s, vf))
     record(store, vf, "dead", str(tmp_path / "gone"))
     with pytest.raises(CNIError) as err:
         reclaim(store, candidates)
     assert err.value.code == Code.NO_FREE_VF
     assert err.value.details == f"{vf.pci} (given back or reclaimed by another CNI call meanwhile)"
-    assert [(a.vf_pci, a.container_id) for a in store.all()] == [(vf.pci, "rival")]
-
-
-@pytest.mark.parametrize("kind", ["file", "memory"])
-def test_a_stale_vf_given_back_meanwhile_is_not_reclaimed(tree: Tree, tmp_path: Path, kind: str) -> None:
-    # The dead container's DEL (or a GC) restored the VF and removed the
-    # record while this ADD read it: the old record no longer describes the VF.
-    candidates = pool(tree, 1)
-    vf = candidates[0]
-    store = raced(kind, tmp_path, vf.pci, lambda s: s.remove(vf.pci))
-    record(store, vf, "dead", str(tmp_path / "gone"))
-    with pytest.raises(CNIError) as err:
-        reclaim(store, candidates)
-    assert err.value.code == Code.NO_FREE_VF
-    assert "given back or reclaimed by another CNI call meanwhile" in err.value.details
-    assert store.all() == []
+    assert [(a.vf_pci, a.container_id) for a in store.all()] == [(vf.pci, owner) for owner in left]
 
 
 @pytest.mark.parametrize("kind", ["file", "memory"])
