@@ -26,6 +26,12 @@ from sriov_cni.plugin.store import Allocation, OriginalState
 # meanwhile, so MAC changes are read back and retried for up to 2 s.
 MAC_ATTEMPTS = 20
 MAC_RETRY_DELAY = 0.1
+# How long a give-back waits for a VF netdev to come home from a pod
+# namespace that is gone: its file goes at once, but the kernel hands the
+# namespace's physical netdevs back to the host only when its cleanup work
+# runs, later (seconds on a busy node).
+HOME_WAIT = 10.0
+HOME_POLL = 0.05
 ZERO_MAC = "00:00:00:00:00:00"
 
 
@@ -214,9 +220,11 @@ def _move(
             ns.move(link.index, dst or own, new_name if new_name != name else None)
         except netlink.NetlinkError:
             # A refused rename can leave the link moved under its old name.
+            # Only ours is moved back (the MAC goes along with a move): the
+            # destination may have a link of that name of its own.
             with netlink.namespace(dst) as target:
                 stray = target.find(name)
-                if stray is not None:
+                if stray is not None and stray.mac == link.mac:
                     target.move(stray.index, src or own)
             back = ns.find(name)
             if back is not None:
@@ -313,6 +321,21 @@ def _find_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) -> 
     return None
 
 
+def _await_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) -> LinkInfo:
+    """The VF's netdev once the kernel has brought it back from a deleted pod namespace."""
+    deadline = time.monotonic() + HOME_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(HOME_POLL)
+        link = _find_home_link(host, alloc, orig)
+        if link is not None:
+            return link
+    raise CNIError(
+        Code.DEVICE,
+        f"VF {alloc.vf_pci} has a netdev driver but its netdev has not come back from {alloc.netns}, "
+        f"whose file is gone, within {HOME_WAIT:g} s (a process may still hold that namespace)",
+    )
+
+
 def restore_netdev(alloc: Allocation) -> None:
     """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames."""
     orig = alloc.original
@@ -336,6 +359,14 @@ def restore_netdev(alloc: Allocation) -> None:
         # The move's own reading (under the recorded name) serves: every
         # field compared below is one that adding altnames leaves alone.
         link = moved or _find_home_link(host, alloc, orig)
+        if link is None and alloc.in_pod and not pod_alive and sysfs.driver(alloc.vf_pci) not in (
+            None, *sysfs.DPDK_DRIVERS
+        ):
+            # Not home yet: until the kernel's cleanup of the pod's namespace
+            # has run, the VF's netdev is in neither.  Dropping the record
+            # now would leave the VF to come back later, renamed and
+            # configured by the pod, with nothing to restore it from.
+            link = _await_home_link(host, alloc, orig)
         if link is None:
             if pod_alive and sysfs.pci_dir(alloc.vf_pci).exists():
                 # The pod still exists and so does the VF, yet neither side

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 import subprocess
 from typing import Any
 
@@ -83,6 +84,70 @@ def test_del_after_the_vf_came_back_to_the_host(node: Node) -> None:
 
     ok(node.cni("DEL", conf, netns=pod))
 
+    node.sysfs_rename(vf, str(vf.netdev))
+    assert node.picture() == before
+
+
+def test_a_refused_move_home_leaves_a_host_link_of_the_pod_side_name_alone(node: Node) -> None:
+    # The VF cannot go home under its name (the host has taken it), and the
+    # host has a link of its own named as the VF is in the pod.  That link
+    # is not ours to move into the pod while undoing the failed move, nor
+    # may the attempt hide why the move failed.
+    pf = node.add_pf(1)
+    vf = pf.vfs[0]
+    pod = node.pod()
+    ifname = f"sv{node.token}i"
+    conf = node.conf()
+    node.add(conf, netns=pod, ifname=ifname)
+    squatter, bystander = str(vf.netdev), ifname
+    for name in (squatter, bystander):
+        sh("ip", "link", "add", name, "type", "veth", "peer", "name", f"{name}p", "netns", node.peer_ns)
+    try:
+        res = node.cni("DEL", conf, netns=pod, ifname=ifname)
+        # The error is the refused move's, not one of moving the wrong link.
+        assert res.rc != 0 and f"as {squatter} (link" in res.stdout, res
+        assert link(bystander) is not None
+        assert [name for name in link_names(os.path.basename(pod)) if name != "lo"] == [ifname]
+    finally:
+        for name in (squatter, bystander):
+            sh("ip", "link", "del", name, check=False)
+    ok(node.cni("DEL", conf, netns=pod, ifname=ifname))
+    assert node.records() == []
+
+
+def test_del_waits_for_the_vf_to_come_back_from_a_namespace_being_destroyed(node: Node) -> None:
+    # The pod's namespace file is gone, but the kernel has not yet handed
+    # the VF's netdev back (its cleanup of the namespace runs later): the VF
+    # is in neither namespace.  DEL must wait for it, not drop the record
+    # and leave the VF to come back with the pod's name and settings.
+    pf = node.add_pf(1)
+    vf = pf.vfs[0]
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf(spoofchk="off")
+    node.add(conf, netns=pod)
+    limbo = f"svlimbo-{node.token}"
+    sh("ip", "netns", "add", limbo)
+    try:
+        ns = os.path.basename(pod)
+        sh("ip", "-n", ns, "link", "set", "net1", "down", "name", f"sv{node.token}r")
+        sh("ip", "-n", ns, "link", "set", f"sv{node.token}r", "netns", limbo)
+        sh("ip", "netns", "del", ns)
+        node.pods.remove(pod)
+        del before["pods"][pod]
+
+        def kernel_brings_it_home() -> None:
+            sh("ip", "-n", limbo, "link", "set", f"sv{node.token}r", "netns", "1")
+            node.sysfs_rename(vf, f"sv{node.token}r")
+
+        home = threading.Timer(1.0, kernel_brings_it_home)
+        home.start()
+        try:
+            ok(node.cni("DEL", conf, netns=pod))
+        finally:
+            home.join()
+    finally:
+        sh("ip", "netns", "del", limbo, check=False)
     node.sysfs_rename(vf, str(vf.netdev))
     assert node.picture() == before
 
