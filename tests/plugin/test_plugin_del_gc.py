@@ -14,7 +14,7 @@ import pytest
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.plugin.store import Allocation, FileStore, OriginalState
 
-from pluginlib import DEBIAN_CNI_DIR, Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
+from pluginlib import DEBIAN_CNI_DIR, VF, Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
 
 
 def ok(res: Outcome) -> None:
@@ -67,20 +67,31 @@ def test_del_with_a_config_add_would_reject(node: Node) -> None:
     assert node.picture() == before
 
 
-def test_del_after_the_vf_came_back_to_the_host(node: Node) -> None:
-    pf = node.add_pf(1)
-    vf = pf.vfs[0]
+def _vf_in_a_pod(node: Node) -> tuple[VF, str, dict[str, Any], dict[str, Any]]:
+    """A VF added to a new pod as net1, renamed there to a name unique to this run, down.
+
+    Returns the VF, the pod, the node's picture before the ADD and the config.
+    """
+    vf = node.add_pf(1).vfs[0]
     pod = node.pod()
     before = node.picture()
     conf = node.conf(spoofchk="off")
     node.add(conf, netns=pod)
+    # Unique: the host has its own net1-like names.
+    sh("ip", "-n", os.path.basename(pod), "link", "set", "net1", "down", "name", f"sv{node.token}r")
+    return vf, pod, before, conf
+
+
+def _kernel_brings_it_home(node: Node, vf: VF, netns: str) -> None:
     # As the kernel does with a physical netdev whose namespace goes away:
-    # back in the host under its pod-side name (made unique here, since the
-    # host has its own net1-like names), and sysfs lists that name.
-    ns = os.path.basename(pod)
-    sh("ip", "-n", ns, "link", "set", "net1", "down", "name", f"sv{node.token}r")
-    sh("ip", "-n", ns, "link", "set", f"sv{node.token}r", "netns", "1")
+    # back in the host under its pod-side name, and sysfs lists that name.
+    sh("ip", "-n", netns, "link", "set", f"sv{node.token}r", "netns", "1")
     node.sysfs_rename(vf, f"sv{node.token}r")
+
+
+def test_del_after_the_vf_came_back_to_the_host(node: Node) -> None:
+    vf, pod, before, conf = _vf_in_a_pod(node)
+    _kernel_brings_it_home(node, vf, os.path.basename(pod))
 
     ok(node.cni("DEL", conf, netns=pod))
 
@@ -120,27 +131,16 @@ def test_del_waits_for_the_vf_to_come_back_from_a_namespace_being_destroyed(node
     # the VF's netdev back (its cleanup of the namespace runs later): the VF
     # is in neither namespace.  DEL must wait for it, not drop the record
     # and leave the VF to come back with the pod's name and settings.
-    pf = node.add_pf(1)
-    vf = pf.vfs[0]
-    pod = node.pod()
-    before = node.picture()
-    conf = node.conf(spoofchk="off")
-    node.add(conf, netns=pod)
+    vf, pod, before, conf = _vf_in_a_pod(node)
     limbo = f"svlimbo-{node.token}"
     sh("ip", "netns", "add", limbo)
     try:
         ns = os.path.basename(pod)
-        sh("ip", "-n", ns, "link", "set", "net1", "down", "name", f"sv{node.token}r")
         sh("ip", "-n", ns, "link", "set", f"sv{node.token}r", "netns", limbo)
         sh("ip", "netns", "del", ns)
         node.pods.remove(pod)
         del before["pods"][pod]
-
-        def kernel_brings_it_home() -> None:
-            sh("ip", "-n", limbo, "link", "set", f"sv{node.token}r", "netns", "1")
-            node.sysfs_rename(vf, f"sv{node.token}r")
-
-        home = threading.Timer(1.0, kernel_brings_it_home)
+        home = threading.Timer(1.0, _kernel_brings_it_home, (node, vf, limbo))
         home.start()
         try:
             ok(node.cni("DEL", conf, netns=pod))
