@@ -93,16 +93,14 @@ def configure(level: str, log_file: str | None, container_id: str, netns: str, i
         handler.setFormatter(logging.Formatter(_FORMAT))
         handler.addFilter(handler.context)
         handler.context.context = context
-        for old in list(log.handlers):
-            log.removeHandler(old)
-            old.close()
+        close()
         log.addHandler(handler)
     log.setLevel(_LEVELS.get(level, logging.INFO))
     log.propagate = False
 
 
 def close() -> None:
-    """End the log of a call: its file is closed, not kept into the next one."""
+    """End the log's current handlers: a call's log file is closed, not kept into the next call."""
     for handler in list(log.handlers):
         log.removeHandler(handler)
         handler.close()

@@ -208,11 +208,11 @@ def _io_error(what: str, path: Path, exc: OSError) -> CNIError:
 # Far above a real record (about 1 KiB); a larger file is not ours.
 MAX_RECORD = 64 * 1024
 # A claim another call holds is tried again after this, doubling up to
-# _LOCK_RETRY_MAX: the holder a DEL or GC waits for may be a rollback that
+# _CLAIM_RETRY_MAX: the holder a DEL or GC waits for may be a rollback that
 # ends within milliseconds or a whole ADD, and a waiter should notice
 # either end soon without spinning.
-_LOCK_RETRY = 0.001
-_LOCK_RETRY_MAX = 0.01
+_CLAIM_RETRY = 0.001
+_CLAIM_RETRY_MAX = 0.01
 
 
 def _flock(path: str, wait: float) -> int | None:
@@ -225,7 +225,7 @@ def _flock(path: str, wait: float) -> int | None:
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     deadline = time.monotonic() + wait
-    retry = _LOCK_RETRY
+    retry = _CLAIM_RETRY
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -236,7 +236,7 @@ def _flock(path: str, wait: float) -> int | None:
                 os.close(fd)
                 return None
             time.sleep(min(retry, left))
-            retry = min(2 * retry, _LOCK_RETRY_MAX)
+            retry = min(2 * retry, _CLAIM_RETRY_MAX)
         except OSError:
             os.close(fd)
             raise
