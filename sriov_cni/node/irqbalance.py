@@ -73,8 +73,11 @@ def _instance(pid: int) -> Instance | None:
     try:
         if (base / "comm").read_text().strip() != "irqbalance":
             return None
+        # A zombie has ended; only its parent has yet to reap it.
+        if (base / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+            return None
         args = (base / "cmdline").read_bytes().split(b"\0")
-    except OSError:
+    except (OSError, IndexError):
         return None  # exited while we looked
     arg = _policy_arg([a.decode(errors="replace") for a in args])
     script = None

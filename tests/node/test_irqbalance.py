@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ TUNED = "pfs: [{pf: eth0, numVfs: 2, tuning: {}}, {pf: eth1, numVfs: 1}]"
 
 
 class Balancer:
-    """A stand-in irqbalance: logs SIGHUP, ends on SIGTERM, reaped at once so it leaves no zombie."""
+    """A stand-in irqbalance: logs SIGHUP, ends on SIGTERM, and stays a zombie until the test reaps it."""
 
     def __init__(self, tmp: Path, tree: Tree, *args: str) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -38,7 +37,6 @@ class Balancer:
         self.proc = subprocess.Popen([str(exe), *args])
         self.pid = self.proc.pid
         os.symlink(f"/proc/{self.pid}", tree.proc / str(self.pid))
-        threading.Thread(target=self.proc.wait, daemon=True).start()
         wait(lambda: (tree.proc / str(self.pid) / "comm").read_text().strip() == "irqbalance", "the stand-in to run")
 
     def hups(self) -> int:
@@ -66,6 +64,7 @@ def balancers(tree: Tree, tmp_path: Path) -> Iterator[Callable[..., Balancer]]:
     for b in started:
         if b.proc.poll() is None:
             b.proc.terminate()
+        b.proc.wait()
 
 
 @pytest.fixture
@@ -142,7 +141,7 @@ def test_a_later_run_without_tuning_lifts_the_bans(node: Tree, links: FakeLinks,
 def test_stop_without_systemd_ends_irqbalance(node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(irqbalance, "SYSTEMD_RUN", tmp_path / "no-systemd")
     b = balancers("--foreground")
-    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links)
+    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links)  # sees the unreaped zombie as ended
     assert out[0] == f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it again)"
     assert b.proc.poll() == 0
     assert not script(tmp_path).exists()
