@@ -31,13 +31,17 @@ class Balancer:
     def __init__(self, tmp: Path, tree: Tree, *args: str) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         exe = tmp / "irqbalance"
-        exe.write_text("#!/bin/sh\ntrap 'echo hup >> \"$0.log\"' HUP\ntrap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+        # Ready only once its traps are set: a SIGHUP before that would end it.
+        exe.write_text(
+            "#!/bin/sh\ntrap 'echo hup >> \"$0.log\"' HUP\ntrap 'exit 0' TERM\n: > \"$0.ready\"\n"
+            "while :; do sleep 0.05; done\n"
+        )
         exe.chmod(0o755)
         self.log = tmp / "irqbalance.log"
         self.proc = subprocess.Popen([str(exe), *args])
         self.pid = self.proc.pid
         os.symlink(f"/proc/{self.pid}", tree.proc / str(self.pid))
-        wait(lambda: (tree.proc / str(self.pid) / "comm").read_text().strip() == "irqbalance", "the stand-in to run")
+        wait((tmp / "irqbalance.ready").exists, "the stand-in to set its traps")
 
     def hups(self) -> int:
         return len(self.log.read_text().split()) if self.log.exists() else 0
