@@ -45,10 +45,16 @@ STOP_TIMEOUT = 10.0
 _PFS_LINE = "pfs="
 
 
+# irqbalance's default --interval, in seconds.
+DEFAULT_INTERVAL = 10
+
+
 @dataclass(frozen=True)
 class Instance:
     pid: int
     policy_script: Path | None  # as given on its command line, made absolute
+    interval: int  # seconds between its scans
+    started: float  # CLOCK_BOOTTIME seconds
 
 
 def policy_script(state_file: Path) -> Path:
@@ -56,14 +62,14 @@ def policy_script(state_file: Path) -> Path:
     return state_file.parent / "irqbalance-policy"
 
 
-def _policy_arg(args: list[str]) -> str | None:
-    """The policy script on an irqbalance command line; the last one wins, as in its getopt loop."""
+def _option(args: list[str], long: str, short: str) -> str | None:
+    """An option's value on an irqbalance command line; the last one wins, as in its getopt loop."""
     found = None
     for i, arg in enumerate(args):
-        for prefix in ("--policyscript=", "-l"):
+        for prefix in (f"{long}=", short):
             if arg.startswith(prefix) and len(arg) > len(prefix):
                 found = arg[len(prefix):]
-        if arg in ("--policyscript", "-l") and i + 1 < len(args):
+        if arg in (long, short) and i + 1 < len(args):
             found = args[i + 1]
     return found
 
@@ -73,13 +79,15 @@ def _instance(pid: int) -> Instance | None:
     try:
         if (base / "comm").read_text().strip() != "irqbalance":
             return None
+        stat = (base / "stat").read_text().rpartition(")")[2].split()
         # A zombie has ended; only its parent has yet to reap it.
-        if (base / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+        if stat[0] == "Z":
             return None
-        args = (base / "cmdline").read_bytes().split(b"\0")
-    except (OSError, IndexError):
+        started = int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        args = [a.decode(errors="replace") for a in (base / "cmdline").read_bytes().split(b"\0")]
+    except (OSError, IndexError, ValueError):
         return None  # exited while we looked
-    arg = _policy_arg([a.decode(errors="replace") for a in args])
+    arg = _option(args, "--policyscript", "-l")
     script = None
     if arg is not None:
         script = Path(arg)
@@ -88,7 +96,21 @@ def _instance(pid: int) -> Instance | None:
                 script = Path(os.readlink(base / "cwd")) / script
             except OSError:
                 pass
-    return Instance(pid, script)
+    interval = _option(args, "--interval", "-t")
+    return Instance(pid, script, int(interval) if interval and interval.isdigit() else DEFAULT_INTERVAL, started)
+
+
+def _rescan(instance: Instance) -> None:
+    """SIGHUP: irqbalance rebuilds its IRQ list, asking the policy script about each IRQ again.
+
+    It ignores the signal until its first scan, one interval after it
+    started, so a younger irqbalance (one started with the node, next to
+    setup) is given that long first.
+    """
+    young = instance.started + instance.interval + 1 - time.clock_gettime(time.CLOCK_BOOTTIME)
+    if young > 0:
+        time.sleep(young)
+    os.kill(instance.pid, signal.SIGHUP)
 
 
 def running() -> list[Instance]:
@@ -173,10 +195,7 @@ def ban(script: Path, pf_pcis: list[str]) -> list[str]:
     for instance in running():
         if instance.policy_script is not None and os.path.realpath(instance.policy_script) == os.path.realpath(script):
             if written:
-                # SIGHUP makes it rebuild its IRQ list, asking the script
-                # about each IRQ again (it ignores the signal until its
-                # first interval has passed).
-                os.kill(instance.pid, signal.SIGHUP)
+                _rescan(instance)
                 lines.append(f"irqbalance (pid {instance.pid}): uses the policy script: asked to rescan")
         else:
             lines.append(
