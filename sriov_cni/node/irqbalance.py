@@ -29,11 +29,11 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sriov_cni import nodestate
 from sriov_cni.kernel import sysfs
 
 # Where systemd keeps its runtime state; present only when it is PID 1.
@@ -166,22 +166,13 @@ def protects(instance: Instance, pf_pci: str) -> bool:
 
 
 def _write_script(path: Path, text: str) -> bool:
-    """Replace the script atomically (irqbalance may run it at any moment); False when already so."""
+    """Replace the script (irqbalance may run it at any moment); False when already so."""
     try:
         if path.read_text() == text:
             return False
     except OSError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    nodestate.replace_file(path, text, 0o755)
     return True
 
 
