@@ -106,6 +106,20 @@ def control_irq(pf: str, cpu: int) -> int:
     return irq
 
 
+def start_active(balancer: Irqbalance, untuned: str, cpu: int) -> None:
+    """Start irqbalance and wait until it has moved the untuned PF's queue IRQ off ``cpu``."""
+    control = control_irq(untuned, cpu)
+    balancer.start()
+    moved_off(control, cpu)
+
+
+def setup(node: Node, mode: str, tuned: str, untuned: str, cpu: int, vfs: int) -> str:
+    """``sriov-cni setup`` with ``config``, which must succeed; its output."""
+    done = node.setup(config(mode, tuned, untuned, cpu, vfs))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def config(mode: str, tuned: str, untuned: str, cpu: int, vfs: int) -> str:
     return f"""
 irqbalance: {mode}
@@ -136,13 +150,9 @@ def test_ban_holds_from_before_setup_through_vf_irqs_and_a_restart(
 ) -> None:
     pf0, pf1 = igb_pfs
     cpu = pin_cpu()
-    control = control_irq(pf1, cpu)
-    balancer.start()
-    moved_off(control, cpu)
-
-    done = node.setup(config("ban", pf0, pf1, cpu, 1))
-    assert done.returncode == 0, done.stderr
-    assert f"irqbalance (pid {balancer.pid}): uses the policy script: asked to rescan" in done.stdout
+    start_active(balancer, pf1, cpu)
+    out = setup(node, "ban", pf0, pf1, cpu, 1)
+    assert f"irqbalance (pid {balancer.pid}): uses the policy script: asked to rescan" in out
     pins = queue_irqs(pf0)
     assert_ours(pins, cpu)
 
@@ -163,9 +173,7 @@ def test_ban_holds_from_before_setup_through_vf_irqs_and_a_restart(
 
     # Restarted: the new irqbalance asks the script about every IRQ anew.
     balancer.end()
-    control = control_irq(pf1, cpu)  # creating its VF re-requested the PF's IRQs
-    balancer.start()
-    moved_off(control, cpu)
+    start_active(balancer, pf1, cpu)
     balancer.wait_scans(3)
     assert_ours(pins, cpu)
 
@@ -179,13 +187,10 @@ def test_ban_holds_from_before_setup_through_vf_irqs_and_a_restart(
 def test_ban_holds_with_irqbalance_started_after_setup(node: Node, igb_pfs: list[str], balancer: Irqbalance) -> None:
     pf0, pf1 = igb_pfs
     cpu = pin_cpu()
-    done = node.setup(config("ban", pf0, pf1, cpu, 0))
-    assert done.returncode == 0, done.stderr
+    setup(node, "ban", pf0, pf1, cpu, 0)
     pins = queue_irqs(pf0)
     assert_ours(pins, cpu)
-    control = control_irq(pf1, cpu)
-    balancer.start()
-    moved_off(control, cpu)
+    start_active(balancer, pf1, cpu)
     balancer.wait_scans(3)
     assert_ours(pins, cpu)
 
@@ -193,13 +198,8 @@ def test_ban_holds_with_irqbalance_started_after_setup(node: Node, igb_pfs: list
 def test_leave_lets_irqbalance_take_the_pins_and_stop_ends_it(node: Node, igb_pfs: list[str], balancer: Irqbalance) -> None:
     pf0, pf1 = igb_pfs
     cpu = pin_cpu()
-    control = control_irq(pf1, cpu)
-    balancer.start()
-    moved_off(control, cpu)
-
-    left = node.setup(config("leave", pf0, pf1, cpu, 0))
-    assert left.returncode == 0, left.stderr
-    assert "warning: irqbalance (pid" in left.stdout
+    start_active(balancer, pf1, cpu)
+    assert f"warning: irqbalance (pid {balancer.pid}) is running" in setup(node, "leave", pf0, pf1, cpu, 0)
     pins = queue_irqs(pf0)
     # Without a ban, the next rescan (what any irqbalance restart or IRQ
     # change brings) takes the pins: what the ban tests would see if it failed.
@@ -207,11 +207,9 @@ def test_leave_lets_irqbalance_take_the_pins_and_stop_ends_it(node: Node, igb_pf
     for irq in pins:
         moved_off(irq, cpu)
 
-    stopped = node.setup(config("stop", pf0, pf1, cpu, 0))
-    assert stopped.returncode == 0, stopped.stderr
-    pid = balancer.pid
-    assert stopped.stdout.splitlines()[0] == (
-        f"irqbalance: stopped pid {pid} (no systemd: nothing to disable, it stays off until something starts it again)"
+    stopped = setup(node, "stop", pf0, pf1, cpu, 0)
+    assert stopped.splitlines()[0] == (
+        f"irqbalance: stopped pid {balancer.pid} (no systemd: nothing to disable, it stays off until something starts it again)"
     )
     assert not balancer.running()
     assert_ours(pins, cpu)  # pinned again, after irqbalance ended
