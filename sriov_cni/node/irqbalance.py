@@ -40,13 +40,11 @@ from sriov_cni.kernel import sysfs
 SYSTEMD_RUN = Path("/run/systemd/system")
 UNIT = "irqbalance.service"
 STOP_TIMEOUT = 10.0
+# irqbalance's default --interval, in seconds.
+DEFAULT_INTERVAL = 10
 
 # The script's one line that names the PFs; read back by banned_pfs.
 _PFS_LINE = "pfs="
-
-
-# irqbalance's default --interval, in seconds.
-DEFAULT_INTERVAL = 10
 
 
 @dataclass(frozen=True)
