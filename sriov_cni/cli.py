@@ -26,10 +26,15 @@ read: the plugin pins each VF's IRQs and sets RPS/XPS in the pod after it
 brings the VF up there.
 
 \b
-irqbalance moves pinned IRQs back every 10 s. Setup does not reconfigure
-it; when it runs, setup pins anyway and prints what to do: stop it
-(systemctl disable --now irqbalance) or ban the listed IRQs with
-IRQBALANCE_ARGS="--banirq=N ..." in its environment file and restart it.
+irqbalance moves pinned IRQs back every 10 s. The node config's
+irqbalance key says what setup does about it, before it pins anything:
+  ban (default)  write a policy script next to the state file that bans
+                 every IRQ of the tuned PFs and their VFs, and make an
+                 irqbalance that runs it rescan; irqbalance must be started
+                 with --policyscript=<that script> (setup warns otherwise)
+  stop           stop irqbalance (systemctl disable --now under systemd,
+                 SIGTERM otherwise)
+  leave          pin anyway and print what to do
 """
 
 
@@ -73,7 +78,7 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store.")
 def status(as_json: bool, data_dir: Path) -> None:
-    """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins."""
+    """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins, irqbalance."""
     try:
         with netlink.namespace() as host:
             pfs = node_status.gather(data_dir, lambda name: host.find(name) is not None)

@@ -43,20 +43,25 @@ class Policy:
         )
 
 
-def write_state(path: Path, state: dict[str, Any]) -> None:
-    """Replace the state file atomically, so the plugin never reads half of it."""
+def replace_file(path: Path, text: str, mode: int) -> None:
+    """Replace a file atomically, so that its readers never see half of it."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"version": STATE_VERSION, **state}, f, indent=1, sort_keys=True)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.rename(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Replace the state file atomically, so the plugin never reads half of it."""
+    replace_file(path, json.dumps({"version": STATE_VERSION, **state}, indent=1, sort_keys=True), 0o644)
 
 
 def read_state(path: Path) -> dict[str, Any] | None:

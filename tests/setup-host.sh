@@ -45,6 +45,31 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install "${apt_opts[@]}" "${missing[@]}" >/dev/null
 fi
 
+# Debian's irqbalance, which tests/vm/test_irqbalance_igb.py runs in the
+# guest (the guest sees this machine's root). It must not balance this
+# machine's own IRQs: its start at install is denied through policy-rc.d (a
+# temporary one unless the machine has its own) and, under systemd, its unit
+# is disabled.
+if ! dpkg-query -W -f='${Status}' irqbalance 2>/dev/null | grep -q 'install ok installed'; then
+    apt_update_once
+    guard=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        guard=/usr/sbin/policy-rc.d
+        trap 'rm -f "$guard"' EXIT
+    fi
+    log "installing irqbalance (not started)"
+    apt-get install "${apt_opts[@]}" irqbalance >/dev/null
+    if [ -n "$guard" ]; then
+        rm -f "$guard"
+        trap - EXIT
+    fi
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now irqbalance.service >/dev/null 2>&1 || true
+    fi
+fi
+
 qemu_has_igb() {
     command -v qemu-system-x86_64 >/dev/null \
         && qemu-system-x86_64 -device help 2>/dev/null | grep -qw '"igb"'

@@ -1,7 +1,8 @@
 """The node config file that ``sriov-cni setup`` reads (YAML); the only module importing yaml.
 
-Example (every key but ``pf`` and ``numVfs`` optional)::
+Example (every key but ``pfs``, ``pf`` and ``numVfs`` optional)::
 
+    irqbalance: ban           # ban (default), stop or leave: see IRQBALANCE_MODES
     pfs:
       - pf: ens1f0            # netdev name or PCI address
         numVfs: 7
@@ -30,6 +31,10 @@ import yaml
 from sriov_cni.kernel import cpulist
 
 VF_DRIVERS = ("kernel", "vfio-pci", "uio_pci_generic")
+# What setup does about irqbalance, which would move the pinned IRQs back:
+# ban keeps it running but off the tuned PFs' and their VFs' IRQs (through
+# its policy script), stop stops it, leave only warns.
+IRQBALANCE_MODES = ("ban", "stop", "leave")
 
 
 class NodeConfigError(Exception):
@@ -58,6 +63,7 @@ class PfSpec:
 @dataclass(frozen=True)
 class NodeConfig:
     pfs: list[PfSpec]
+    irqbalance: str = "ban"
 
 
 def _keys(raw: Any, where: str, allowed: set[str], required: set[str]) -> dict[str, Any]:
@@ -148,7 +154,10 @@ def parse(text: str) -> NodeConfig:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise NodeConfigError(f"not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
-    raw = _keys(raw, "config", {"pfs"}, {"pfs"})
+    raw = _keys(raw, "config", {"pfs", "irqbalance"}, {"pfs"})
+    irqbalance = raw.get("irqbalance", "ban")
+    if irqbalance not in IRQBALANCE_MODES:
+        raise NodeConfigError(f"irqbalance: must be one of {', '.join(IRQBALANCE_MODES)}, got {irqbalance!r}")
     pfs = raw["pfs"]
     if not isinstance(pfs, list) or not pfs:
         raise NodeConfigError("pfs: must be a non-empty list")
@@ -158,7 +167,7 @@ def parse(text: str) -> NodeConfig:
         if spec.pf in seen:
             raise NodeConfigError(f"pfs[{i}].pf: {spec.pf} is already configured in pfs[{seen[spec.pf]}]")
         seen[spec.pf] = i
-    return NodeConfig(pfs=specs)
+    return NodeConfig(pfs=specs, irqbalance=irqbalance)
 
 
 def load(path: Path) -> NodeConfig:

@@ -64,7 +64,8 @@ class Step:
 class Plan:
     steps: list[Step]
     state: dict[str, Any]  # what the state file will say after the run
-    tuned: list[sysfs.PF]  # PFs with a tuning policy, for the irqbalance check
+    tuned: list[sysfs.PF]  # PFs with a tuning policy, whose IRQs irqbalance must leave alone
+    irqbalance: str  # the node config's irqbalance mode
 
 
 def _policy(pf: sysfs.PF, spec: TuningSpec) -> Policy:
@@ -260,7 +261,7 @@ def plan(config: NodeConfig, data_dir: Path, links: Links) -> Plan:
             steps.append(Step("host", f"rps_sock_flow_entries {current} (>= {want})"))
         else:
             steps.append(Step("host", f"rps_sock_flow_entries {current} -> {want}", lambda: _flow_entries(rfs)))
-    return Plan(steps=steps, state={"pfs": pfs}, tuned=tuned)
+    return Plan(steps=steps, state={"pfs": pfs}, tuned=tuned, irqbalance=config.irqbalance)
 
 
 def _flow_entries(entries: int) -> str:
@@ -271,8 +272,22 @@ def _flow_entries(entries: int) -> str:
     return "done"
 
 
+def _irqbalance(plan_: Plan, state_file: Path) -> list[str]:
+    """Ban or stop irqbalance before anything is pinned, so that it cannot move a fresh pin back."""
+    try:
+        if plan_.irqbalance == "ban":
+            return irqbalance.ban(irqbalance.policy_script(state_file), [pf.pci for pf in plan_.tuned])
+        if plan_.irqbalance == "stop":
+            return irqbalance.stop()
+    except OSError as exc:
+        raise SetupError(f"irqbalance: {exc.strerror or exc}") from exc
+    return []
+
+
 def execute(plan_: Plan, state_file: Path, echo: Callable[[str], None]) -> None:
     """Run every step, one progress line each, then record what was applied."""
+    for line in _irqbalance(plan_, state_file):
+        echo(line)
     for step in plan_.steps:
         result = step.run() if step.run is not None else "unchanged"
         echo(f"{step.target}: {step.what}: {result}")
@@ -289,7 +304,7 @@ def execute(plan_: Plan, state_file: Path, echo: Callable[[str], None]) -> None:
         except OSError as exc:
             raise SetupError(f"cannot write {state_file}: {exc.strerror or exc}") from exc
         echo(f"state {state_file}: written")
-    running = irqbalance.pids() if plan_.tuned else []
+    running = irqbalance.pids() if plan_.tuned and plan_.irqbalance == "leave" else []
     if running:
         irqs = sorted(int(irq) for record in plan_.state["pfs"].values() for irq in record["pins"])
         echo(f"warning: {irqbalance.advice(running, irqs)}")
@@ -298,10 +313,15 @@ def execute(plan_: Plan, state_file: Path, echo: Callable[[str], None]) -> None:
 def show(plan_: Plan, echo: Callable[[str], None]) -> None:
     """The plan for ``--dry-run``: what each step would do, changing nothing."""
     echo("dry run: nothing is changed")
+    running = irqbalance.pids()
+    if plan_.irqbalance == "ban" and plan_.tuned:
+        which = ", ".join(pf.pci for pf in plan_.tuned)
+        echo(f"irqbalance: policy script bans the IRQs of {which} and their VFs: would write if changed")
+    elif plan_.irqbalance == "stop":
+        echo(f"irqbalance: stop: {'would stop pid ' + ', '.join(map(str, running)) if running else 'unchanged'}")
     for step in plan_.steps:
         echo(f"{step.target}: {step.what}: {'would change' if step.run is not None else 'unchanged'}")
         for line in step.details():
             echo(f"  {line}")
-    if plan_.tuned and irqbalance.pids():
+    if plan_.irqbalance == "leave" and plan_.tuned and running:
         echo("warning: irqbalance is running and would undo the IRQ pins (see setup --help)")
-

@@ -1,4 +1,4 @@
-"""``sriov-cni status``: every SR-IOV PF on the node, its VFs, who holds them, and IRQ pins."""
+"""``sriov-cni status``: every SR-IOV PF on the node, its VFs, who holds them, IRQ pins and irqbalance."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sriov_cni.kernel import cpulist, irqs, sysfs
+from sriov_cni.node import irqbalance
 from sriov_cni.plugin.allocate import VfState, vf_state
 from sriov_cni.plugin.store import Allocation, read_allocations
 
@@ -68,6 +69,7 @@ def gather(data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any
         devices = sorted(os.listdir(sysfs.SYS / "bus" / "pci" / "devices"))
     except OSError:
         devices = []
+    balancers = irqbalance.running()
     out = []
     for pci in devices:
         if not sysfs.is_pf(pci):
@@ -86,6 +88,12 @@ def gather(data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any
                 "mtu": mtu,
                 "link": link,
                 "irqs": _irq_pins(pci),
+                # Banned only if every running irqbalance asks a policy
+                # script of setup's that names this PF.
+                "irqbalance": {
+                    "pids": [b.pid for b in balancers],
+                    "banned": bool(balancers) and all(irqbalance.protects(b, pci) for b in balancers),
+                },
                 "free": sum(v["state"] == VfState.FREE.value for v in vfs),
                 "vfs": vfs,
             }
@@ -97,6 +105,12 @@ def _pins(irqs: list[dict[str, Any]]) -> str:
     return " ".join(f"{i['irq']}:{i['cpus']}" for i in irqs) or "-"
 
 
+def _irqbalance(state: dict[str, Any]) -> str:
+    if not state["pids"]:
+        return "off"
+    return f"on (pid {', '.join(map(str, state['pids']))}), IRQs {'banned' if state['banned'] else 'NOT banned'}"
+
+
 def table(pfs: list[dict[str, Any]]) -> list[str]:
     """Human-readable lines: one per PF, then one per VF."""
     if not pfs:
@@ -106,7 +120,7 @@ def table(pfs: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"PF {pf['netdev'] or '-'} {pf['pci']}  driver {pf['driver'] or '-'}  "
             f"VFs {pf['numVfs']}/{pf['totalVfs']}  MTU {pf['mtu'] or '-'}  link {pf['link']}  "
-            f"free {pf['free']}  IRQs {_pins(pf['irqs'])}"
+            f"free {pf['free']}  irqbalance {_irqbalance(pf['irqbalance'])}  IRQs {_pins(pf['irqs'])}"
         )
         if not pf["vfs"]:
             continue

@@ -89,6 +89,7 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
         "pci": "0000:01:00.0", "netdev": "eth0", "driver": "igb", "numVfs": 3, "totalVfs": 7, "mtu": 1500, "link": "up", "free": 1,
     }
     assert pf0["irqs"] == [{"irq": 31, "name": "eth0-TxRx-0", "cpus": "0-7"}]
+    assert pf0["irqbalance"] == {"pids": [], "banned": False}
     assert [(v["index"], v["pci"], v["driver"], v["netdev"], v["state"]) for v in pf0["vfs"]] == [
         (0, "0000:01:10.0", "igbvf", "eth0v0", "free"),
         (1, "0000:01:10.1", "igbvf", "eth0v1", "allocated"),
@@ -115,11 +116,11 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
     code, out = invoke("status", "--data-dir", str(tmp_path / "data"))
     assert code == 0, out
     lines = out.splitlines()
-    assert lines[0] == "PF eth0 0000:01:00.0  driver igb  VFs 3/7  MTU 1500  link up  free 1  IRQs 31:0-7"
+    assert lines[0] == "PF eth0 0000:01:00.0  driver igb  VFs 3/7  MTU 1500  link up  free 1  irqbalance off  IRQs 31:0-7"
     assert lines[1].split() == ["VF", "PCI", "DRIVER", "NETDEV", "STATE", "OWNER", "(network", "container", "ifname", "netns)", "IRQ:CPUS"]
     assert lines[3].split() == ["1", "0000:01:10.1", "igbvf", "eth0v1", "allocated", "net-a", "0123456789ab", "net1", str(tmp_path / "netns-alive"), "103:0-7", "104:0-7"]
     assert lines[4].split()[4:6] == ["stale", "(netns"]
-    assert lines[5] == "PF eth1 0000:02:00.0  driver igb  VFs 0/4  MTU 1500  link up  free 0  IRQs 41:0-7"
+    assert lines[5] == "PF eth1 0000:02:00.0  driver igb  VFs 0/4  MTU 1500  link up  free 0  irqbalance off  IRQs 41:0-7"
 
 
 def test_status_does_not_create_the_store(node: Tree, tmp_path: Path) -> None:

@@ -31,6 +31,11 @@ pfs:
     ]
 
 
+def test_irqbalance_is_banned_by_default() -> None:
+    assert parse("pfs: [{pf: eth0, numVfs: 1}]").irqbalance == "ban"
+    assert parse("irqbalance: stop\npfs: [{pf: eth0, numVfs: 1}]").irqbalance == "stop"
+
+
 def test_local_is_the_default_irq_cpus() -> None:
     spec = parse("pfs: [{pf: eth0, numVfs: 1, tuning: {}}]").pfs[0].tuning
     assert spec == TuningSpec(None, [], False, None, 0, False)
@@ -52,6 +57,7 @@ def test_local_is_the_default_irq_cpus() -> None:
         ("pfs: [{pf: eth0, numVfs: 1}, {pf: eth0, numVfs: 2}]", "pfs[1].pf: eth0 is already configured in pfs[0]"),
         ("pfs: []", "pfs: must be a non-empty list"),
         ("nodes: []", "config.nodes: unknown field"),
+        ("irqbalance: disable\npfs: [{pf: eth0, numVfs: 1}]", "irqbalance: must be one of ban, stop, leave, got 'disable'"),
         ("pfs: [", "not valid YAML at line 1"),
     ],
 )
@@ -66,3 +72,4 @@ def test_the_deployed_example_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "node-config.example.yaml"
     config = load(example)
     assert [(p.pf, p.num_vfs, p.vf_driver) for p in config.pfs] == [("ens1f0", 8, "kernel"), ("0000:3b:00.1", 4, "vfio-pci")]
+    assert config.irqbalance == "ban"

@@ -35,6 +35,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tree: Tree, links: FakeLink
     out = run(CONFIG, tmp_path, links, dry=True)
     assert out == [
         "dry run: nothing is changed",
+        "irqbalance: policy script bans the IRQs of 0000:01:00.0 and their VFs: would write if changed",
         "eth0 (0000:01:00.0): sriov_numvfs 0 -> 3: would change",
         "eth0 (0000:01:00.0): MTU 1500 -> 9000: would change",
         "eth0 (0000:01:00.0): link down -> up: would change",
@@ -50,7 +51,11 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tree: Tree, links: FakeLink
 def test_run_applies_then_second_run_writes_nothing(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
     tree.igb(vfs=3, queues=2, up=False)
     out = run(CONFIG, tmp_path, links)
-    assert out[0] == "eth0 (0000:01:00.0): sriov_numvfs 3: unchanged"
+    script = tmp_path / "run" / "irqbalance-policy"
+    assert out[:2] == [
+        f"irqbalance: policy script {script} bans the IRQs of 0000:01:00.0 and their VFs: written",
+        "eth0 (0000:01:00.0): sriov_numvfs 3: unchanged",
+    ]
     assert links.calls == [("mtu", "eth0", 9000), ("up", "eth0", None)]
     assert tree.affinity(31) == "0" and tree.affinity(32) == "1"
     assert tree.affinity(30) == "0-7"  # the misc vector is left alone
@@ -70,6 +75,7 @@ def test_run_applies_then_second_run_writes_nothing(tree: Tree, links: FakeLinks
     again = run(CONFIG, tmp_path, links)
     assert writes == [] and links.calls == []
     assert again == [
+        f"irqbalance: policy script {script} bans the IRQs of 0000:01:00.0 and their VFs: unchanged",
         "eth0 (0000:01:00.0): sriov_numvfs 3: unchanged",
         "eth0 (0000:01:00.0): MTU 9000 (>= 9000): unchanged",
         "eth0 (0000:01:00.0): link up: unchanged",
@@ -233,15 +239,6 @@ def test_other_pin_failures_stop_setup(tree: Tree, links: FakeLinks, tmp_path: P
     with pytest.raises(node_setup.SetupError, match=r"^eth0: pinning IRQ 31 \(eth0-TxRx-0\) to CPU 0: writing"):
         run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
     assert not (tmp_path / "run" / "node.json").exists()
-
-
-def test_irqbalance_is_reported_with_what_to_do(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
-    tree.igb(queues=2)
-    (tree.proc / "4242").mkdir()
-    (tree.proc / "4242" / "comm").write_text("irqbalance\n")
-    out = run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
-    assert out[-1].startswith("warning: irqbalance (pid 4242) is running and will move the pinned IRQs back")
-    assert 'IRQBALANCE_ARGS="--banirq=31 --banirq=32"' in out[-1]
 
 
 def test_nohz_full_null_means_no_cpu(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:

@@ -1,0 +1,199 @@
+"""Setup's irqbalance modes and status's view of it, with a stand-in irqbalance process.
+
+The stand-in is a real process named ``irqbalance`` (a shell script of that
+name) that records the signals it gets; the fake procfs links to its real
+``/proc/<pid>``.  The policy script setup writes is run by ``/bin/sh`` the
+way irqbalance runs it, on device paths of the fake sysfs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from nodetree import FakeLinks, Tree
+from sriov_cni.cli import main
+from sriov_cni.node import config as node_config, irqbalance, setup as node_setup
+
+TUNED = "pfs: [{pf: eth0, numVfs: 2, tuning: {}}, {pf: eth1, numVfs: 1}]"
+
+
+class Balancer:
+    """A stand-in irqbalance: logs SIGHUP, ends on SIGTERM, and stays a zombie until the test reaps it."""
+
+    def __init__(self, tmp: Path, tree: Tree, *args: str) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        exe = tmp / "irqbalance"
+        # Ready only once its traps are set: a SIGHUP before that would end it.
+        exe.write_text(
+            "#!/bin/sh\ntrap 'date +%s.%N >> \"$0.log\"' HUP\ntrap 'exit 0' TERM\ndate +%s.%N > \"$0.ready\"\n"
+            "while :; do sleep 0.05; done\n"
+        )
+        exe.chmod(0o755)
+        self.log = tmp / "irqbalance.log"
+        self.proc = subprocess.Popen([str(exe), *args])
+        self.pid = self.proc.pid
+        os.symlink(f"/proc/{self.pid}", tree.proc / str(self.pid))
+        wait((tmp / "irqbalance.ready").exists, "the stand-in to set its traps")
+
+    def hups(self) -> list[float]:
+        """When each SIGHUP arrived, in seconds after the stand-in started."""
+        if not self.log.exists():
+            return []
+        start = float((self.log.parent / "irqbalance.ready").read_text())
+        return [float(t) - start for t in self.log.read_text().split()]
+
+
+def wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def balancers(tree: Tree, tmp_path: Path) -> Iterator[Callable[..., Balancer]]:
+    started: list[Balancer] = []
+
+    def start(*args: str) -> Balancer:
+        b = Balancer(tmp_path / f"balancer{len(started)}", tree, *args)
+        started.append(b)
+        return b
+
+    yield start
+    for b in started:
+        if b.proc.poll() is None:
+            b.proc.terminate()
+        b.proc.wait()
+
+
+@pytest.fixture
+def node(tree: Tree) -> Tree:
+    tree.igb(vfs=2)
+    tree.igb("0000:02:00.0", "eth1", vfs=1)
+    return tree
+
+
+def setup(text: str, tmp_path: Path, links: FakeLinks) -> list[str]:
+    out: list[str] = []
+    plan = node_setup.plan(node_config.parse(text), tmp_path / "data", links)
+    node_setup.execute(plan, tmp_path / "run" / "node.json", out.append)
+    return out
+
+
+def script(tmp_path: Path) -> Path:
+    return tmp_path / "run" / "irqbalance-policy"
+
+
+def ask(policy: Path, devpath: Path | str, irq: int) -> subprocess.CompletedProcess[str]:
+    """The policy script's answer, run as irqbalance runs it (popen of "exec SCRIPT PATH IRQ")."""
+    return subprocess.run(["/bin/sh", "-c", f"exec {policy} {devpath} {irq}"], capture_output=True, text=True)
+
+
+def test_the_policy_script_bans_tuned_pfs_and_their_vfs_only(node: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    setup(TUNED, tmp_path, links)
+    devices = node.devices
+    for devpath, answer in [
+        (devices / "0000:01:00.0", "ban=true\n"),
+        (devices / "0000:01:10.0", "ban=true\n"),  # VF 0 of the tuned eth0
+        (devices / "0000:01:10.1", "ban=true\n"),
+        (devices / "0000:02:00.0", ""),  # eth1 has no tuning, so nothing pins it
+        (devices / "0000:02:10.0", ""),
+        (node.sys, ""),  # irqbalance's path for an IRQ without a device
+    ]:
+        done = ask(script(tmp_path), devpath, 31)
+        assert (done.returncode, done.stdout, done.stderr) == (0, answer, ""), devpath
+    assert irqbalance.banned_pfs(script(tmp_path)) == {"0000:01:00.0"}
+
+
+def test_ban_makes_the_irqbalance_using_the_script_rescan_once(
+    node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer]
+) -> None:
+    policy = script(tmp_path)
+    ours = balancers("--foreground", "--interval=2", f"--policyscript={policy}")
+    other = balancers("--foreground", "-l", str(tmp_path / "elsewhere"))
+    out = setup(TUNED, tmp_path, links)
+    assert out[:3] == [
+        f"irqbalance: policy script {policy} bans the IRQs of 0000:01:00.0 and their VFs: written",
+        f"irqbalance (pid {ours.pid}): uses the policy script: asked to rescan",
+        f"warning: irqbalance (pid {other.pid}) runs without --policyscript={policy} and will move the pinned "
+        "IRQs back: add that option to its arguments (IRQBALANCE_ARGS in /etc/default/irqbalance on Debian) "
+        "and restart it, or set irqbalance: stop",
+    ]
+    wait(lambda: len(ours.hups()) == 1, "SIGHUP")
+    # irqbalance ignores SIGHUP until its first scan, one interval in.
+    assert ours.hups()[0] >= 2
+    # The script as written then is what it asks; nothing new to ask again.
+    again = setup(TUNED, tmp_path, links)
+    assert again[0].endswith(": unchanged") and "rescan" not in again[1]
+    time.sleep(0.2)
+    assert (len(ours.hups()), other.hups()) == (1, [])
+
+
+def test_a_later_run_without_tuning_lifts_the_bans(node: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    untuned = "pfs: [{pf: eth0, numVfs: 2}]"
+    setup(untuned, tmp_path, links)
+    assert not script(tmp_path).exists()  # nothing pinned, nothing to ban
+    setup(TUNED, tmp_path, links)
+    out = setup(untuned, tmp_path, links)
+    assert out[0] == f"irqbalance: policy script {script(tmp_path)} bans the IRQs of no PF and their VFs: written"
+    assert ask(script(tmp_path), node.devices / "0000:01:00.0", 31).stdout == ""
+
+
+def test_stop_without_systemd_ends_irqbalance(node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(irqbalance, "SYSTEMD_RUN", tmp_path / "no-systemd")
+    b = balancers("--foreground")
+    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links)  # sees the unreaped zombie as ended
+    assert out[0] == f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it again)"
+    assert b.proc.poll() == 0
+    assert not script(tmp_path).exists()
+    assert setup("irqbalance: stop\n" + TUNED, tmp_path, links)[0] == "irqbalance: not running: unchanged"
+
+
+def test_stop_under_systemd_disables_the_unit(node: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    systemd = tmp_path / "systemd"
+    systemd.mkdir()
+    monkeypatch.setattr(irqbalance, "SYSTEMD_RUN", systemd)
+    # A systemctl that records its calls; the unit counts as enabled.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "systemctl").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'calls'}\n")
+    (bindir / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links)
+    assert out[0] == "irqbalance: irqbalance.service stopped and disabled"
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        "is-enabled --quiet irqbalance.service",
+        "disable --now irqbalance.service",
+    ]
+
+
+def test_leave_warns_with_what_to_do(node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer]) -> None:
+    b = balancers("--foreground")
+    out = setup("irqbalance: leave\npfs: [{pf: eth0, numVfs: 2, tuning: {}}]", tmp_path, links)
+    assert out[-1].startswith(f"warning: irqbalance (pid {b.pid}) is running and will move the pinned IRQs back")
+    assert 'IRQBALANCE_ARGS="--banirq=31"' in out[-1]
+    assert not script(tmp_path).exists() and b.proc.poll() is None and b.hups() == []
+
+
+def test_status_says_per_pf_whether_irqbalance_bans_its_irqs(
+    node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer], fake_netlink: list[str | None]
+) -> None:
+    setup(TUNED, tmp_path, links)
+    b = balancers("--foreground", f"--policyscript={script(tmp_path)}")
+    result = CliRunner().invoke(main, ["status", "--json", "--data-dir", str(tmp_path / "data")])
+    pf0, pf1 = json.loads(result.output)["pfs"]
+    assert (pf0["irqbalance"], pf1["irqbalance"]) == ({"pids": [b.pid], "banned": True}, {"pids": [b.pid], "banned": False})
+    # A second irqbalance without the script makes no PF safe.
+    other = balancers("--foreground")
+    lines = CliRunner().invoke(main, ["status", "--data-dir", str(tmp_path / "data")]).output.splitlines()
+    pf_lines = [line for line in lines if line.startswith("PF ")]
+    assert [line.split("  ")[6] for line in pf_lines] == [f"irqbalance on (pid {b.pid}, {other.pid}), IRQs NOT banned"] * 2
