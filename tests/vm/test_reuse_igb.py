@@ -1,0 +1,101 @@
+"""Two VFs reused by pod after pod on the real igb/igbvf driver (runs in the rig's QEMU guest).
+
+Traffic is the oracle: every round, the two pods ping each other both
+ways.  A pod's config is drawn from what changes how a VF's MAC reaches the
+PF's receive filter: a ``mac`` or none, ``trust`` on, off or unset, a VLAN
+or none.  The first round runs on VFs nobody opened; the second repeats
+its config on the same VFs, the case where every later pod had no traffic.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from test_plugin_igb import cni, host_link, ns_path, records, restored, vfinfo, view
+from vmlib import Sriov
+
+pytestmark = pytest.mark.sriov_vm
+
+
+class Pod(NamedTuple):
+    mac: str | None
+    trust: str | None
+
+
+# (VLAN of both pods, pod A, pod B): two pods reach each other through igb
+# only on the same VLAN.
+ROUNDS: list[tuple[int | None, Pod, Pod]] = [
+    (None, Pod(None, None), Pod(None, None)),
+    (None, Pod(None, None), Pod(None, None)),
+    (10, Pod("02:ab:00:00:00:01", "off"), Pod(None, "on")),
+    (None, Pod(None, "off"), Pod("02:ab:00:00:00:02", None)),
+    (10, Pod(None, None), Pod(None, "off")),
+    (None, Pod("02:ab:00:00:00:03", "on"), Pod("02:ab:00:00:00:04", "off")),
+    (None, Pod(None, "on"), Pod(None, None)),
+]
+
+
+def conf(data_dir: Path, pf: str, vlan: int | None, pod: Pod) -> dict[str, Any]:
+    ipam = {"type": "sriov-ipam", "dataDir": str(data_dir / "ipam"), "ranges": [[{"subnet": "10.82.0.0/24"}]]}
+    keys: dict[str, Any] = {}
+    if vlan is not None:
+        keys["vlan"] = vlan
+    if pod.mac is not None:
+        keys["mac"] = pod.mac
+    if pod.trust is not None:
+        keys["trust"] = pod.trust
+    return {"cniVersion": "1.0.0", "name": "reusenet", "type": "sriov", "pfNames": [pf], "dataDir": str(data_dir),
+            "ipam": ipam, **keys}
+
+
+def ping(pod: str, address: str) -> None:
+    out = subprocess.run(["ip", "netns", "exec", pod, "ping", "-c", "2", "-i", "0.2", "-W", "5", address],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, f"{pod} -> {address}: {out.stdout}{out.stderr}"
+
+
+def test_two_vfs_reused_by_seven_rounds_of_pods(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
+                                                tmp_path: Path) -> None:
+    pf = igb_pfs[0]
+    vf_names = sriov.enable(pf, 2)
+    before = [vfinfo(pf, i) for i in range(2)]
+    netdevs_before = [view(host_link(name)) for name in vf_names]
+
+    for n, (vlan, *plan) in enumerate(ROUNDS):
+        pods, confs = [netns(), netns()], [conf(tmp_path, pf, vlan, p) for p in plan]
+        addresses, macs, results = [], [], []
+        for i, (pod, cfg) in enumerate(zip(pods, confs)):
+            rc, res = cni("ADD", cfg, container=f"r{n}p{i}", netns=ns_path(pod))
+            assert rc == 0, (n, i, res)
+            results.append(res)
+            addresses.append(res["ips"][0]["address"].split("/")[0])
+            macs.append(res["interfaces"][0]["mac"])
+            inside = host_link("net1", pod)
+            assert inside is not None and inside["address"] == macs[-1]
+            if plan[i].mac:
+                assert macs[-1] == plan[i].mac
+        for pod in pods:
+            sriov.wait_carrier("net1", pod)
+        ping(pods[0], addresses[1])
+        ping(pods[1], addresses[0])
+        # What igb reports for a VF is its entry in the PF's receive filter:
+        # each pod's MAC, on one VF each, with the round's VLAN.
+        readings = sorted((vfinfo(pf, v)["address"], str(vfinfo(pf, v)["vlan_list"])) for v in range(2))
+        assert readings == sorted((mac, str([{"vlan": vlan}] if vlan else [{}])) for mac in macs), n
+        for i, (pod, cfg) in enumerate(zip(pods, confs)):
+            rc, res = cni("CHECK", dict(cfg, prevResult=results[i]), container=f"r{n}p{i}", netns=ns_path(pod))
+            assert rc == 0, (n, i, res)
+
+        for i, (pod, cfg) in enumerate(zip(pods, confs)):
+            rc, res = cni("DEL", cfg, container=f"r{n}p{i}", netns=ns_path(pod))
+            assert rc == 0, (n, i, res)
+        for i, name in enumerate(vf_names):
+            restored(vfinfo(pf, i), before[i])
+            assert view(host_link(name)) == netdevs_before[i]
+    assert records(tmp_path) == []
+
