@@ -42,6 +42,9 @@ the only place that depends on it:
   when none is set.
 - bnxt refuses a zero admin MAC, so the recorded reading is written back
   instead (:func:`_lift_admin_mac`, :func:`restore_admin_mac`).
+
+Which PF drivers report the VF's own MAC in the reading, which CHECK relies
+on, is :data:`sriov_cni.kernel.vfsettings.OWN_MAC_IN_READING`.
 """
 
 from __future__ import annotations

@@ -99,3 +99,28 @@ def test_two_vfs_reused_by_seven_rounds_of_pods(igb_pfs: list[str], sriov: Sriov
             assert view(host_link(name)) == netdevs_before[i]
     assert records(tmp_path) == []
 
+
+def test_check_notices_a_vf_the_pf_holds_no_mac_for(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
+                                                    tmp_path: Path) -> None:
+    """The state every reused VF was attached in: its MAC gone from the PF's filter, so no traffic."""
+    pf = igb_pfs[0]
+    [vf0] = sriov.enable(pf, 1)
+    before, netdev_before = vfinfo(pf, 0), view(host_link(vf0))
+    pod = netns()
+    cfg = conf(tmp_path, pf, None, Pod(None, None))
+    rc, res = cni("ADD", cfg, container="c", netns=ns_path(pod))
+    assert rc == 0, res
+    sriov.wait_carrier("net1", pod)
+    with_prev = dict(cfg, prevResult=res)
+    rc, out = cni("CHECK", with_prev, container="c", netns=ns_path(pod))
+    assert rc == 0, out
+
+    subprocess.run(["ip", "link", "set", "dev", pf, "vf", "0", "mac", "00:00:00:00:00:00"], check=True)
+    rc, out = cni("CHECK", with_prev, container="c", netns=ns_path(pod))
+    assert rc != 0 and out["code"] == 100, out
+    assert "00:00:00:00:00:00" in out["details"] and res["interfaces"][0]["mac"] in out["details"], out
+
+    rc, out = cni("DEL", cfg, container="c", netns=ns_path(pod))
+    assert rc == 0, out
+    restored(vfinfo(pf, 0), before)
+    assert view(host_link(vf0)) == netdev_before
