@@ -14,8 +14,8 @@ On igb the PF's reading of a VF's MAC (IFLA_VF_MAC) *is* the VF's entry in
 the PF's receive filter: an admin MAC write replaces it, a zero write
 empties it, and igbvf fills it with its netdev's MAC only when it asks the
 PF for a MAC change or when it resets (a close does that; so, in the guest
-tests, does the first open of a new VF, whose carrier takes seconds longer).  igb neither resets the VF on an admin MAC write
-nor tells it.  So "the reading equals the one before the first ADD" (zero,
+tests, does the first open of a new VF, whose carrier takes seconds
+longer).  igb neither resets the VF on an admin MAC write nor tells it.  So "the reading equals the one before the first ADD" (zero,
 for a VF nobody opened) and "the VF receives its own MAC's traffic" cannot
 both hold after DEL: a VF given back is, like a newly created one, not in
 the filter.  DEL therefore restores the reading (zero included), and ADD
@@ -37,9 +37,9 @@ the only place that depends on it:
   then asks for its MAC again by itself, so the filter holds the netdev's
   MAC afterwards and giving the netdev its own MAC again changes nothing.
 - mlx5 keeps the admin MAC in the vport's context (and the node GUID, and
-  the spoof-check ACL) without resetting the VF; its filter comes from the
-  MAC list the VF driver sets, and the reading is the admin MAC only, zero
-  when none is set.
+  the spoof-check ACL) without resetting the VF; in legacy mode its filter
+  comes from the MAC list the VF driver sets, and the reading is the admin
+  MAC only, zero when none is set.
 - bnxt refuses a zero admin MAC, so the recorded reading is written back
   instead (:func:`_lift_admin_mac`, :func:`restore_admin_mac`).
 
@@ -212,8 +212,9 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation) -> list[str]:
     records whatever MAC the VF netdev programs (at ADD, when the pod closes
     it, when DEL gives it back its own MAC), so the reading drifts even when
     nothing was configured.  Writing back a zero reading empties the VF's
-    filter entry; the next ADD fills it (see the module's doc).  It is written only when it differs, so a MAC the
-    VF chose itself, read back unchanged, does not become an admin lock.
+    filter entry; the next ADD fills it (see the module's doc).  It is
+    written only when it differs, so a MAC the VF chose itself, read back
+    unchanged, does not become an admin lock.
     """
     orig = alloc.original
     if orig is None or not orig.pf.mac:
@@ -317,8 +318,8 @@ def _program_own_mac(ns: Namespace, link: LinkInfo) -> str:
         ns.set_up(link.index, False)
         return ns.get(link.index).mac
     except netlink.NetlinkError as exc:
-        # A VF driver that cannot change its MAC does not program a filter
-        # from it either: nothing to do, and the pod can still be served.
+        # A VF driver that refuses even the MAC it has: the pod gets the VF
+        # as it is, and CHECK tells where the PF shows the MAC missing.
         log.warning("VF netdev %s did not take its own MAC %s again: %s", link.name, link.mac, exc)
     return link.mac
 
@@ -401,8 +402,12 @@ def _await_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) ->
     )
 
 
-def restore_netdev(alloc: Allocation) -> None:
-    """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames."""
+def restore_netdev(vfc: VfControl, alloc: Allocation) -> None:
+    """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames.
+
+    ``vfc`` serves only to lift an admin MAC set before ADD that the netdev
+    must give up (see below).
+    """
     orig = alloc.original
     if orig is None or alloc.dpdk or not orig.netdev:
         return
@@ -449,6 +454,12 @@ def restore_netdev(alloc: Allocation) -> None:
             host.rename(link.index, orig.netdev)
             host.add_altnames(link.index, tuple(a for a in orig.altnames if a not in link.altnames))
         if orig.mac and link.mac != orig.mac:
+            if alloc.applied.mac is None and link.mac == orig.pf.mac and orig.pf.mac != ZERO_MAC:
+                # The PF held an admin MAC before ADD that the netdev did not
+                # carry yet; igbvf takes it when it resets (at ADD, or at a
+                # new VF's first open) and then refuses any other MAC.  The
+                # admin MAC goes back after, in restore_admin_mac.
+                _lift_admin_mac(vfc, alloc, orig.pf.mac)
             _set_effective_mac(host, link.index, orig.mac)
         if orig.mtu and link.mtu != orig.mtu:
             host.set_mtu(link.index, orig.mtu)
@@ -464,7 +475,7 @@ def restore(vfc: VfControl, alloc: Allocation) -> None:
     # netdev while the PF still holds an untrusted admin MAC for it.
     failures = restore_pf_settings(vfc, alloc)
     try:
-        restore_netdev(alloc)
+        restore_netdev(vfc, alloc)
     except (netlink.NetlinkError, CNIError, sysfs.SysfsError) as exc:
         failures.append(f"netdev: {exc}")
     failures += restore_admin_mac(vfc, alloc)

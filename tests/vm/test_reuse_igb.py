@@ -124,3 +124,46 @@ def test_check_notices_a_vf_the_pf_holds_no_mac_for(igb_pfs: list[str], sriov: S
     assert rc == 0, out
     restored(vfinfo(pf, 0), before)
     assert view(host_link(vf0)) == netdev_before
+
+
+def test_an_admin_mac_set_on_the_node_before_reaches_the_pod(igb_pfs: list[str], sriov: Sriov,
+                                                             netns: Callable[[], str], tmp_path: Path) -> None:
+    """No ``mac`` configured, but the node's admin set one for VF 0, which igbvf has not taken yet.
+
+    igb refuses the VF's own MAC then; the VF takes the admin MAC when it
+    resets, and that is the MAC the pod must get to have traffic.  VF 0 was
+    opened on the host first: a new VF is not yet talking to the PF, and
+    takes such an admin MAC only at its first reset, seconds after its
+    first pod opened it.
+    """
+    pf = igb_pfs[0]
+    vf_names = sriov.enable(pf, 2)
+    admin = "02:ab:00:00:00:aa"
+    for state in ("up", "down"):
+        subprocess.run(["ip", "link", "set", "dev", vf_names[0], state], check=True)
+    subprocess.run(["ip", "link", "set", "dev", pf, "vf", "0", "mac", admin], check=True)
+    before = [vfinfo(pf, i) for i in range(2)]
+    netdevs_before = [view(host_link(name)) for name in vf_names]
+    assert before[0]["address"] == admin and netdevs_before[0] is not None
+    assert netdevs_before[0]["address"] != admin
+
+    for n in range(2):
+        pods = [netns(), netns()]
+        cfg = conf(tmp_path, pf, None, Pod(None, None))
+        results = []
+        for i, pod in enumerate(pods):
+            rc, res = cni("ADD", cfg, container=f"a{n}p{i}", netns=ns_path(pod))
+            assert rc == 0, (n, i, res)
+            results.append(res)
+        # The pod on VF 0 has the admin MAC, in the pod as in the result.
+        macs = [res["interfaces"][0]["mac"] for res in results]
+        assert admin in macs and [host_link("net1", pod)["address"] for pod in pods] == macs  # type: ignore[index]
+        for pod in pods:
+            sriov.wait_carrier("net1", pod)
+        ping(pods[0], results[1]["ips"][0]["address"].split("/")[0])
+        ping(pods[1], results[0]["ips"][0]["address"].split("/")[0])
+        for i, pod in enumerate(pods):
+            rc, res = cni("DEL", cfg, container=f"a{n}p{i}", netns=ns_path(pod))
+            assert rc == 0, (n, i, res)
+        assert [vfinfo(pf, i) for i in range(2)] == before
+    assert records(tmp_path) == []
