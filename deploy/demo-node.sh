@@ -2,7 +2,8 @@
 # The main job of sriov-cni on one node, step by step, for a person to watch:
 # VFs created by `sriov-cni setup`, two pods (network namespaces) given VFs
 # with addresses by the sriov plugin, a ping between them through the NIC,
-# the pool shown, both pods deleted, and the VFs back as they were.
+# the pool shown, both pods deleted, two new pods on the same VFs pinging
+# each other too, and the VFs back as they were.
 #
 # Runs inside the QEMU guest (deploy/demo.sh) or on a node with a real
 # SR-IOV NIC:   sudo deploy/demo-node.sh [--pf ens1f0]
@@ -27,7 +28,7 @@ work=$(mktemp -d)
 state="$work/state"
 cleanup() {
     set +e
-    for p in pod-a pod-b; do ip netns del "$p" 2>/dev/null; done
+    for p in pod-a pod-b pod-c pod-d; do ip netns del "$p" 2>/dev/null; done
     [ -n "${helper_pid:-}" ] && kill "$helper_pid" 2>/dev/null
     if [ "${created_vfs:-0}" = 1 ]; then echo 0 > "/sys/class/net/$pf/device/sriov_numvfs"; fi
     rm -rf "$work"
@@ -76,35 +77,56 @@ cni() {  # cni COMMAND POD
         CNI_PATH="$here/bin" sriov <<<"$conf"
 }
 
+add_pods() {  # add_pods POD...
+    for p in "$@"; do
+        run ip netns add "$p"
+        echo "\$ CNI_COMMAND=ADD CNI_CONTAINERID=$p ... sriov"
+        cni ADD "$p"
+    done
+    for p in "$@"; do run ip netns exec "$p" ip -br addr show net1; done
+}
+ping_pods() {  # ping_pods POD-A POD-B: each pings the other
+    # An emulated VF's carrier can take seconds to come up.
+    for _ in $(seq 60); do
+        ip netns exec "$1" ip link show net1 | grep -q LOWER_UP && \
+            ip netns exec "$2" ip link show net1 | grep -q LOWER_UP && break
+        sleep 0.5
+    done
+    local from to addr
+    for from in "$1" "$2"; do
+        to=$([ "$from" = "$1" ] && echo "$2" || echo "$1")
+        addr=$(ip netns exec "$to" ip -4 -o addr show net1 | awk '{print $4}' | cut -d/ -f1)
+        run ip netns exec "$from" ping -c 3 -W 2 "$addr"
+    done
+}
+delete_pods() {  # delete_pods POD...
+    for p in "$@"; do
+        echo "\$ CNI_COMMAND=DEL CNI_CONTAINERID=$p ... sriov"
+        cni DEL "$p"
+        run ip netns del "$p"
+    done
+}
+
 step "3. Two pods, each gets a VF with an address (CNI ADD)"
 echo "$conf"
-for p in pod-a pod-b; do
-    run ip netns add "$p"
-    echo "\$ CNI_COMMAND=ADD CNI_CONTAINERID=$p ... sriov"
-    cni ADD "$p"
-done
-for p in pod-a pod-b; do run ip netns exec "$p" ip -br addr show net1; done
+add_pods pod-a pod-b
 
-step "4. pod-a pings pod-b through the NIC's own switch"
-addr_b=$(ip netns exec pod-b ip -4 -o addr show net1 | awk '{print $4}' | cut -d/ -f1)
-# An emulated VF's carrier can take seconds to come up.
-for _ in $(seq 60); do
-    ip netns exec pod-a ip link show net1 | grep -q LOWER_UP && \
-        ip netns exec pod-b ip link show net1 | grep -q LOWER_UP && break
-    sleep 0.5
-done
-run ip netns exec pod-a ping -c 3 -W 2 "$addr_b"
+step "4. pod-a and pod-b ping each other through the NIC's own switch"
+ping_pods pod-a pod-b
 
 step "5. The pool: which VF belongs to which pod"
 run sriov-cni status --data-dir "$state"
 
 step "6. Delete both pods (CNI DEL): the VFs go back as they were"
-for p in pod-a pod-b; do
-    echo "\$ CNI_COMMAND=DEL CNI_CONTAINERID=$p ... sriov"
-    cni DEL "$p"
-    run ip netns del "$p"
-done
+delete_pods pod-a pod-b
+run ip -d link show "$pf"
+
+step "7. Two new pods get the same VFs, and ping each other too"
+add_pods pod-c pod-d
+run sriov-cni status --data-dir "$state"
+ping_pods pod-c pod-d
+delete_pods pod-c pod-d
 run ip -br link
 run sriov-cni status --data-dir "$state"
 echo
-echo "demo finished: VFs allocated, used, and returned"
+echo "demo finished: VFs allocated, used, returned, and used again"

@@ -16,6 +16,15 @@ from typing import Any, NamedTuple, Protocol
 VLAN_PROTO_8021Q = 0x8100
 VLAN_PROTO_8021AD = 0x88A8
 
+# PF drivers whose reading of a VF's MAC (IFLA_VF_MAC) is the VF's entry in
+# the PF's receive filter, which the VF driver fills with its own MAC when no
+# admin MAC is set (igb: vf_mac_addresses, ixgbe: the same, both written by
+# an admin MAC write and by the VF's own MAC request).  With these a reading
+# other than the VF netdev's MAC, zero included, means the VF does not
+# receive its own unicast traffic.  Other drivers report the admin MAC only
+# (mlx5: zero when none is set), so there only a non-zero reading can differ.
+OWN_MAC_IN_READING = frozenset({"igb", "ixgbe"})
+
 LINK_STATE_AUTO = 0
 LINK_STATE_ENABLE = 1
 LINK_STATE_DISABLE = 2

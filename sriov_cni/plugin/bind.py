@@ -7,6 +7,44 @@ ADD did can be undone from that record alone, so DEL, a failed ADD, GC and
 the reclaiming of a stale allocation all go through :func:`restore`, in the
 one order drivers accept: PF side first (the admin MAC only lifted), then
 the netdev, then the admin MAC as recorded.
+
+The VF's MAC at the PF, and why a give-back leaves it as the VF was created
+---------------------------------------------------------------------------
+On igb the PF's reading of a VF's MAC (IFLA_VF_MAC) *is* the VF's entry in
+the PF's receive filter: an admin MAC write replaces it, a zero write
+empties it, and igbvf fills it with its netdev's MAC only when it asks the
+PF for a MAC change or when it resets (a close does that; so, in the guest
+tests, does the first open of a new VF, whose carrier takes seconds
+longer).  igb neither resets the VF on an admin MAC write nor tells it.  So "the reading equals the one before the first ADD" (zero,
+for a VF nobody opened) and "the VF receives its own MAC's traffic" cannot
+both hold after DEL: a VF given back is, like a newly created one, not in
+the filter.  DEL therefore restores the reading (zero included), and ADD
+makes the VF program its MAC into the filter before the pod gets it: with a
+``mac``, the admin MAC write does it; without one, the netdev is given the
+MAC it already has, which igbvf sends to the PF (:func:`_program_own_mac`).
+Without that, every pod after a VF's first was attached with no traffic.
+
+Drivers differ in what an admin MAC write does to a running VF, and this is
+the only place that depends on it:
+
+- igb and ixgbe change the filter and the reading only (zero: the admin
+  lock is lifted and the filter entry emptied); the VF learns an admin MAC
+  when it resets, and programs its own MAC again only on a MAC change or a
+  reset.  Hence :func:`_program_own_mac` at ADD, and the reset in
+  :func:`_set_effective_mac` when igbvf refuses a MAC while an admin MAC
+  is held.
+- i40e and ice reset the VF on every admin MAC write, zero included; iavf
+  then asks for its MAC again by itself, so the filter holds the netdev's
+  MAC afterwards and giving the netdev its own MAC again changes nothing.
+- mlx5 keeps the admin MAC in the vport's context (and the node GUID, and
+  the spoof-check ACL) without resetting the VF; in legacy mode its filter
+  comes from the MAC list the VF driver sets, and the reading is the admin
+  MAC only, zero when none is set.
+- bnxt refuses a zero admin MAC, so the recorded reading is written back
+  instead (:func:`_lift_admin_mac`, :func:`restore_admin_mac`).
+
+Which PF drivers report the VF's own MAC in the reading, which CHECK relies
+on, is :data:`sriov_cni.kernel.vfsettings.OWN_MAC_IN_READING`.
 """
 
 from __future__ import annotations
@@ -171,10 +209,12 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation) -> list[str]:
     """Put the PF's reading of the VF's MAC back to the recorded one, zero included.
 
     Runs after the netdev is home, and whether or not ADD set a MAC: igb
-    records whatever MAC the VF netdev programs (when it is opened in a pod,
-    or when DEL gives it back its own MAC), so the reading drifts even when
-    nothing was configured.  It is written only when it differs, so a MAC the
-    VF chose itself, read back unchanged, does not become an admin lock.
+    records whatever MAC the VF netdev programs (at ADD, when the pod closes
+    it, when DEL gives it back its own MAC), so the reading drifts even when
+    nothing was configured.  Writing back a zero reading empties the VF's
+    filter entry; the next ADD fills it (see the module's doc).  It is
+    written only when it differs, so a MAC the VF chose itself, read back
+    unchanged, does not become an admin lock.
     """
     orig = alloc.original
     if orig is None or not orig.pf.mac:
@@ -252,10 +292,36 @@ def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInf
             raise CNIError(Code.DEVICE, f"{ifname} vanished from {netns} right after the move")
         if conf.mac is not None:
             _set_effective_mac(pod, link.index, conf.mac)
+            mac = conf.mac
+        else:
+            mac = _program_own_mac(pod, link)
         pod.set_up(link.index, True)
         # Bringing it up changes nothing else a caller reads, and the MAC
         # was read back when set.
-        return replace(link, up=True, mac=conf.mac or link.mac)
+        return replace(link, up=True, mac=mac)
+
+
+def _program_own_mac(ns: Namespace, link: LinkInfo) -> str:
+    """Have the (down) VF netdev program the MAC it has into the PF's filter; returns its MAC then.
+
+    After a give-back the PF's filter holds no MAC for the VF (see the
+    module's doc), and igbvf does not program one when it is opened again:
+    it does so for a MAC change, even to the MAC it already has.
+    """
+    try:
+        ns.set_mac(link.index, link.mac)
+    except netlink.AddressRefused:
+        # igbvf, while the PF holds an admin MAC that ADD did not set (one
+        # set on the node before): the VF takes it when it resets, and a
+        # close resets it.
+        ns.set_up(link.index, True)
+        ns.set_up(link.index, False)
+        return ns.get(link.index).mac
+    except netlink.NetlinkError as exc:
+        # A VF driver that refuses even the MAC it has: the pod gets the VF
+        # as it is, and CHECK tells where the PF shows the MAC missing.
+        log.warning("VF netdev %s did not take its own MAC %s again: %s", link.name, link.mac, exc)
+    return link.mac
 
 
 def _set_effective_mac(ns: Namespace, index: int, mac: str) -> None:
@@ -336,8 +402,12 @@ def _await_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) ->
     )
 
 
-def restore_netdev(alloc: Allocation) -> None:
-    """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames."""
+def restore_netdev(vfc: VfControl, alloc: Allocation) -> None:
+    """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames.
+
+    ``vfc`` serves only to lift an admin MAC set before ADD that the netdev
+    must give up (see below).
+    """
     orig = alloc.original
     if orig is None or alloc.dpdk or not orig.netdev:
         return
@@ -384,6 +454,12 @@ def restore_netdev(alloc: Allocation) -> None:
             host.rename(link.index, orig.netdev)
             host.add_altnames(link.index, tuple(a for a in orig.altnames if a not in link.altnames))
         if orig.mac and link.mac != orig.mac:
+            if alloc.applied.mac is None and link.mac == orig.pf.mac and orig.pf.mac != ZERO_MAC:
+                # The PF held an admin MAC before ADD that the netdev did not
+                # carry yet; igbvf takes it when it resets (at ADD, or at a
+                # new VF's first open) and then refuses any other MAC.  The
+                # admin MAC goes back after, in restore_admin_mac.
+                _lift_admin_mac(vfc, alloc, orig.pf.mac)
             _set_effective_mac(host, link.index, orig.mac)
         if orig.mtu and link.mtu != orig.mtu:
             host.set_mtu(link.index, orig.mtu)
@@ -399,7 +475,7 @@ def restore(vfc: VfControl, alloc: Allocation) -> None:
     # netdev while the PF still holds an untrusted admin MAC for it.
     failures = restore_pf_settings(vfc, alloc)
     try:
-        restore_netdev(alloc)
+        restore_netdev(vfc, alloc)
     except (netlink.NetlinkError, CNIError, sysfs.SysfsError) as exc:
         failures.append(f"netdev: {exc}")
     failures += restore_admin_mac(vfc, alloc)

@@ -18,7 +18,7 @@ from typing import IO
 from sriov_cni import __version__, attachments
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
 from sriov_cni.cni import log as logger
-from sriov_cni.kernel import netlink, sysfs
+from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.plugin import allocate, bind, config, delegate, log, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
@@ -413,11 +413,13 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
         raise CNIError(Code.INVALID_CONFIG, f"prevResult has no interface {cmd.ifname} in {cmd.netns}")
     expected = prev.interfaces[index]
     problems: list[str] = []
+    pod_link = None
     if not alloc.dpdk:
         with netlink.namespace(cmd.netns) as pod:
             link = pod.find(cmd.ifname)
             if link is None:
                 raise CNIError(Code.DEVICE, f"{cmd.ifname} is missing from {cmd.netns}")
+            pod_link = link
             if expected.mac and link.mac != expected.mac.lower():
                 problems.append(f"MAC is {link.mac}, expected {expected.mac}")
             if expected.mtu and link.mtu != expected.mtu:
@@ -440,10 +442,32 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
             actual = getattr(info, key)
             if actual is not None and actual != value:
                 problems.append(f"VF {key} is {actual}, expected {value}")
+        if pod_link is not None and alloc.applied.mac is None:
+            problems += _unreceived_mac(alloc, info.mac, pod_link)
     if problems:
         raise CNIError(Code.DEVICE, f"{cmd.ifname} in {cmd.netns} does not match", "; ".join(problems))
     if conf.ipam_type:
         delegate.run_ipam("CHECK", cmd, conf.ipam_type)
+
+
+def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.LinkInfo) -> list[str]:
+    """The PF's MAC for the VF, where it shows that the VF cannot receive its pod MAC's traffic.
+
+    With a ``mac`` the reading is compared with it like every applied
+    setting; without one, it should be the MAC the VF programmed (see
+    :mod:`sriov_cni.plugin.bind`).  A zero reading says so only on PF
+    drivers that report the VF's own MAC in it, and only once the VF has
+    carrier: a new igbvf VF gets its MAC to the PF only when it first
+    resets, seconds after it is opened, and reports carrier after that.
+    """
+    if not reading or reading == pod_link.mac:
+        return []
+    if reading == bind.ZERO_MAC and (
+        not pod_link.carrier or sysfs.driver(alloc.pf_pci) not in vfsettings.OWN_MAC_IN_READING
+    ):
+        return []
+    return [f"PF {alloc.pf_netdev} holds MAC {reading} for VF {alloc.vf_index}, not {pod_link.mac}: "
+            "the VF does not receive the pod's unicast traffic"]
 
 
 def cmd_status(cmd: CmdArgs, deps: Deps) -> None:

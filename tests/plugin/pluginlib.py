@@ -257,21 +257,24 @@ class Node:
         (self.sys / "bus" / "pci" / "drivers" / driver).mkdir(exist_ok=True)
         os.symlink(f"../../../bus/pci/drivers/{driver}", self._devices() / pci / "driver")
 
-    def add_pf(self, nvfs: int, *, total: int | None = None, dpdk: tuple[int, ...] = ()) -> PF:
+    def add_pf(self, nvfs: int, *, total: int | None = None, dpdk: tuple[int, ...] = (), driver: str = "fakepf") -> PF:
         """A PF with ``nvfs`` VFs; VF indexes in ``dpdk`` are bound to vfio-pci and have no netdev."""
         n = len(self.pfs)
         vfs = [
             (f"0000:{0x3b + n:02x}:{0x10 + i // 8:02x}.{i % 8}", "vfio-pci" if i in dpdk else "igbvf")
             for i in range(nvfs)
         ]
-        return self.add_pf_at(f"0000:{0x3b + n:02x}:00.0", f"sv{self.token}p{n}", vfs, total=total)
+        return self.add_pf_at(f"0000:{0x3b + n:02x}:00.0", f"sv{self.token}p{n}", vfs, driver=driver, total=total)
 
-    def add_pf_at(self, pci: str, name: str, vfs: Sequence[tuple[str, str | None]], *, driver: str = "igb",
+    def add_pf_at(self, pci: str, name: str, vfs: Sequence[tuple[str, str | None]], *, driver: str = "fakepf",
                   total: int | None = None) -> PF:
         """A PF at ``pci`` named ``name``; each VF is (PCI address, driver).
 
         A VF bound to a DPDK driver has no netdev, nor has one with driver
         None (unbound); any other VF's netdev is a veth with a per-run name.
+        The PF's default driver is none the plugin knows: the fake PF side
+        reports the admin MAC only, never a MAC the VF programmed itself as
+        igb would (vfsettings.OWN_MAC_IN_READING).
         """
         n = len(self.pfs)
         pf = PF(name=name, pci=pci)

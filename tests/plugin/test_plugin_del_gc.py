@@ -379,8 +379,8 @@ def test_gc_with_a_malformed_list_releases_nothing(node: Node, key: str, value: 
 # --- CHECK ------------------------------------------------------------------------
 
 
-def _added(node: Node, version: str = "1.1.0") -> tuple[dict[str, Any], str, dict[str, Any]]:
-    node.add_pf(1)
+def _added(node: Node, version: str = "1.1.0", driver: str = "fakepf") -> tuple[dict[str, Any], str, dict[str, Any]]:
+    node.add_pf(1, driver=driver)
     pod = node.pod()
     conf = node.conf(version, vlan=9, ipam=node.sriov_ipam("10.46.0.0/24", gateway="10.46.0.1"))
     res = node.add(conf, netns=pod)
@@ -428,3 +428,33 @@ def test_check_fails_when_the_pf_side_vlan_changed(node: Node) -> None:
     res = node.cni("CHECK", with_prev, netns=pod)
     assert res.rc != 0 and res.code == 100
     assert "vlan" in res.out["details"]
+
+
+def test_check_fails_when_the_pf_holds_another_mac_for_the_vf(node: Node) -> None:
+    """No ``mac`` configured: whatever the PF driver, a MAC it holds for the VF must be the pod's."""
+    conf, pod, with_prev = _added(node)
+    node.fake.state[node.pfs[0].name][0]["mac"] = "02:de:ad:00:00:02"
+    res = node.cni("CHECK", with_prev, netns=pod)
+    assert res.rc != 0 and res.code == 100
+    assert "02:de:ad:00:00:02" in res.out["details"] and "does not receive" in res.out["details"]
+
+
+@pytest.mark.parametrize("driver, zero_passes", [("fakepf", True), ("igb", False), ("ixgbe", False)])
+def test_check_of_a_zero_pf_reading_depends_on_the_pf_driver(node: Node, driver: str, zero_passes: bool) -> None:
+    """igb and ixgbe report the MAC the VF programmed: zero there, with carrier, means the VF receives nothing."""
+    conf, pod, with_prev = _added(node, driver=driver)
+    pf = node.pfs[0].name
+    assert node.fake.state[pf][0]["mac"] == "00:00:00:00:00:00"
+    # No carrier yet (the veth's peer is down): a new igbvf VF is in this
+    # state until its first reset programs its MAC.
+    ok(node.cni("CHECK", with_prev, netns=pod))
+    sh("ip", "-n", node.peer_ns, "link", "set", "peer00", "up")
+    [inside] = json.loads(sh("ip", "-j", "-n", os.path.basename(pod), "link", "show", "dev", "net1").stdout)
+    assert "LOWER_UP" in inside["flags"]
+    res = node.cni("CHECK", with_prev, netns=pod)
+    assert (res.rc == 0) is zero_passes, res.stdout
+    if not zero_passes:
+        assert res.code == 100 and "00:00:00:00:00:00" in res.out["details"]
+    # The VF programmed the pod interface's MAC, as igbvf does at ADD.
+    node.fake.state[pf][0]["mac"] = inside["address"]
+    ok(node.cni("CHECK", with_prev, netns=pod))

@@ -487,7 +487,8 @@ class IgbNode:
         self.sriov = Sriov(self.pfs)
         for pf in self.pfs:
             self.sriov.enable(pf, vfs_per_pf)
-        self.vf_pcis = sorted(d.name for pf in self.pfs for d in vf_pci_dirs(pf))
+        self.pf_of = {d.name: pf for pf in self.pfs for d in vf_pci_dirs(pf)}
+        self.vf_pcis = sorted(self.pf_of)
         self.cni_path = DEBIAN_CNI_DIR
 
     def pool_conf(self) -> dict[str, Any]:
@@ -518,6 +519,29 @@ class IgbNode:
 
     def delete_netns(self, netns: str) -> None:
         subprocess.run(["ip", "netns", "del", netns], check=True)
+
+    def ping(self, src: Attachment, dst: Attachment) -> str | None:
+        """None when ``src``'s pod reaches ``dst``'s address, else what went wrong.
+
+        igb switches traffic between the VFs of one PF; a VF not opened
+        since it was created takes seconds (under TCG) to report carrier.
+        """
+        from vmlib import VF_CARRIER_TIMEOUT
+
+        assert src.prev is not None and dst.prev is not None
+        address = dst.prev["ips"][0]["address"].split("/")[0]
+        def carrier(att: Attachment) -> bool:
+            links = ip_json("link", "show", "dev", att.ifname, netns=att.netns_name)
+            return bool(links) and "LOWER_UP" in links[0]["flags"]
+
+        deadline = time.monotonic() + VF_CARRIER_TIMEOUT
+        while not (carrier(src) and carrier(dst)):
+            if time.monotonic() > deadline:
+                return f"no carrier within {VF_CARRIER_TIMEOUT:g} s"
+            time.sleep(0.1)
+        out = subprocess.run(["ip", "netns", "exec", src.netns_name, "ping", "-c", "2", "-i", "0.2", "-W", "5", address],
+                             capture_output=True, text=True)
+        return None if out.returncode == 0 else f"{src.container} cannot ping {address}: {out.stdout.strip()}"
 
     def close(self) -> None:
         self.sriov.restore()
@@ -626,6 +650,7 @@ class Driver:
         self.violations: list[str] = []
         self.started = 0
         self.enospc_left = 0
+        self.pings = 0
 
     # -- configs
 
@@ -889,6 +914,28 @@ class Driver:
                 self.violate(f"live attachment {att.container} should have VF {att.pci} as {att.ifname} in its pod,"
                              f" has {held}: {att.history}")
 
+    def check_data_path(self) -> None:
+        """With nothing in flight, on a real NIC: two live pods on one PF and network ping each other both ways.
+
+        A pod the plugin reports attached must have traffic, whichever pods
+        had its VF before.
+        """
+        if not isinstance(self.node, IgbNode):
+            return
+        groups: dict[tuple[str, str], list[Attachment]] = collections.defaultdict(list)
+        for att in self.attachments:
+            if att.state == "live" and not att.netns_gone and att.prev is not None and att.pci:
+                groups[(att.network, self.node.pf_of[att.pci])].append(att)
+        pairs = [group[-2:] for group in groups.values() if len(group) >= 2]
+        if not pairs:
+            return
+        a, b = pairs[0]
+        for src, dst in ((a, b), (b, a)):
+            problem = self.node.ping(src, dst)
+            if problem:
+                self.violate(f"data path: {problem}: {src.history} / {dst.history}")
+        self.pings += 1
+
     def drain(self) -> None:
         while self.running:
             self.pump(0.05)
@@ -917,6 +964,7 @@ class Driver:
             if self.started % check_every == 0:
                 self.drain()
                 self.check_kernel()
+                self.check_data_path()
 
         self.drain()
         if self.state.full:
@@ -1015,8 +1063,9 @@ def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, v
         elapsed = time.monotonic() - started
         faults = " ".join(f"{k}={v}" for k, v in sorted(driver.faults.items()))
         by_op = " ".join(f"{k}={v}" for k, v in sorted(driver.ops.items()))
+        pings = f"pod pairs pinged={driver.pings} " if node_kind == "igb" else ""
         summary = (f"stress: node={node_kind} ops={driver.started} ({by_op}) faults: {faults} "
-                   f"violations={len(driver.violations)} seed={seed} in {elapsed:.0f} s")
+                   f"{pings}violations={len(driver.violations)} seed={seed} in {elapsed:.0f} s")
         return summary, driver.violations
     finally:
         for part in (driver, transport, node, state):
@@ -1031,10 +1080,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--node", choices=("host", "igb"), default="host")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--vfs", type=int, default=8, help="VFs per PF (2 PFs)")
+    parser.add_argument("--vfs", type=int, help="VFs per PF (2 PFs); default 8 on host, 7 (all an 82576 has) on igb")
     parser.add_argument("--deadline", type=float, default=10.0, help="seconds before a call is killed as hung")
     args = parser.parse_args()
-    summary, violations = stress(args.ops, args.seed, args.node, args.concurrency, args.vfs, args.deadline)
+    vfs = args.vfs or (7 if args.node == "igb" else 8)
+    summary, violations = stress(args.ops, args.seed, args.node, args.concurrency, vfs, args.deadline)
     print(summary, flush=True)
     sys.exit(1 if violations else 0)
 

@@ -245,12 +245,36 @@ def test_podman_two_containers_mac_ip_ping_restart_rm(podman: Podman, sriov: Sri
     assert in_netns(b_netns, "cat", ARP_NOTIFY).strip() == "1"
     assert records(podman.data) == sorted(vf_pcis)
     assert len(leases(podman.data)) == 2
+    # The VF b had before, with no MAC configured: traffic both ways again.
+    wait_pod_carrier(b_netns)
+    for src, dst in (("a", ip_b), ("b", ipv4(a).split("/")[0])):
+        ping = podman("exec", src, "ping", "-c", "3", "-W", "5", dst, check=False)
+        assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
 
     podman("rm", "--force", "--time", "0", "a", "b")
 
     assert_as_found(vf_picture(pf), before)
     assert records(podman.data) == [] and leases(podman.data) == []
     assert podman.namespaces() == set()
+
+    # Two new containers on the same two VFs, one with and one without a MAC.
+    starts = [podman.start(*common, "--name", "c", "--mac-address", "02:00:00:5a:10:02", IMAGE, "sleep", "3600"),
+              podman.start(*common, "--name", "d", IMAGE, "sleep", "3600")]
+    for proc in starts:
+        out, err = proc.communicate(timeout=RUNTIME_TIMEOUT)
+        assert proc.returncode == 0, out + err
+    eth0 = {pod_eth0(ns)["address"]: pod_eth0(ns) for ns in podman.namespaces()}
+    assert sorted(e["parentdev"] for e in eth0.values()) == sorted(vf_pcis)
+    for ns in podman.namespaces():
+        wait_pod_carrier(ns)
+    c = eth0.pop("02:00:00:5a:10:02")
+    [d] = eth0.values()
+    for src, dst in (("c", ipv4(d)), ("d", ipv4(c))):
+        ping = podman("exec", src, "ping", "-c", "3", "-W", "5", dst.split("/")[0], check=False)
+        assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
+    podman("rm", "--force", "--time", "0", "c", "d")
+    assert_as_found(vf_picture(pf), before)
+    assert records(podman.data) == [] and leases(podman.data) == []
 
 
 def test_podman_start_failing_later_in_chain_leaves_nothing(broken_podman: Podman, sriov: Sriov,
@@ -396,6 +420,18 @@ def test_containerd_two_tasks_ping_then_kill_delete_gives_vfs_back(containerd: C
     assert_as_found({t1_vf: now[t1_vf]}, {t1_vf: before[t1_vf]})
     assert records(containerd.data) == [eth0["t2"]["parentdev"]], out
     assert len(leases(containerd.data)) == 1
+
+    # A new task on the VF t1 had: it and t2 reach each other both ways.
+    containerd.run_task("t3")
+    t3_netns = f"/proc/{containerd.wait_running('t3')['t3']}/ns/net"
+    t3 = pod_eth0(t3_netns)
+    assert t3["parentdev"] == eth0["t1"]["parentdev"]
+    wait_pod_carrier(t3_netns)
+    for src, dst in (("t3", ipv4(eth0["t2"])), ("t2", ipv4(t3))):
+        ping = containerd("task", "exec", "--exec-id", f"ping-{src}", src, "ping", "-c", "3", "-W", "5",
+                          dst.split("/")[0], check=False)
+        assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
+    containerd.kill("t3")
 
     out = containerd.kill("t2")
 
