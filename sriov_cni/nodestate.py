@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sriov_cni import safepath
+
 STATE_FILE = Path("/run/sriov-cni/node.json")
 STATE_VERSION = 1
 
@@ -45,7 +47,9 @@ class Policy:
 
 def write_state(path: Path, state: dict[str, Any]) -> None:
     """Replace the state file atomically, so the plugin never reads half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    # Readers trust this file (the plugin pins IRQs from it): written only
+    # into a directory no one else can write.
+    safepath.state_dir(os.path.abspath(path.parent), 0o755, "state file directory")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:

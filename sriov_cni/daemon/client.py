@@ -132,8 +132,12 @@ def install(dest: str, python: str | None = None) -> list[str]:
         "sriov": (f"#!{python} -S\n", "sriov_cni.daemon.client"),
         "sriov-ipam": (f"#!{python}\n", "ipam.main"),
     }
+    from sriov_cni import safepath
+
+    # The runtime runs what is here as root: a directory others may write
+    # would let them swap the executables.
+    safepath.state_dir(os.path.abspath(dest), 0o755, "CNI plugin directory")
     written = []
-    os.makedirs(dest, exist_ok=True)
     for name in EXECUTABLES:
         path = os.path.join(dest, name)
         # Written beside the target and renamed over it: a runtime calling

@@ -17,8 +17,8 @@ and a CNI error object saying why. The shim prints that object; the Python
 client instead runs the call in process, so an upgraded package is never
 served by old code.
 
-Only root may connect (checked with SO_PEERCRED), and the socket's directory
-is made root-only.
+Only root may connect (checked with SO_PEERCRED).  The socket's directory
+is made root-only when it holds nothing else.
 
 For measuring a node, the daemon started with ``SRIOV_CNI_DAEMON_STATS`` set
 to a directory makes each child write there, after answering, what its call
@@ -40,7 +40,6 @@ import os
 import select
 import signal
 import socket
-import stat
 import struct
 import sys
 import threading
@@ -49,7 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
-from sriov_cni import __version__
+from sriov_cni import __version__, safepath
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.daemon.client import DEFAULT_SOCKET, REFUSED, decode_request
 from sriov_cni.kernel import lifetime
@@ -79,10 +78,6 @@ STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
 
 Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str]], int]
-
-
-class DaemonError(Exception):
-    """The daemon cannot listen where it was asked to."""
 
 
 def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
@@ -433,18 +428,6 @@ class _Children:
             os.close(fd)
 
 
-def _private_directory(path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    if os.stat(directory).st_mode & stat.S_ISVTX:
-        # Making /tmp root-only would break the node; the socket needs a
-        # directory of its own.
-        raise DaemonError(f"{directory} is a shared directory (sticky bit): give the socket one of its own")
-    # A hostPath DirectoryOrCreate (or an administrator) may have made it
-    # 0755 already; the mode given to makedirs only applies to a new one.
-    os.chmod(directory, 0o700)
-
-
 def _warm_netlink() -> None:
     """Decode one link here, so that each child starts with the decoder warm.
 
@@ -481,7 +464,10 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if measure is not None:
         import cProfile  # noqa: F401  imported once here, not in every measured call
         import resource  # noqa: F401
-    _private_directory(path)
+    # Private when the directory is ours; an existing one holding others'
+    # files (/run) is used as it is, and refused when others may write it.
+    # The socket itself is root-only either way (the umask below).
+    safepath.private_dir(os.path.dirname(os.path.abspath(path)), os.path.basename(path), "socket directory")
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -261,31 +261,6 @@ def test_at_most_max_children_calls_run_at_once(tmp_path: Path) -> None:
     assert second.returncode == 0, second_out
 
 
-def test_socket_directory_is_made_root_only_even_when_it_exists(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    run.mkdir(mode=0o755)
-    run.chmod(0o755)
-    d = Daemon(run)
-    try:
-        assert stat.S_IMODE(run.stat().st_mode) == 0o700
-        assert stat.S_IMODE(d.socket.stat().st_mode) == 0o600
-    finally:
-        d.stop()
-
-
-def test_a_shared_socket_directory_is_refused(tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    proc = subprocess.run(
-        [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
-         "--socket", str(shared / "plugin.sock")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
-    assert proc.returncode == 1 and "sticky bit" in proc.stderr and "Traceback" not in proc.stderr
-    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
-
-
 def test_install_cni_writes_the_shim_atomically_as_both_executables(tmp_path: Path) -> None:
     dest = tmp_path / "cni-bin"
     dest.mkdir()
