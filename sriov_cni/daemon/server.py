@@ -7,17 +7,17 @@ their version, their name, their working directory and environment, with
 their stdin, stdout and stderr attached as descriptors. A child forked from
 the daemon takes those over and runs exactly the code the executable would
 run in process (:func:`sriov_cni.plugin.commands.run`, or the IPAM's
-dispatch); the exit status goes back as one byte.  Starting Python and
-importing pyroute2 is paid once, here, not per call.  A child serves one
+dispatch); the exit status goes back in the answer frame (:mod:`wire`).
+Starting Python and importing pyroute2 is paid once, here, not per call.  A child serves one
 call at a time, and up to CALLS_PER_CHILD in turn.
 
 A call the daemon will not run (another version, a malformed, oversized or
-stalled request, an unknown executable name) is answered with ``REFUSED``
-and a CNI error object saying why. The shim prints that object; the Python
-client instead runs the call in process, so an upgraded package is never
-served by old code.
+stalled request, an unknown executable name, a caller that is not root)
+is answered "refused" with a CNI error object saying why.  The shim
+prints that object; the Python client instead runs the call in process,
+so an upgraded package is never served by old code.
 
-Only root may connect (checked with SO_PEERCRED).  The socket's directory
+Only root may call (checked with SO_PEERCRED).  The socket's directory
 is made root-only when it holds nothing else.
 
 For measuring a node, the daemon started with ``SRIOV_CNI_DAEMON_STATS`` set
@@ -50,11 +50,10 @@ from typing import IO
 
 from sriov_cni import __version__, safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon.client import DEFAULT_SOCKET, REFUSED, decode_request
+from sriov_cni.daemon import wire
+from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.kernel import lifetime
 
-# The shim has the same limit compiled in (shim/sriov-shim.c MAX_HEADER).
-MAX_HEADER = 1 << 20
 # A caller that connects and then sends nothing (or half a request) must not
 # hold a child, and a slot of MAX_CHILDREN, forever.
 REQUEST_TIMEOUT = 10.0
@@ -114,18 +113,18 @@ def _recv_request(conn: socket.socket, timeout: float) -> tuple[tuple[str, str, 
         return conn
 
     fds = array.array("i")
-    msg, ancdata, _, _ = until_deadline().recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
+    msg, ancdata, _, _ = until_deadline().recvmsg(wire.HEADER_SIZE, socket.CMSG_SPACE(wire.DESCRIPTORS * fds.itemsize))
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    if len(msg) != 4 or len(fds) != 3:
+    if len(msg) != wire.HEADER_SIZE or len(fds) != wire.DESCRIPTORS:
         raise CNIError(Code.DECODE, "malformed request: no length or not three descriptors")
-    (size,) = struct.unpack("!I", msg)
-    if size > MAX_HEADER:
+    size = wire.request_size(msg)
+    if size > wire.MAX_REQUEST:
         raise CNIError(
             Code.INVALID_ENV,
             f"the request's environment and working directory take {size} bytes, "
-            f"more than the {MAX_HEADER} the sriov-cni daemon accepts",
+            f"more than the {wire.MAX_REQUEST} the sriov-cni daemon accepts",
         )
     body = b""
     while len(body) < size:
@@ -133,7 +132,7 @@ def _recv_request(conn: socket.socket, timeout: float) -> tuple[tuple[str, str, 
         if not chunk:
             raise CNIError(Code.DECODE, "truncated request")
         body += chunk
-    return decode_request(body), list(fds)
+    return wire.decode_request(body), list(fds)
 
 
 def _become_caller(conn: socket.socket, request_timeout: float) -> tuple[str, Program, dict[str, str]]:
@@ -252,7 +251,7 @@ def _serve_one(conn: socket.socket, request_timeout: float, watchdog: Watchdog, 
             sys.stdout.flush()
             sys.stderr.flush()
             watchdog.answered.set()
-            conn.sendall(bytes([code & 0xFF]))
+            conn.sendall(wire.exited(code))
             # The caller's runtime reads its stdout to the end, and this
             # child holds a copy: released now, not when the process ends
             # (exit tears the address space down before it closes files),
@@ -267,12 +266,15 @@ def _serve_one(conn: socket.socket, request_timeout: float, watchdog: Watchdog, 
         else:
             _run_measured(program, run, env, stdin, measure, name, reply)
         return True
-    # Nothing has run: the shim prints the reason, the Python client runs
-    # the call itself.
-    answer = json.dumps(refusal.to_dict("1.0.0"))
-    conn.settimeout(request_timeout)
-    conn.sendall(bytes([REFUSED]) + answer.encode() + b"\n")
+    _refuse(conn, refusal, request_timeout)
     return False
+
+
+def _refuse(conn: socket.socket, refusal: CNIError, timeout: float) -> None:
+    """Nothing has run: the shim prints the reason, the Python client runs the call itself."""
+    answer = json.dumps(refusal.to_dict("1.0.0"))
+    conn.settimeout(timeout)
+    conn.sendall(wire.refused(answer.encode() + b"\n"))
 
 
 class Watchdog:
@@ -309,10 +311,10 @@ class Watchdog:
             os.killpg(0, signal.SIGKILL)
 
 
-def _peer_is_root(conn: socket.socket) -> bool:
+def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _, uid, _ = struct.unpack("3i", creds)
-    return bool(uid == 0)
+    return int(uid)
 
 
 def _next_call(listener: socket.socket, idle: float | None) -> socket.socket | None:
@@ -330,9 +332,17 @@ def _next_call(listener: socket.socket, idle: float | None) -> socket.socket | N
             conn, _ = listener.accept()
         except BlockingIOError:
             continue
-        if _peer_is_root(conn):
+        uid = _peer_uid(conn)
+        if uid == 0:
             return conn
-        conn.close()
+        # Said, not just closed: a closed connection reads as a call that
+        # may have partly run.
+        with conn:
+            try:
+                _refuse(conn, CNIError(Code.INVALID_ENV, f"only root may call the sriov-cni daemon, not uid {uid}; "
+                                       "nothing ran"), 1.0)
+            except OSError:
+                pass  # the caller is gone
 
 
 def _spare(listener: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int, idle: float,
