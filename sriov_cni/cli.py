@@ -91,7 +91,7 @@ def status(as_json: bool, data_dir: Path) -> None:
               help="Where to listen; its directory is made root-only (0700) when it holds nothing else, "
                    "and refused when others may write it.")
 @click.option("--request-timeout", default=server.REQUEST_TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds a caller has to send its request.")
+              help="Seconds a caller has to send its request, and then to end its stdin.")
 @click.option("--max-children", default=server.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
               help="Calls run at once; more wait their turn.")
 @click.option("--child-idle", default=server.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
