@@ -73,6 +73,10 @@ SPARES = 2
 # ones find them copied.  Bounded, so what one call might leave behind
 # cannot pile up; 1 gives every call a fresh child.
 CALLS_PER_CHILD = 100
+# Seconds before forking again after a child ended at start, doubled for
+# each such end in a row, up to the maximum.
+START_BACKOFF = 0.5
+START_BACKOFF_MAX = 30.0
 # Connections the daemon reads requests from at once (intake.Intake).
 MAX_PENDING = 1024
 # Seconds a child that has served calls waits for another before it ends,
@@ -343,6 +347,11 @@ class _Children:
         # Since when each waits; one that has served calls ends after ``idle``.
         self.waiting: dict[int, float] = {}
         self.served: set[int] = set()
+        # Children that ended before they could wait for a call (a broken
+        # install) since one last could: forks are spaced out meanwhile.
+        self.failures = 0
+        self.next_fork = 0.0
+        self.failure = ""
         # Children write their pid each time they wait for a call, in one
         # write (atomic in a pipe).
         self.messages_r, self.messages_w = os.pipe2(os.O_CLOEXEC)
@@ -408,7 +417,9 @@ class _Children:
         for (pid,) in struct.iter_unpack("=i", data):
             # A pid not found was reaped already.
             if pid in self.channels:
-                self.starting.discard(pid)
+                if pid in self.starting:
+                    self.starting.remove(pid)
+                    self.failures = 0
                 self.waiting[pid] = now
 
     def on_wake(self) -> None:
@@ -419,15 +430,48 @@ class _Children:
                 break
         self.reap()
 
+    def may_fork(self, now: float) -> bool:
+        if self.failures and self.starting:
+            return False  # one at a time, until one starts
+        return self.spares() < SPARES and len(self.channels) < self.max and now >= self.next_fork
+
     def reap(self) -> None:
         while self.channels:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
             self.channels.pop(pid).close()
-            self.starting.discard(pid)
+            if pid in self.starting:
+                self.starting.remove(pid)
+                self._failed_at_start(status)
             self.waiting.pop(pid, None)
             self.served.discard(pid)
+
+    def _failed_at_start(self, status: int) -> None:
+        """A child ended before it could take a call: fork again only after a while.
+
+        Forking again at once, forever, would turn a broken install (an
+        import error in every child) into a fork loop on every core.
+        """
+        self.failures += 1
+        delay = min(START_BACKOFF * 2 ** (self.failures - 1), START_BACKOFF_MAX)
+        self.next_fork = time.monotonic() + delay
+        if os.WIFSIGNALED(status):
+            self.failure = f"killed by signal {os.WTERMSIG(status)}"
+        else:
+            self.failure = f"exit status {os.waitstatus_to_exitcode(status)}"
+        # Once per interval: the next failure comes after the next fork.
+        sys.stderr.write(f"sriov-cni daemon: a child ended before it could take calls ({self.failure}, "
+                         f"{self.failures} in a row); the next fork in {delay:g} s\n")
+        sys.stderr.flush()
+
+    def cannot_start(self) -> CNIError | None:
+        """Why calls cannot run now: children end at start and none waits."""
+        if not self.failures or self.waiting:
+            return None
+        return CNIError(Code.TRY_AGAIN, f"the sriov-cni daemon's children end before they can take calls "
+                                        f"({self.failure}; see the daemon's log), and it forks them again only "
+                                        "after a while; nothing ran")
 
     def next_retirement(self) -> float | None:
         times = [since + self.idle for pid, since in self.waiting.items() if pid in self.served]
@@ -507,14 +551,18 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}\n")
     sys.stderr.flush()
     while True:
-        while children.spares() < SPARES and len(children.channels) < children.max:
+        while children.may_fork(time.monotonic()):
             children.fork(spare)
         # With MAX_CHILDREN calls running, further ones wait here until a
         # child waits again or ends.
         while children.waiting and (call := calls.take()) is not None:
             if not children.hand(call):
                 calls.put_back(call)
+        if (broken := children.cannot_start()) is not None:
+            calls.refuse_waiting(broken)
         deadlines = [t for t in (calls.next_deadline(), children.next_retirement()) if t is not None]
+        if children.spares() < SPARES and children.next_fork > time.monotonic():
+            deadlines.append(children.next_fork)
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
         for key, _ in selector.select(timeout):
             key.data()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,10 +29,10 @@ def _group_of(pid: int) -> int | None:
 
 class Daemon:
     def __init__(self, directory: Path, *options: str, command: str = "daemon",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, wrapper: Sequence[str] = ()) -> None:
         self.socket = directory / "plugin.sock"
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from sriov_cni.cli import main; main()", command,
+            [*wrapper, sys.executable, "-c", "from sriov_cni.cli import main; main()", command,
              "--socket", str(self.socket), *options],
             cwd=REPO, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})),
         )
