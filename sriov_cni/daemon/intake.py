@@ -11,8 +11,8 @@ make the daemon hold is bounded too: at most ``max_pending`` connections
 of requests being read.
 
 Every refusal is answered here, as the wire's REFUSED with a CNI error
-object, and the connection and its descriptors are closed: nothing of a
-refused call ever reaches a child.
+object; the caller's descriptors are closed, and the connection once the
+caller is done with it.  Nothing of a refused call ever reaches a child.
 """
 
 from __future__ import annotations
@@ -68,15 +68,6 @@ class _Reading:
 
 def refusal_frame(refusal: CNIError) -> bytes:
     return wire.refused(json.dumps(refusal.to_dict("1.0.0")).encode() + b"\n")
-
-
-def _refuse(conn: socket.socket, fds: list[int], refusal: CNIError) -> None:
-    """Answer without waiting (the caller reads nothing before it), then close."""
-    try:
-        conn.send(refusal_frame(refusal), socket.MSG_DONTWAIT)
-    except OSError:
-        pass  # gone, or not reading: it learns nothing more from us either way
-    Call(conn, fds, b"").close()
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -170,6 +161,9 @@ class Intake:
         # In the order accepted: the first is the next to time out.
         self.reading: dict[int, _Reading] = {}
         self.ready: collections.OrderedDict[int, Call] = collections.OrderedDict()
+        # Refused, answered, and shut for writing: each is read to its end
+        # and dropped before it is closed (see _refuse).
+        self.closing: dict[int, tuple[socket.socket, float]] = {}
         self.pending_bytes = 0
         self.accepting = False
         self._accept_again()
@@ -181,6 +175,8 @@ class Intake:
 
     def _accept(self) -> None:
         while True:
+            if len(self.reading) + len(self.ready) + len(self.closing) >= self.max_pending and self.closing:
+                self._closed(next(iter(self.closing.values()))[0])
             full = len(self.reading) + len(self.ready) >= self.max_pending
             if full and not self.reading:
                 # Every slot holds a complete call: new ones wait in the
@@ -196,7 +192,7 @@ class Intake:
             if uid != 0:
                 # Said, not just closed: a closed connection reads as a call
                 # that may have partly run.
-                _refuse(conn, [], CNIError(Code.INVALID_ENV, f"only root may call the sriov-cni daemon, "
+                self._refuse(conn, [], CNIError(Code.INVALID_ENV, f"only root may call the sriov-cni daemon, "
                                                               f"not uid {uid}; nothing ran"))
                 continue
             if full:
@@ -210,6 +206,42 @@ class Intake:
             self.reading[conn.fileno()] = reading
             self.selector.register(conn, selectors.EVENT_READ, lambda r=reading: self._read(r))
 
+    def _refuse(self, conn: socket.socket, fds: list[int], refusal: CNIError) -> None:
+        """Answer without waiting (the caller reads nothing before it), then let the caller go.
+
+        Closed at once, a connection with unread bytes (the rest of a
+        refused request) would reset the caller's, which then reads an
+        error and no answer, as if the call had partly run.  So the answer
+        is followed by the end of the stream, and what the caller still
+        sends is read and dropped until it closes (or the request timeout).
+        """
+        for fd in fds:
+            os.close(fd)
+        try:
+            conn.setblocking(False)
+            conn.send(refusal_frame(refusal))
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            conn.close()  # gone, or not reading: it learns nothing more from us either way
+            return
+        self.closing[conn.fileno()] = (conn, time.monotonic() + self.timeout)
+        self.selector.register(conn, selectors.EVENT_READ, lambda: self._drain(conn))
+
+    def _drain(self, conn: socket.socket) -> None:
+        try:
+            while conn.recv(1 << 16):
+                pass
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._closed(conn)
+
+    def _closed(self, conn: socket.socket) -> None:
+        del self.closing[conn.fileno()]
+        self.selector.unregister(conn)
+        conn.close()
+
     def _drop(self, reading: _Reading, refusal: CNIError | None) -> None:
         del self.reading[reading.conn.fileno()]
         self.selector.unregister(reading.conn)
@@ -218,7 +250,7 @@ class Intake:
         if refusal is None:
             Call(reading.conn, reading.fds, b"").close()
         else:
-            _refuse(reading.conn, reading.fds, refusal)
+            self._refuse(reading.conn, reading.fds, refusal)
 
     def _read(self, r: _Reading) -> None:
         try:
@@ -275,7 +307,7 @@ class Intake:
         self.selector.unregister(r.conn)
         refusal = check_request(bytes(r.body), r.fds, self.programs)
         if refusal is not None:
-            _refuse(r.conn, r.fds, refusal)
+            self._refuse(r.conn, r.fds, refusal)
             return
         call = Call(r.conn, r.fds, bytes(r.body))
         self.ready[r.conn.fileno()] = call
@@ -296,9 +328,17 @@ class Intake:
         # Bytes past the request: the child ignores them; no longer watched.
 
     def next_deadline(self) -> float | None:
-        return next(iter(self.reading.values())).deadline if self.reading else None
+        deadlines = [next(iter(self.reading.values())).deadline] if self.reading else []
+        if self.closing:
+            deadlines.append(next(iter(self.closing.values()))[1])
+        return min(deadlines, default=None)
 
     def expire(self, now: float) -> None:
+        while self.closing:
+            conn, deadline = next(iter(self.closing.values()))
+            if deadline > now:
+                break
+            self._closed(conn)
         while self.reading:
             oldest = next(iter(self.reading.values()))
             if oldest.deadline > now:
@@ -322,7 +362,7 @@ class Intake:
 
     def refuse_waiting(self, refusal: CNIError) -> None:
         while (call := self.take()) is not None:
-            _refuse(call.conn, call.fds, refusal)
+            self._refuse(call.conn, call.fds, refusal)
 
 
 # How a call goes from the daemon to the child that runs it: one message on

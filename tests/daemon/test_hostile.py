@@ -11,11 +11,22 @@ and holds no more descriptors, children or memory than before.
 
 from __future__ import annotations
 
+import array
+import json
+import os
 import re
+import resource
+import socket
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from daemonlib import Daemon, shim
+import pytest
+
+from daemonlib import Daemon, ipam_conf, ipam_env, shim, wait_for
+from sriov_cni import __version__
+from sriov_cni.daemon import server, wire
 
 VERSION_CONF = b'{"cniVersion": "1.0.0"}'
 
@@ -50,3 +61,278 @@ def test_children_that_end_at_start_are_forked_again_only_after_a_while(tmp_path
         assert out["cniVersion"] == "1.0.0"
     finally:
         d.stop()
+
+
+@pytest.fixture(autouse=True)
+def many_descriptors() -> None:
+    """Room for this process's end of a thousand connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 8192 <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (8192, hard))
+
+
+@pytest.fixture
+def stdin_file(tmp_path: Path) -> Iterator[int]:
+    path = tmp_path / "stdin.json"
+    path.write_bytes(VERSION_CONF)
+    fd = os.open(path, os.O_RDONLY)
+    yield fd
+    os.close(fd)
+
+
+@pytest.fixture
+def devnull() -> Iterator[int]:
+    fd = os.open(os.devnull, os.O_WRONLY)
+    yield fd
+    os.close(fd)
+
+
+def frame(version: str = __version__, program: str = "sriov-ipam", env: dict[str, str] | None = None) -> bytes:
+    return wire.encode_request(version, program, "/", {"CNI_COMMAND": "VERSION", **(env or {})})
+
+
+def send(sock: Path, data: bytes, fds: list[int], *, close_after: bool = True) -> socket.socket:
+    """Connect and send ``data``, the descriptors with its first (up to) four bytes.
+
+    With ``close_after``, the sending side is shut then, as a caller that
+    stops short does.
+    """
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(sock))
+    try:
+        if data or fds:
+            ancdata = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+            conn.sendmsg([data[: wire.HEADER_SIZE]], ancdata)
+            if data[wire.HEADER_SIZE :]:
+                conn.sendall(data[wire.HEADER_SIZE :])
+        if close_after:
+            conn.shutdown(socket.SHUT_WR)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before the rest was read: the answer waits to be read
+    return conn
+
+
+def answer_of(conn: socket.socket) -> tuple[str, Any]:
+    """("exited", status), ("refused", error object) or ("dropped", None); the connection is closed."""
+    conn.settimeout(120)  # a daemon that never answers fails the test rather than hang it
+    data = b""
+    with conn:
+        while chunk := conn.recv(65536):
+            data += chunk
+    if not data:
+        return "dropped", None
+    if data[0] == wire.EXITED and len(data) == 2:
+        return "exited", data[1]
+    assert data[0] == wire.REFUSED, data
+    error = json.loads(data[1:])
+    assert isinstance(error["code"], int) and isinstance(error["msg"], str), error
+    return "refused", error
+
+
+def call(sock: Path, data: bytes, fds: list[int], *, close_after: bool = True) -> tuple[str, Any]:
+    return answer_of(send(sock, data, fds, close_after=close_after))
+
+
+def refusal(sock: Path, data: bytes, fds: list[int]) -> dict[str, Any]:
+    kind, error = call(sock, data, fds)
+    assert kind == "refused", (kind, error)
+    assert isinstance(error, dict)
+    return error
+
+
+def honest(d: Daemon, tmp_path: Path, container: str = "honest") -> None:
+    """An ADD and a DEL through the shim, answered as without the daemon."""
+    conf = ipam_conf(tmp_path)
+    rc, out = shim(d.socket, "ADD", conf, name="sriov-ipam", env=ipam_env(container))
+    assert rc == 0 and out["ips"][0]["address"].startswith("10.77.0."), out
+    rc, out = shim(d.socket, "DEL", conf, name="sriov-ipam", env=ipam_env(container))
+    assert rc == 0, out
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+# Repeating the same hostile load must not grow the daemon by more than
+# what its allocator may keep of the load's peak.
+RSS_SLACK_KIB = 8 << 10
+
+
+def holds_no_more(d: Daemon, tmp_path: Path, load: Callable[[], None]) -> None:
+    """Run ``load`` three times: after the first, the daemon's descriptors, children and memory stay put."""
+    load()
+    honest(d, tmp_path)
+    settled = _settle(d)
+    rss = _rss_kib(d.proc.pid)
+    for _ in range(2):
+        load()
+        honest(d, tmp_path)
+    assert _settle(d) == settled
+    assert _rss_kib(d.proc.pid) - rss < RSS_SLACK_KIB, (rss, _rss_kib(d.proc.pid))
+
+
+def _settle(d: Daemon) -> tuple[int, int]:
+    """The daemon's descriptor count and number of children, once no call runs and served children ended."""
+    wait_for(lambda: not d.children() and len(d.all_children()) == server.SPARES)
+    return _descriptors(d.proc.pid), len(d.all_children())
+
+
+@pytest.fixture
+def hdaemon(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon whose children that served a call end soon, so its count of children settles."""
+    d = Daemon(tmp_path / "run", "--child-idle", "0.2")
+    yield d
+    d.stop()
+
+
+def test_a_frame_cut_at_any_byte_is_refused_as_truncated(hdaemon: Daemon, tmp_path: Path, stdin_file: int,
+                                                         devnull: int) -> None:
+    whole = frame()
+
+    def load() -> None:
+        for cut in range(len(whole)):
+            fds = [stdin_file, devnull, devnull] if cut else []
+            error = refusal(hdaemon.socket, whole[:cut], fds)
+            assert error["code"] == 6 and "truncated request" in error["msg"], (cut, error)
+
+    holds_no_more(hdaemon, tmp_path, load)
+    # And whole, it runs.
+    assert call(hdaemon.socket, whole, [stdin_file, devnull, devnull], close_after=False) == ("exited", 0)
+
+
+@pytest.mark.parametrize("length", [wire.MAX_REQUEST + 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF],
+                         ids=["one-over", "int32-max", "negative-as-int32", "uint32-max"])
+def test_a_length_over_the_bound_is_refused_without_reading(hdaemon: Daemon, tmp_path: Path, stdin_file: int,
+                                                             devnull: int, length: int) -> None:
+    def load() -> None:
+        conn = send(hdaemon.socket, length.to_bytes(4, "big"), [stdin_file, devnull, devnull], close_after=False)
+        kind, error = answer_of(conn)
+        assert kind == "refused" and error["code"] == 4 and str(length) in error["msg"], error
+
+    holds_no_more(hdaemon, tmp_path, load)
+
+
+def test_an_empty_request_is_refused_as_unreadable(hdaemon: Daemon, stdin_file: int, devnull: int) -> None:
+    error = refusal(hdaemon.socket, (0).to_bytes(4, "big"), [stdin_file, devnull, devnull])
+    assert error["code"] == 6 and "without version, program and working directory" in error["msg"], error
+
+
+@pytest.mark.parametrize("version", ["0.0.1", "", "\udcff-not-utf-8"])
+def test_another_version_is_refused_naming_both(hdaemon: Daemon, stdin_file: int, devnull: int,
+                                                version: str) -> None:
+    kind, error = call(hdaemon.socket, frame(version), [stdin_file, devnull, devnull], close_after=False)
+    assert kind == "refused" and error["code"] == 11, error
+    assert f"the sriov-cni daemon is {__version__}" in error["msg"] and "version skew" in error["msg"]
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 4, 250])
+def test_a_request_without_exactly_three_descriptors_is_refused(hdaemon: Daemon, tmp_path: Path,
+                                                                stdin_file: int, count: int) -> None:
+    def load() -> None:
+        conn = send(hdaemon.socket, frame(), [stdin_file] * count, close_after=False)
+        kind, error = answer_of(conn)
+        assert kind == "refused" and error["code"] == 6, error
+        assert "descriptors" in error["msg"], error
+
+    # The descriptors the daemon was sent are closed again (holds_no_more).
+    holds_no_more(hdaemon, tmp_path, load)
+
+
+def _directory(tmp_path: Path) -> int:
+    return os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def _listening(tmp_path: Path) -> int:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(tmp_path / "listening.sock"))
+    s.listen(1)
+    return s.detach()
+
+
+def _unconnected(tmp_path: Path) -> int:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).detach()
+
+
+def _unread_pipe(tmp_path: Path) -> int:
+    r, w = os.pipe()
+    os.close(r)
+    return w
+
+
+def _pipe_end(reading: bool) -> Callable[[Path], int]:
+    def make(tmp_path: Path) -> int:
+        r, w = os.pipe()
+        os.close(w if reading else r)
+        return r if reading else w
+    return make
+
+
+def _path_only(tmp_path: Path) -> int:
+    (tmp_path / "file").write_text("{}")
+    return os.open(tmp_path / "file", os.O_PATH)
+
+
+def _eventfd(tmp_path: Path) -> int:
+    return os.eventfd(0)
+
+
+@pytest.mark.parametrize("index,make,problem", [
+    (0, _directory, "a directory"),
+    (0, _listening, "a listening socket"),
+    (1, _listening, "a listening socket"),
+    (2, _unconnected, "a socket connected to nothing"),
+    (1, _unread_pipe, "a pipe or socket nobody reads"),
+    (0, _path_only, "opened only as a path"),
+    (0, _pipe_end(reading=False), "not open for reading"),
+    (1, _pipe_end(reading=True), "not open for writing"),
+    (2, _eventfd, "neither a file, a pipe, a socket nor a character device"),
+], ids=["stdin-dir", "stdin-listening", "stdout-listening", "stderr-unconnected", "stdout-unread-pipe",
+        "stdin-o-path", "stdin-write-end", "stdout-read-end", "stderr-eventfd"])
+def test_a_descriptor_that_cannot_serve_is_refused_naming_it(hdaemon: Daemon, tmp_path: Path, stdin_file: int,
+                                                             devnull: int, index: int,
+                                                             make: Callable[[Path], int], problem: str) -> None:
+    odd = make(tmp_path)
+    try:
+        fds = [stdin_file, devnull, devnull]
+        fds[index] = odd
+        kind, error = call(hdaemon.socket, frame(), fds, close_after=False)
+    finally:
+        os.close(odd)
+    name = ("stdin", "stdout", "stderr")[index]
+    assert kind == "refused" and error["code"] == 6, error
+    assert f"the caller's {name} is {problem}; nothing ran" in error["msg"], error
+
+
+def test_a_stdin_that_ended_empty_is_read_as_empty(hdaemon: Daemon, devnull: int) -> None:
+    r, w = os.pipe()
+    os.close(w)
+    try:
+        kind, status = call(hdaemon.socket, frame(), [r, devnull, devnull], close_after=False)
+    finally:
+        os.close(r)
+    assert (kind, status) == ("exited", 0)
+
+
+def test_odd_environment_entries_do_not_refuse_the_call(hdaemon: Daemon, tmp_path: Path, stdin_file: int) -> None:
+    body = b"\0".join([__version__.encode(), b"sriov-ipam", b"/", b"=x", b"NO_EQUALS", b"", b"\xff\xfe=\x80",
+                       b"CNI_COMMAND=VERSION"])
+    r, w = os.pipe()
+    try:
+        kind, status = call(hdaemon.socket, len(body).to_bytes(4, "big") + body, [stdin_file, w, w],
+                            close_after=False)
+        os.close(w)
+        with os.fdopen(r, "rb") as out:
+            printed = json.loads(out.read())
+    finally:
+        for fd in (r, w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    assert (kind, status) == ("exited", 0)
+    assert printed["cniVersion"] == "1.0.0", printed
