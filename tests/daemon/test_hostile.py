@@ -336,3 +336,120 @@ def test_odd_environment_entries_do_not_refuse_the_call(hdaemon: Daemon, tmp_pat
                 pass
     assert (kind, status) == ("exited", 0)
     assert printed["cniVersion"] == "1.0.0", printed
+
+
+def _still_waiting(conn: socket.socket) -> bool:
+    """No answer yet, and not closed: the daemon is still waiting for this caller."""
+    try:
+        conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    return False
+
+
+def test_idle_and_slow_callers_hold_no_child_and_delay_no_honest_call(tmp_path: Path, stdin_file: int,
+                                                                      devnull: int) -> None:
+    # Long enough that none of the stalled callers is dropped before the
+    # honest calls are done: they are served beside them, not after.
+    d = Daemon(tmp_path / "run", "--request-timeout", "300", "--max-children", "4")
+    stalled: list[socket.socket] = []
+    try:
+        baseline = _settle(d)
+        for _ in range(200):
+            stalled.append(send(d.socket, b"", [], close_after=False))
+        whole = frame()
+        for cut in (1, 4, 5, len(whole) - 1):  # a byte a second, at various points
+            for _ in range(20):
+                stalled.append(send(d.socket, whole[:cut], [stdin_file, devnull, devnull], close_after=False))
+        for i in range(10):
+            honest(d, tmp_path, f"beside-stalled-{i}")
+        assert all(_still_waiting(conn) for conn in stalled)
+        # No child holds a stalled caller: only the spares, waiting.
+        assert not d.children()
+        assert len(d.all_children()) <= server.SPARES + 1
+    finally:
+        for conn in stalled:
+            conn.close()
+    try:
+        assert _settle(d) == baseline
+    finally:
+        d.stop()
+
+
+def test_a_stalled_caller_is_refused_after_the_request_timeout(tmp_path: Path, stdin_file: int,
+                                                               devnull: int) -> None:
+    d = Daemon(tmp_path / "run", "--request-timeout", "0.5")
+    try:
+        whole = frame()
+        kind, error = answer_of(send(d.socket, whole[:6], [stdin_file, devnull, devnull], close_after=False))
+        assert kind == "refused" and error["code"] == 11, error
+        assert "no complete request within 0.5 s" in error["msg"]
+    finally:
+        d.stop()
+
+
+def test_a_thousand_callers_at_once_are_all_answered(hdaemon: Daemon, tmp_path: Path, stdin_file: int,
+                                                     devnull: int) -> None:
+    def load() -> None:
+        conns = [send(hdaemon.socket, frame(), [stdin_file, devnull, devnull], close_after=False)
+                 for _ in range(1000)]
+        answers = [answer_of(conn) for conn in conns]
+        assert answers == [("exited", 0)] * 1000
+
+    holds_no_more(hdaemon, tmp_path, load)
+
+
+def test_more_stalled_callers_than_it_reads_at_once_make_way_for_honest_ones(hdaemon: Daemon, tmp_path: Path) -> None:
+    over = server.MAX_PENDING + 100
+    stalled = [send(hdaemon.socket, b"", [], close_after=False) for _ in range(over)]
+    try:
+        honest(hdaemon, tmp_path)
+        # The oldest were told why they were dropped; the newest still wait.
+        oldest = answer_of(stalled[0])
+        assert oldest[0] == "refused" and "reading too many requests at once" in oldest[1]["msg"], oldest
+        assert _still_waiting(stalled[-1])
+    finally:
+        for conn in stalled:
+            conn.close()
+    _settle(hdaemon)
+
+
+def test_callers_that_leave_before_the_answer_leave_nothing_behind(hdaemon: Daemon, tmp_path: Path,
+                                                                   stdin_file: int, devnull: int) -> None:
+    def load() -> None:
+        for data in (frame(), frame(version="0.0.1"), wire.MAX_REQUEST.to_bytes(4, "big") + b"x" * 100):
+            for _ in range(20):
+                send(hdaemon.socket, data, [stdin_file, devnull, devnull], close_after=False).close()
+
+    holds_no_more(hdaemon, tmp_path, load)
+
+
+def test_a_call_whose_caller_left_while_it_waited_for_a_child_is_not_run(tmp_path: Path, devnull: int) -> None:
+    d = Daemon(tmp_path / "run", "--max-children", "1", "--request-timeout", "60")
+    conf = ipam_conf(tmp_path)
+    first_stdin_r, first_stdin_w = os.pipe()
+    try:
+        # The only child is busy with a call whose stdin stays open.
+        env = {**ipam_env("first"), "CNI_COMMAND": "ADD"}
+        first = send(d.socket, wire.encode_request(__version__, "sriov-ipam", "/", env),
+                     [first_stdin_r, devnull, devnull], close_after=False)
+        wait_for(lambda: d.children())
+        conf_file = tmp_path / "conf.json"
+        conf_file.write_bytes(conf)
+        second_stdin = os.open(conf_file, os.O_RDONLY)
+        env = {**ipam_env("left-while-waiting"), "CNI_COMMAND": "ADD"}
+        second = send(d.socket, wire.encode_request(__version__, "sriov-ipam", "/", env),
+                      [second_stdin, devnull, devnull], close_after=False)
+        os.close(second_stdin)
+        second.close()
+        os.write(first_stdin_w, conf)
+        os.close(first_stdin_w)
+        assert answer_of(first) == ("exited", 0)
+        # Another call after it: the second, had it been kept, ran before it.
+        honest(d, tmp_path, "after")
+    finally:
+        os.close(first_stdin_r)
+        d.stop()
+    owners = [p.read_text() for p in (tmp_path / "ipam").rglob("*") if p.is_file()]
+    assert any("first" in owner for owner in owners), owners
+    assert not any("left-while-waiting" in owner for owner in owners), owners
