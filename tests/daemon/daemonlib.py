@@ -60,9 +60,11 @@ def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, 
     """Run the shim as ``name`` (a symlink, as install-cni's copies are named)."""
     link = socket_path.parent.parent / "bin" / name
     link.parent.mkdir(exist_ok=True)
-    if link.is_symlink():
-        link.unlink()
-    link.symlink_to(exe)
+    if not (link.is_symlink() and os.readlink(link) == str(exe)):
+        # Renamed into place: callers in several threads share the link.
+        tmp = link.with_name(f".{name}.{uuid.uuid4().hex}")
+        tmp.symlink_to(exe)
+        os.replace(tmp, link)
     call_env = {"CNI_COMMAND": command, "SRIOV_CNI_SOCKET": str(socket_path), "PATH": "/usr/bin:/bin",
                 **(env or {})}
     # The timeout only keeps a broken shim from hanging the suite.

@@ -14,15 +14,21 @@ from __future__ import annotations
 import array
 import json
 import os
+import random
 import re
 import resource
 import socket
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
 from daemonlib import Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
@@ -117,8 +123,13 @@ def answer_of(conn: socket.socket) -> tuple[str, Any]:
     conn.settimeout(120)  # a daemon that never answers fails the test rather than hang it
     data = b""
     with conn:
-        while chunk := conn.recv(65536):
-            data += chunk
+        try:
+            while chunk := conn.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            # A caller that sent more than its request: the end that held
+            # the rest unread closed after the answer.
+            assert data, "reset before any answer"
     if not data:
         return "dropped", None
     if data[0] == wire.EXITED and len(data) == 2:
@@ -453,3 +464,209 @@ def test_a_call_whose_caller_left_while_it_waited_for_a_child_is_not_run(tmp_pat
     owners = [p.read_text() for p in (tmp_path / "ipam").rglob("*") if p.is_file()]
     assert any("first" in owner for owner in owners), owners
     assert not any("left-while-waiting" in owner for owner in owners), owners
+
+
+@dataclass(frozen=True)
+class Frame:
+    data: bytes
+    # Where the caller stops sending (None: it sends all of data).
+    cut: int | None
+    # What it attaches as its stdin, stdout and stderr (any number).
+    kinds: list[str]
+
+    def sent(self) -> bytes:
+        return self.data if self.cut is None else self.data[: self.cut]
+
+    def complete(self) -> bool:
+        """Whether a whole request, by its length, was sent (and can be answered without an end of stream)."""
+        sent = self.sent()
+        return len(sent) >= 4 and len(sent) >= 4 + min(int.from_bytes(sent[:4], "big"), wire.MAX_REQUEST + 1)
+
+    def runnable(self) -> bool:
+        """What the daemon must run, and only that: judged here without the wire module."""
+        sent = self.sent()
+        if len(sent) < 4 or self.kinds[:3] != self.kinds or len(self.kinds) != 3:
+            return False
+        if any(kind not in USABLE for kind in self.kinds):
+            return False
+        size = int.from_bytes(sent[:4], "big")
+        if size > wire.MAX_REQUEST or len(sent) < 4 + size:
+            return False
+        fields = sent[4 : 4 + size].split(b"\0")
+        return len(fields) >= 3 and fields[0] == __version__.encode() and fields[1] in (b"sriov", b"sriov-ipam")
+
+
+USABLE = ("file", "devnull", "pipe")
+KINDS = (*USABLE, "directory", "listening", "eventfd")
+_field = st.text(st.characters(blacklist_characters="\0"), max_size=12)
+# Raw entries: with or without "=", NUL bytes, any bytes, but never a CNI
+# variable (the CNI_COMMAND=VERSION at the end keeps every run harmless).
+_entry = st.binary(max_size=24).filter(lambda e: b"CNI_" not in e)
+
+
+ASPECTS = ("version", "program", "cwd", "entries", "body", "length", "cut", "kinds")
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> Frame:
+    """An honest call's frame with any of its aspects (often none) drawn at random instead."""
+    broken = set(draw(st.lists(st.sampled_from(ASPECTS), max_size=3)))
+    version = draw(_field) if "version" in broken else __version__
+    program = draw(_field) if "program" in broken else draw(st.sampled_from(["sriov-ipam", "sriov"]))
+    cwd = draw(st.sampled_from(["/", "/nonexistent", ""]) if "cwd" in broken else st.just("/"))
+    entries = draw(st.lists(_entry, max_size=4)) if "entries" in broken else [b"PATH=/usr/bin:/bin"]
+    body = b"\0".join([version.encode("utf-8", "surrogateescape"), program.encode("utf-8", "surrogateescape"),
+                       cwd.encode(), *entries, b"CNI_COMMAND=VERSION"])
+    if "body" in broken:
+        body = draw(st.binary(max_size=64))
+    length = draw(st.one_of(st.integers(0, len(body) + 8), st.integers(0, 2**32 - 1))) if "length" in broken \
+        else len(body)
+    data = length.to_bytes(4, "big") + body
+    cut = draw(st.integers(0, len(data))) if "cut" in broken else None
+    kinds = draw(st.lists(st.sampled_from(KINDS), max_size=5)) if "kinds" in broken else \
+        draw(st.lists(st.sampled_from(USABLE), min_size=3, max_size=3))
+    return Frame(data, cut, kinds)
+
+
+def _open_kind(kind: str, index: int, tmp_path: Path, opened: list[int]) -> int:
+    """A descriptor of ``kind`` fit for ``index`` when it can be; every descriptor made goes to ``opened``."""
+    if kind == "file":
+        fd = os.open(tmp_path / "stdin.json", os.O_RDONLY) if index == 0 else \
+            os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    elif kind == "devnull":
+        fd = os.open(os.devnull, os.O_RDWR)
+    elif kind == "pipe":
+        r, w = os.pipe()
+        if index == 0:
+            os.write(w, VERSION_CONF)
+            os.close(w)
+            fd = r
+        else:
+            opened.append(r)  # kept open, so something could read it
+            fd = w
+    elif kind == "directory":
+        fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    elif kind == "listening":
+        fd = _listening_at(tmp_path / f"l{len(opened)}.sock")
+    else:
+        fd = os.eventfd(0)
+    opened.append(fd)
+    return fd
+
+
+def _listening_at(path: Path) -> int:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.listen(1)
+    return s.detach()
+
+
+def test_any_frame_is_answered_and_only_a_whole_valid_one_runs(hdaemon: Daemon, tmp_path: Path) -> None:
+    (tmp_path / "stdin.json").write_bytes(VERSION_CONF)
+    honest(hdaemon, tmp_path)
+    baseline = _settle(hdaemon)
+
+    @seed(30)
+    @settings(max_examples=200, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(frames())
+    def one(f: Frame) -> None:
+        opened: list[int] = []
+        try:
+            fds = [_open_kind(kind, i, tmp_path, opened) for i, kind in enumerate(f.kinds)]
+            kind, answer = answer_of(send(hdaemon.socket, f.sent(), fds, close_after=not f.complete()))
+        finally:
+            for fd in opened:
+                os.close(fd)
+            for sock in tmp_path.glob("l*.sock"):
+                sock.unlink()
+        if f.runnable():
+            assert kind == "exited", (kind, answer)
+        else:
+            assert kind == "refused", (kind, answer)
+
+    one()
+    honest(hdaemon, tmp_path)
+    assert _settle(hdaemon) == baseline
+
+
+SOAK_SECONDS = float(os.environ.get("SRIOV_CNI_SOAK_SECONDS", "20"))
+
+
+def _hostile_round(sock: Path, rng: random.Random, tmp_path: Path) -> None:
+    """One hostile caller, of a kind drawn by ``rng``."""
+    whole = frame()
+    stdin = os.open(tmp_path / "stdin.json", os.O_RDONLY)
+    out = os.open(os.devnull, os.O_WRONLY)
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fds = [stdin, out, out]
+        choice = rng.randrange(7)
+        if choice == 0:  # connects, says nothing, leaves
+            conn = send(sock, b"", [], close_after=False)
+            time.sleep(rng.uniform(0, 1))
+            conn.close()
+        elif choice == 1:  # stops short
+            answer_of(send(sock, whole[: rng.randrange(len(whole))], fds))
+        elif choice == 2:  # a length over the bound
+            answer_of(send(sock, (wire.MAX_REQUEST + rng.randrange(1, 1 << 20)).to_bytes(4, "big"), fds,
+                           close_after=False))
+        elif choice == 3:  # a directory as stdin
+            answer_of(send(sock, whole, [directory, out, out], close_after=False))
+        elif choice == 4:  # leaves before its answer
+            send(sock, whole, fds, close_after=False).close()
+        elif choice == 5:  # a byte at a time, then gives up
+            conn = send(sock, whole[:4], fds, close_after=False)
+            for byte in whole[4 : 4 + rng.randrange(1, 8)]:
+                conn.send(bytes([byte]))
+                time.sleep(0.1)
+            conn.close()
+        else:  # a burst of fifty that connect and leave
+            for conn in [send(sock, b"", [], close_after=False) for _ in range(50)]:
+                conn.close()
+    finally:
+        for fd in (stdin, out, directory):
+            os.close(fd)
+
+
+def test_soak_honest_calls_are_all_served_beside_hostile_callers(tmp_path: Path) -> None:
+    (tmp_path / "stdin.json").write_bytes(VERSION_CONF)
+    d = Daemon(tmp_path / "run", "--request-timeout", "2", "--max-children", "8", "--child-idle", "0.2")
+    served: list[int] = []
+    hostile: list[int] = []
+    failures: list[str] = []
+    end = time.monotonic() + SOAK_SECONDS
+
+    def honest_caller(n: int) -> None:
+        i = 0
+        while time.monotonic() < end:
+            try:
+                honest(d, tmp_path, f"soak-{n}-{i}")
+                served.append(n)
+            except AssertionError as exc:
+                failures.append(f"honest caller {n}, call {i}: {exc}")
+            i += 1
+
+    def hostile_caller(n: int) -> None:
+        rng = random.Random(n)
+        while time.monotonic() < end:
+            _hostile_round(d.socket, rng, tmp_path)
+            hostile.append(n)
+
+    try:
+        honest(d, tmp_path)
+        baseline = _settle(d)
+        threads = [threading.Thread(target=honest_caller, args=(n,)) for n in range(3)]
+        threads += [threading.Thread(target=hostile_caller, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures, failures[:5]
+        assert served and hostile
+        print(f"soak: {len(served)} honest ADD/DEL pairs served, beside {len(hostile)} hostile callers, "
+              f"in {SOAK_SECONDS:g} s")
+        assert _settle(d) == baseline
+        honest(d, tmp_path)
+    finally:
+        d.stop()
