@@ -234,6 +234,11 @@ def _serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, nu
         watchdog.answered.set()
         try:
             conn.sendall(wire.exited(code))
+            # The end of the answer, now: the watchdog's poll holds the
+            # connection open, and a caller reading to the end of the
+            # stream would wait for it as long as the watchdog waits for
+            # that caller to hang up.
+            conn.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass  # the caller hung up after the call ran
         # The caller's runtime reads its stdout to the end, and this
