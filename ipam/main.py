@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from sriov_cni.attachments import valid_attachments
-from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, IPConfig, Result, dispatch
+from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, IPConfig, Result, dispatch, read_config
 
 from . import allocator, config
 from .store import DiskStore, Owner
@@ -95,4 +95,4 @@ HANDLERS: dict[str, Handler] = {
 
 
 def main() -> None:
-    sys.exit(dispatch(HANDLERS, os.environ, sys.stdin.buffer.read(), sys.stdout, sys.stderr, ABOUT))
+    sys.exit(dispatch(HANDLERS, os.environ, read_config(sys.stdin.buffer), sys.stdout, sys.stderr, ABOUT))

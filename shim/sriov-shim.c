@@ -6,13 +6,16 @@
  * CNI call to the daemon's Unix socket: its version, its name (which plugin
  * to run), its working directory and environment, and its stdin, stdout and
  * stderr as descriptors (SCM_RIGHTS). The daemon runs the plugin on those
- * descriptors and answers with one status byte, which becomes our exit
- * status. Protocol (same as sriov_cni/daemon/client.py):
+ * descriptors and answers with its exit status, which becomes ours. The
+ * frame is defined in sriov_cni/daemon/wire.py, which the Python executable
+ * and the daemon share; tests/daemon/test_wire.py checks these constants
+ * and this program's behaviour against it:
  *
  *   request: 4-byte big-endian length N, with the three descriptors attached,
  *            then N bytes "version NUL program NUL cwd NUL KEY=VALUE NUL ..."
- *   answer:  one byte, the plugin's exit status; or REFUSED followed by a
- *            CNI error object the daemon wrote, when it ran nothing.
+ *   answer:  TAG_EXITED and one byte, the plugin's exit status; or
+ *            TAG_REFUSED and a CNI error object the daemon wrote, when it
+ *            ran nothing.
  *
  * The only CNI this program knows is how to say that the daemon could not be
  * reached or did not answer: an error object on stdout, non-zero exit.
@@ -36,10 +39,11 @@
 #endif
 
 #define DEFAULT_SOCKET "/run/sriov-cni/plugin.sock"
-/* The daemon's limit on the request (sriov_cni/daemon/server.py MAX_HEADER). */
-#define MAX_HEADER (1u << 20)
-#define REFUSED 255
-#define CONNECT_TIMEOUT_S 5
+/* The daemon's limit on the request body (wire.MAX_REQUEST). */
+#define MAX_REQUEST (1u << 20)
+#define TAG_EXITED 'X'
+#define TAG_REFUSED 'R'
+#define CONNECT_TIMEOUT 5
 #define CODE_INVALID_ENV 4
 #define CODE_TRY_AGAIN 11
 
@@ -79,7 +83,7 @@ static int not_running(const char *why)
                      socket_path, why);
 }
 
-/* The request body; NULL with *len > MAX_HEADER when it would be too large. */
+/* The request body; NULL with *len > MAX_REQUEST when it would be too large. */
 static char *build_request(const char *program, size_t *len)
 {
     char cwd[PATH_MAX];
@@ -94,7 +98,7 @@ static char *build_request(const char *program, size_t *len)
     for (char **e = environ; *e; e++)
         size += strlen(*e) + 1;
     *len = size - 1; /* separators, not terminators */
-    if (*len > MAX_HEADER || !(body = malloc(size)))
+    if (*len > MAX_REQUEST || !(body = malloc(size)))
         return NULL;
     for (int i = 0; i < 3; i++) {
         memcpy(body + off, fields[i], strlen(fields[i]) + 1);
@@ -112,7 +116,7 @@ static int connect_daemon(void)
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     /* Linux applies the send timeout to a Unix stream connect: it bounds the
      * wait when the daemon's listen queue is full or the daemon is stopped. */
-    struct timeval timeout = {.tv_sec = CONNECT_TIMEOUT_S};
+    struct timeval timeout = {.tv_sec = CONNECT_TIMEOUT};
     struct timeval none = {0};
     int fd;
 
@@ -164,10 +168,20 @@ static int send_request(int fd, const char *body, size_t len)
     return 0;
 }
 
+static ssize_t recv_byte(int fd, unsigned char *byte)
+{
+    ssize_t n;
+
+    do
+        n = recv(fd, byte, 1, 0);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
 int main(int argc, char **argv)
 {
     const char *program = argc > 0 ? strrchr(argv[0], '/') : NULL;
-    unsigned char status;
+    unsigned char tag, status;
     size_t len;
     char *body;
     ssize_t n;
@@ -181,17 +195,21 @@ int main(int argc, char **argv)
         socket_path = DEFAULT_SOCKET;
 
     body = build_request(program, &len);
-    if (!body && len > MAX_HEADER)
+    if (!body && len > MAX_REQUEST)
         return cni_error(CODE_INVALID_ENV,
                          "the environment and working directory take %zu bytes, more than "
-                         "the %u the sriov-cni daemon accepts", len, MAX_HEADER);
+                         "the %u the sriov-cni daemon accepts", len, MAX_REQUEST);
     if (!body)
         return cni_error(CODE_TRY_AGAIN, "sriov shim: out of memory");
 
     fd = connect_daemon();
     if (fd < 0) {
-        if (errno == EAGAIN || errno == EINPROGRESS)
-            return not_running("it did not accept within 5 s");
+        if (errno == EAGAIN || errno == EINPROGRESS) {
+            char why[64];
+
+            snprintf(why, sizeof why, "it did not accept within %d s", CONNECT_TIMEOUT);
+            return not_running(why);
+        }
         return not_running(strerror(errno));
     }
     if (send_request(fd, body, len) < 0)
@@ -199,18 +217,22 @@ int main(int argc, char **argv)
                          "the sriov-cni daemon at %s closed the connection before taking "
                          "the call (%s); nothing ran", socket_path, strerror(errno));
 
-    do
-        n = recv(fd, &status, 1, 0);
-    while (n < 0 && errno == EINTR);
-    if (n != 1)
+    if (recv_byte(fd, &tag) != 1 || (tag == TAG_EXITED && recv_byte(fd, &status) != 1))
         /* Not retried: the plugin may have done part of the call (an ADD
          * moves a VF), and the runtime follows a failed ADD with a DEL. */
         return cni_error(CODE_TRY_AGAIN,
                          "the sriov-cni daemon at %s ended without an answer (did it die "
                          "or restart?); the call may have partly run and was not retried",
                          socket_path);
-    if (status != REFUSED)
+    if (tag == TAG_EXITED)
         return status;
+    if (tag != TAG_REFUSED)
+        /* A daemon of another version, which refuses the call for that. */
+        return cni_error(CODE_TRY_AGAIN,
+                         "the sriov-cni daemon at %s answered in a form this shim (version %s) "
+                         "does not know (first byte 0x%02x): is it of another version? Install "
+                         "the executables of the daemon's version (sriov-cni install-cni)",
+                         socket_path, SHIM_VERSION, tag);
 
     /* The daemon ran nothing and says why in an error object: pass it on. */
     char reason[4096];

@@ -93,9 +93,10 @@ def status(as_json: bool, data_dir: Path) -> None:
 
 @main.command()
 @click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True,
-              help="Where to listen; its directory is made root-only (0700).")
+              help="Where to listen; its directory is made root-only (0700) when it holds nothing else, "
+                   "and refused when others may write it.")
 @click.option("--request-timeout", default=server.REQUEST_TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds a caller has to send its request.")
+              help="Seconds a caller has to send its request, and then to end its stdin.")
 @click.option("--max-children", default=server.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
               help="Calls run at once; more wait their turn.")
 @click.option("--child-idle", default=server.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
@@ -107,7 +108,7 @@ def daemon(socket_path: str, request_timeout: float, max_children: int, child_id
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until stopped)."""
     try:
         server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child)
-    except (server.DaemonError, OSError) as exc:
+    except (CNIError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
 
 
@@ -127,7 +128,7 @@ def install_cni(dest: str, python: str | None) -> None:
     try:
         for path in client.install(dest, python):
             click.echo(f"wrote {path}")
-    except client.ShimNotBuilt as exc:
+    except (client.ShimNotBuilt, CNIError) as exc:
         raise CommandError(str(exc)) from exc
     except OSError as exc:
         raise CommandError(f"cannot write into {dest}: {exc.strerror}") from exc

@@ -517,6 +517,17 @@ def _requested_version(stdin: bytes) -> str:
     return version if isinstance(version, str) and version in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
+# The network configuration, prevResult included, is kilobytes.  Bounded,
+# so a caller whose stdin never ends (/dev/zero) gets an error rather than
+# a plugin growing until the node's OOM killer ends it.
+MAX_CONFIG = 1 << 20
+
+
+def read_config(stdin: IO[bytes]) -> bytes:
+    """The plugin's stdin, read to its end but no further than :func:`dispatch` accepts."""
+    return stdin.read(MAX_CONFIG + 1)
+
+
 def _emit(stdout: IO[str], obj: Mapping[str, Any]) -> None:
     stdout.write(json.dumps(obj, indent=2) + "\n")
     stdout.flush()
@@ -535,6 +546,12 @@ def dispatch(
     if not command:
         stderr.write(f"{about}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n")
         return 0
+    if len(stdin) > MAX_CONFIG:
+        too_large = CNIError(Code.INVALID_CONFIG,
+                             f"the network configuration on stdin is larger than {MAX_CONFIG} bytes")
+        log.error("%s failed: %s", command, too_large)
+        _emit(stdout, too_large.to_dict(LATEST_VERSION))
+        return 1
     if command == "VERSION":
         _emit(stdout, {"cniVersion": _requested_version(stdin), "supportedVersions": list(SUPPORTED_VERSIONS)})
         return 0

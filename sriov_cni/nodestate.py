@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sriov_cni import safepath
+
 STATE_FILE = Path("/run/sriov-cni/node.json")
 STATE_VERSION = 1
 
@@ -45,7 +47,10 @@ class Policy:
 
 def replace_file(path: Path, text: str, mode: int) -> None:
     """Replace a file atomically, so that its readers never see half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    # Readers trust these files (the plugin pins IRQs from the state file,
+    # irqbalance runs the policy script as root): written only into a
+    # directory no one else can write.
+    safepath.state_dir(os.path.abspath(path.parent), 0o755, "state file directory")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:

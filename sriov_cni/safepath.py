@@ -75,28 +75,49 @@ def _walk(path: str, create_mode: int | None) -> int:
     return fd
 
 
-def state_dir(path: str, mode: int = 0o700) -> None:
+def state_dir(path: str, mode: int = 0o700, what: str = "state directory") -> None:
     """Make sure ``path`` is a directory only we can write, creating it ``mode``.
 
     No component may be a symlink; the directory must be owned by this
     user and not group- or world-writable (anyone who can write there could
-    plant records or swap files under us).
+    plant records or swap files under us).  An existing one is used as it
+    is: its mode is never changed here.
     """
+    fd = _checked_dir(path, mode, what)
+    os.close(fd)
+
+
+def private_dir(path: str, ours: str, what: str) -> None:
+    """:func:`state_dir` with mode 0700, narrowed to 0700 if it holds only ``ours``.
+
+    An existing directory is made private only when it holds nothing but
+    the entry named ``ours`` (what we put there on an earlier run):
+    narrowing one that holds others' files (``/run``) would cut every
+    other user off them.
+    """
+    fd = _checked_dir(path, 0o700, what)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o700 and set(os.listdir(fd)) <= {ours}:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def _checked_dir(path: str, mode: int, what: str) -> int:
     try:
         fd = _walk(path, mode)
     except OSError as exc:
-        raise _refusal("cannot use state directory", path, exc) from None
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
+        raise _refusal(f"cannot use {what}", path, exc) from None
+    st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
         raise CNIError(
             Code.IO_FAILURE,
-            f"state directory {path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, "
+            f"{what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, "
             f"owner uid {st.st_uid})",
-            "make it owned by root and not group- or world-writable (chmod 0700)",
+            f"make it owned by root and not group- or world-writable (chmod {mode:04o}), or choose another",
         )
+    return fd
 
 
 def open_log(path: str) -> int:

@@ -19,13 +19,12 @@ import sys
 
 import sriov_cni
 from sriov_cni import __version__
+from sriov_cni.daemon import wire
 
 SOCKET_ENV = "SRIOV_CNI_SOCKET"
 # The variable's name before the daemon served the shim; still honoured.
 OLD_SOCKET_ENV = "SRIOV_CNI_HELPER_SOCKET"
 DEFAULT_SOCKET = "/run/sriov-cni/plugin.sock"
-# The daemon's answer when it ran nothing; a CNI error object follows.
-REFUSED = 255
 # Built by `make -C shim`.
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sriov-shim")
 EXECUTABLES = ("sriov", "sriov-ipam")
@@ -34,29 +33,6 @@ EXECUTABLES = ("sriov", "sriov-ipam")
 class ShimNotBuilt(Exception):
     """install() was asked for the shim, but this installation has none."""
 
-# The daemon path must start faster than the work it saves, so this module
-# avoids even json and socket (they pull in re, enum and selectors): the
-# request is "version NUL program NUL cwd NUL KEY=VALUE NUL ...", after a
-# 4-byte length.
-
-
-def encode_request(version: str, program: str, cwd: str, env: dict[str, str]) -> bytes:
-    fields = [version, program, cwd] + [f"{k}={v}" for k, v in env.items()]
-    return "\0".join(fields).encode("utf-8", "surrogateescape")
-
-
-def decode_request(data: bytes) -> tuple[str, str, str, dict[str, str]]:
-    fields = data.decode("utf-8", "surrogateescape").split("\0")
-    if len(fields) < 3:
-        raise ValueError("request without version, program and working directory")
-    version, program, cwd, *pairs = fields
-    env = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if sep:
-            env[key] = value
-    return version, program, cwd, env
-
 
 def socket_path() -> str:
     return os.environ.get(SOCKET_ENV) or os.environ.get(OLD_SOCKET_ENV) or DEFAULT_SOCKET
@@ -64,25 +40,34 @@ def socket_path() -> str:
 
 def via_daemon(path: str) -> int | None:
     """The plugin's exit status as run by the daemon; None when it did not run it."""
+    # The daemon path must start faster than the work it saves, so this
+    # module avoids even json and socket (they pull in re, enum and selectors).
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
+        # Linux applies the send timeout to a Unix stream connect: it bounds
+        # the wait when the daemon's listen queue is full or it is stopped.
+        conn.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, _struct.pack("ll", wire.CONNECT_TIMEOUT, 0))
         try:
             conn.connect(path)
         except OSError:
             return None
-        body = encode_request(__version__, "sriov", os.getcwd(), dict(os.environ))
+        frame = wire.encode_request(__version__, "sriov", os.getcwd(), dict(os.environ))
         try:
+            # Connected: the call waits for the daemon like any running call.
+            conn.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, _struct.pack("ll", 0, 0))
             conn.sendmsg(
-                [_struct.pack("!I", len(body))],
+                [frame[: wire.HEADER_SIZE]],
                 [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _struct.pack("3i", 0, 1, 2))],
             )
-            conn.sendall(body)
-            answer = conn.recv(1)
+            conn.sendall(frame[wire.HEADER_SIZE :])
+            answer = _recv_answer(conn)
         except OSError:
             answer = b""
     finally:
         conn.close()
-    if not answer:
+    if len(answer) == 2 and answer[0] == wire.EXITED:
+        return answer[1]
+    if answer[:1] == bytes([wire.EXITED]) or not answer:
         # The daemon took the call and died without an answer: the plugin
         # may have run, so running it again here could double an ADD.
         sys.stdout.write(
@@ -92,7 +77,17 @@ def via_daemon(path: str) -> int | None:
             ' and was not retried"}\n'
         )
         return 1
-    return None if answer[0] == REFUSED else answer[0]
+    # REFUSED, or a tag of a daemon of another version (which refuses the
+    # call for that): nothing ran, so this installation runs it.
+    return None
+
+
+def _recv_answer(conn: _socket.socket) -> bytes:
+    """The tag, and the status after EXITED: no more than the answer needs."""
+    tag = conn.recv(1)
+    if tag != bytes([wire.EXITED]):
+        return tag
+    return tag + conn.recv(1)
 
 
 def in_process() -> None:
@@ -132,8 +127,12 @@ def install(dest: str, python: str | None = None) -> list[str]:
         "sriov": (f"#!{python} -S\n", "sriov_cni.daemon.client"),
         "sriov-ipam": (f"#!{python}\n", "ipam.main"),
     }
+    from sriov_cni import safepath
+
+    # The runtime runs what is here as root: a directory others may write
+    # would let them swap the executables.
+    safepath.state_dir(os.path.abspath(dest), 0o755, "CNI plugin directory")
     written = []
-    os.makedirs(dest, exist_ok=True)
     for name in EXECUTABLES:
         path = os.path.join(dest, name)
         # Written beside the target and renamed over it: a runtime calling

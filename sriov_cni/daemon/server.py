@@ -4,21 +4,23 @@ The executables a container runtime runs, ``sriov`` and ``sriov-ipam``, are
 either the static shim (shim/sriov-shim.c, on nodes without our Python) or
 the Python client (:mod:`sriov_cni.daemon.client`). Both connect here and send
 their version, their name, their working directory and environment, with
-their stdin, stdout and stderr attached as descriptors. A child forked from
-the daemon takes those over and runs exactly the code the executable would
-run in process (:func:`sriov_cni.plugin.commands.run`, or the IPAM's
-dispatch); the exit status goes back as one byte.  Starting Python and
-importing pyroute2 is paid once, here, not per call.  A child serves one
-call at a time, and up to CALLS_PER_CHILD in turn.
+their stdin, stdout and stderr attached as descriptors.  The daemon reads
+each request itself (:mod:`intake`), so a caller that sends nothing holds no
+child; a child forked from the daemon is handed the complete request, takes
+the caller's descriptors over and runs exactly the code the executable
+would run in process (:func:`sriov_cni.plugin.commands.run`, or the IPAM's
+dispatch); the exit status goes back in the answer frame (:mod:`wire`).
+Starting Python and importing pyroute2 is paid once, here, not per call.
+A child serves one call at a time, and up to CALLS_PER_CHILD in turn.
 
 A call the daemon will not run (another version, a malformed, oversized or
-stalled request, an unknown executable name) is answered with ``REFUSED``
-and a CNI error object saying why. The shim prints that object; the Python
-client instead runs the call in process, so an upgraded package is never
-served by old code.
+stalled request, an unknown executable name, a caller that is not root)
+is answered "refused" with a CNI error object saying why.  The shim
+prints that object; the Python client instead runs the call in process,
+so an upgraded package is never served by old code.
 
-Only root may connect (checked with SO_PEERCRED), and the socket's directory
-is made root-only.
+Only root may call (checked with SO_PEERCRED).  The socket's directory
+is made root-only when it holds nothing else.
 
 For measuring a node, the daemon started with ``SRIOV_CNI_DAEMON_STATS`` set
 to a directory makes each child write there, after answering, what its call
@@ -33,14 +35,14 @@ Unset, nothing is measured.
 
 from __future__ import annotations
 
-import array
 import gc
 import json
+import math
 import os
 import select
+import selectors
 import signal
 import socket
-import stat
 import struct
 import sys
 import threading
@@ -49,18 +51,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
-from sriov_cni import __version__
-from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon.client import DEFAULT_SOCKET, REFUSED, decode_request
+from sriov_cni import __version__, safepath
+from sriov_cni.cni import MAX_CONFIG, CNIError, Code
+from sriov_cni.daemon import intake, wire
+from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.kernel import lifetime
 
-# The shim has the same limit compiled in (shim/sriov-shim.c MAX_HEADER).
-MAX_HEADER = 1 << 20
-# A caller that connects and then sends nothing (or half a request) must not
-# hold a child, and a slot of MAX_CHILDREN, forever.
+# Seconds a caller has to send its request, and then to end its stdin: one
+# that sends nothing (or half a request) must not hold a connection slot,
+# nor a child, forever.
 REQUEST_TIMEOUT = 10.0
 # Each child is a forked copy of the daemon; calls beyond this wait in the
-# listen queue until one ends, so a flood cannot exhaust the node's memory.
+# daemon until one ends, so a flood cannot exhaust the node's memory.
 MAX_CHILDREN = 64
 # Children forked ahead, each waiting to take the next call.  Two, so that
 # a second call arriving at once need not wait for its fork either.
@@ -71,6 +73,12 @@ SPARES = 2
 # ones find them copied.  Bounded, so what one call might leave behind
 # cannot pile up; 1 gives every call a fresh child.
 CALLS_PER_CHILD = 100
+# Seconds before forking again after a child ended at start, doubled for
+# each such end in a row, up to the maximum.
+START_BACKOFF = 0.5
+START_BACKOFF_MAX = 30.0
+# Connections the daemon reads requests from at once (intake.Intake).
+MAX_PENDING = 1024
 # Seconds a child that has served calls waits for another before it ends,
 # giving back its copied pages (a burst of calls leaves as many children);
 # the daemon forks fresh spares as needed.
@@ -79,10 +87,6 @@ STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
 
 Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str]], int]
-
-
-class DaemonError(Exception):
-    """The daemon cannot listen where it was asked to."""
 
 
 def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
@@ -106,63 +110,11 @@ def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[
 PROGRAMS: dict[str, Program] = {"sriov": _run_sriov, "sriov-ipam": _run_ipam}
 
 
-def _recv_request(conn: socket.socket, timeout: float) -> tuple[tuple[str, str, str, dict[str, str]], list[int]]:
-    deadline = time.monotonic() + timeout
-
-    def until_deadline() -> socket.socket:
-        # One bound for the whole request, not per read: a caller sending a
-        # byte at a time must not hold the child longer.
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        conn.settimeout(left)
-        return conn
-
-    fds = array.array("i")
-    msg, ancdata, _, _ = until_deadline().recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
-    if len(msg) != 4 or len(fds) != 3:
-        raise CNIError(Code.DECODE, "malformed request: no length or not three descriptors")
-    (size,) = struct.unpack("!I", msg)
-    if size > MAX_HEADER:
-        raise CNIError(
-            Code.INVALID_ENV,
-            f"the request's environment and working directory take {size} bytes, "
-            f"more than the {MAX_HEADER} the sriov-cni daemon accepts",
-        )
-    body = b""
-    while len(body) < size:
-        chunk = until_deadline().recv(size - len(body))
-        if not chunk:
-            raise CNIError(Code.DECODE, "truncated request")
-        body += chunk
-    return decode_request(body), list(fds)
-
-
-def _become_caller(conn: socket.socket, request_timeout: float) -> tuple[str, Program, dict[str, str]]:
+def _become_caller(call: intake.Call) -> tuple[str, Program, dict[str, str]]:
     """Take over the caller's descriptors, environment and directory."""
-    try:
-        (version, program, cwd, env), fds = _recv_request(conn, request_timeout)
-    except TimeoutError:
-        raise CNIError(Code.TRY_AGAIN, f"no complete request within {request_timeout:g} s") from None
-    conn.settimeout(None)
-    if version != __version__:
-        raise CNIError(
-            Code.TRY_AGAIN,
-            f"version skew: the sriov-cni daemon is {__version__}, the {program} executable "
-            f"is {version}; install the executables of the daemon's version "
-            "(sriov-cni install-cni) or run the daemon of theirs",
-        )
-    run = PROGRAMS.get(program)
-    if run is None:
-        raise CNIError(
-            Code.INVALID_ENV,
-            f"the sriov-cni daemon runs {' and '.join(sorted(PROGRAMS))}, not {program!r}: "
-            "install the shim under one of those names",
-        )
-    for target, fd in enumerate(fds):
+    _, program, cwd, env = wire.decode_request(call.body)
+    run = PROGRAMS[program]  # intake.check_request made sure
+    for target, fd in enumerate(call.fds):
         os.dup2(fd, target)
         os.close(fd)
     try:
@@ -172,11 +124,37 @@ def _become_caller(conn: socket.socket, request_timeout: float) -> tuple[str, Pr
         # plugins use none relative to it.
         os.chdir("/")
     os.environ.clear()
-    os.environ.update(env)
+    # An entry with an empty name (``=x``) stays in the plugin's env, as it
+    # does for a plugin run directly, but the C library cannot set it.
+    os.environ.update({key: value for key, value in env.items() if key})
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
     return program, run, env
+
+
+def _read_stdin(timeout: float) -> bytes:
+    """The caller's stdin to its end, bounded as cni.read_config bounds it.
+
+    Within ``timeout`` seconds: a caller that never closes its stdin must
+    not hold this child.
+    """
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    data = bytearray()
+    while len(data) <= MAX_CONFIG:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(math.ceil(left * 1000)):
+            raise CNIError(Code.TRY_AGAIN, f"the caller's stdin did not end within {timeout:g} s; nothing ran")
+        try:
+            chunk = os.read(0, MAX_CONFIG + 1 - len(data))
+        except BlockingIOError:  # the caller made its stdin non-blocking
+            continue
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
 
 
 @dataclass(frozen=True)
@@ -238,35 +216,46 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
     os.rename(base + ".tmp", base + ".json")
 
 
-def _serve_one(conn: socket.socket, request_timeout: float, watchdog: Watchdog, null: int,
+def _serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, null: int,
                measure: Measure | None, name: str) -> bool:
-    """Runs in a child, from the accepted connection to the answer.
+    """Runs in a child, from the call handed over to the answer.
 
-    Whether the child may serve another call: not after a refusal, whose
-    request may have left descriptors behind.
+    Whether the child may serve another call: not after a refusal.
     """
+    conn = call.conn
+    program, run, env = _become_caller(call)
+
+    def reply(code: int) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass  # the caller closed its end: the call ran all the same
+        watchdog.answered.set()
+        try:
+            conn.sendall(wire.exited(code))
+            # The end of the answer, now: the watchdog's poll holds the
+            # connection open, and a caller reading to the end of the
+            # stream would wait for it as long as the watchdog waits for
+            # that caller to hang up.
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the caller hung up after the call ran
+        # The caller's runtime reads its stdout to the end, and this
+        # child holds a copy: released now, not when the process ends
+        # (exit tears the address space down before it closes files),
+        # and not at all while the child waits for its next call.
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+
+    watchdog.watch(conn)
     try:
-        program, run, env = _become_caller(conn, request_timeout)
-    except (OSError, ValueError) as exc:
-        refusal = CNIError(Code.DECODE, f"unreadable request: {exc}")
+        stdin = _read_stdin(request_timeout)
+    except OSError as exc:
+        refusal = CNIError(Code.IO_FAILURE, f"cannot read the caller's stdin: {exc.strerror}; nothing ran")
     except CNIError as exc:
         refusal = exc
     else:
-
-        def reply(code: int) -> None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            watchdog.answered.set()
-            conn.sendall(bytes([code & 0xFF]))
-            # The caller's runtime reads its stdout to the end, and this
-            # child holds a copy: released now, not when the process ends
-            # (exit tears the address space down before it closes files),
-            # and not at all while the child waits for its next call.
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-
-        watchdog.watch(conn)
-        stdin = sys.stdin.buffer.read()
         if measure is None:
             reply(run(env, stdin, sys.stdout, sys.stderr))
         else:
@@ -274,9 +263,9 @@ def _serve_one(conn: socket.socket, request_timeout: float, watchdog: Watchdog, 
         return True
     # Nothing has run: the shim prints the reason, the Python client runs
     # the call itself.
-    answer = json.dumps(refusal.to_dict("1.0.0"))
+    watchdog.answered.set()
     conn.settimeout(request_timeout)
-    conn.sendall(bytes([REFUSED]) + answer.encode() + b"\n")
+    conn.sendall(intake.refusal_frame(refusal))
     return False
 
 
@@ -314,56 +303,31 @@ class Watchdog:
             os.killpg(0, signal.SIGKILL)
 
 
-def _peer_is_root(conn: socket.socket) -> bool:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", creds)
-    return bool(uid == 0)
-
-
-def _next_call(listener: socket.socket, idle: float | None) -> socket.socket | None:
-    """The next call from root, or None after ``idle`` seconds without one.
-
-    The listener is non-blocking: every waiting child wakes for a call and
-    all but one find it taken.
-    """
-    poller = select.poll()
-    poller.register(listener, select.POLLIN)
-    while True:
-        if not poller.poll(None if idle is None else int(idle * 1000)):
-            return None
-        try:
-            conn, _ = listener.accept()
-        except BlockingIOError:
-            continue
-        if _peer_is_root(conn):
-            return conn
-        conn.close()
-
-
-def _spare(listener: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int, idle: float,
+def _spare(channel: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int,
            measure: Measure | None) -> None:
-    """Runs in a forked child: serves calls one at a time until it ends.
+    """Runs in a forked child: serves the calls the daemon hands it, one at a time, until it ends.
 
     The daemon keeps such children forked ahead of the calls, so a call
     does not wait for the fork of the daemon (a copy of every page table of
-    a 40 MiB interpreter), nor for its watchdog thread to start.  After a
-    call the child tells the daemon it waits again (see CALLS_PER_CHILD).
+    a 40 MiB interpreter), nor for its watchdog thread to start.  The child
+    tells the daemon each time it waits for a call (see CALLS_PER_CHILD);
+    the daemon hands it one on its channel, or closes the channel to end
+    it (CHILD_IDLE).
     """
     idle_group = os.getpgid(0)
     # What the caller's descriptors become once a call has answered: they
     # must be released (its runtime reads to EOF) and 0-2 must stay taken,
-    # or the next accepted connection would land on one of them.
+    # or the next call's descriptors would land on one of them.
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     for served in range(calls):
-        # An idle child ends with the daemon: it would hold the old socket
-        # open, waiting for calls that can no longer reach it.
+        # An idle child ends with the daemon, as its channel does.
         lifetime.die_with_parent(daemon)
         if served:
             os.setpgid(0, idle_group)
-            os.write(messages, struct.pack("=i", -os.getpid()))
         watchdog = Watchdog()
-        conn = _next_call(listener, idle if served else None)
-        if conn is None:
+        os.write(messages, struct.pack("=i", os.getpid()))
+        call = intake.take_over(channel)
+        if call is None:
             return
         # Taken: a call runs to its end even when the daemon is restarted
         # meanwhile, as an executed plugin would.
@@ -371,78 +335,159 @@ def _spare(listener: socket.socket, daemon: int, messages: int, request_timeout:
         # The call's group: what it starts (delegated IPAM, helpers in a pod's
         # namespace) ends with it (Watchdog).
         os.setpgid(0, 0)
-        os.write(messages, struct.pack("=i", os.getpid()))
-        with conn:
-            if not _serve_one(conn, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}"):
+        with call.conn:
+            if not _serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}"):
                 return
 
 
 class _Children:
-    """The daemon's children: spares waiting for a call, and calls running."""
+    """The daemon's children: each starting, waiting for a call, or running one."""
 
-    def __init__(self, max_children: int) -> None:
+    def __init__(self, max_children: int, idle: float) -> None:
         self.max = max_children
-        self.spares: set[int] = set()
-        self.busy: set[int] = set()
-        # Children write their pid when they take a call and its negation
-        # when they wait again, each in one write (atomic in a pipe).
-        self.messages_r, self.messages_w = os.pipe()
+        self.idle = idle
+        # The daemon's end of each child's channel (intake.hand_over).
+        self.channels: dict[int, socket.socket] = {}
+        self.starting: set[int] = set()
+        # Since when each waits; one that has served calls ends after ``idle``.
+        self.waiting: dict[int, float] = {}
+        self.served: set[int] = set()
+        # Children that ended before they could wait for a call (a broken
+        # install) since one last could: forks are spaced out meanwhile.
+        self.failures = 0
+        self.next_fork = 0.0
+        self.failure = ""
+        # Children write their pid each time they wait for a call, in one
+        # write (atomic in a pipe).
+        self.messages_r, self.messages_w = os.pipe2(os.O_CLOEXEC)
         # SIGCHLD wakes the loop through a pipe of its own, so a spare that
         # died before taking a call is replaced without delay.
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
-    def reap(self) -> None:
-        while self.spares or self.busy:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                return
-            self.spares.discard(pid)
-            self.busy.discard(pid)
+    def spares(self) -> int:
+        return len(self.starting) + len(self.waiting)
 
-    def wait(self) -> None:
-        """Until a child takes a call, waits again, or ends."""
-        poller = select.poll()
-        poller.register(self.messages_r, select.POLLIN)
-        poller.register(self.wake_r, select.POLLIN)
-        for fd, _ in poller.poll():
-            if fd == self.wake_r:
-                while True:
-                    try:
-                        os.read(self.wake_r, 512)
-                    except BlockingIOError:
-                        break
-            else:
-                data = os.read(self.messages_r, 4 * 64)
-                for (pid,) in struct.iter_unpack("=i", data):
-                    # A pid not found was reaped already.
-                    if pid > 0 and pid in self.spares:
-                        self.spares.remove(pid)
-                        self.busy.add(pid)
-                    elif pid < 0 and -pid in self.busy:
-                        self.busy.remove(-pid)
-                        self.spares.add(-pid)
-        self.reap()
+    def fork(self, run: Callable[[socket.socket], None]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            status = 1
+            try:
+                self._in_child(theirs)
+                run(theirs)
+                status = 0
+            finally:  # the child must always reach _exit
+                os._exit(status)
+        theirs.close()
+        self.channels[pid] = ours
+        self.starting.add(pid)
 
-    def in_child(self) -> None:
-        """What a freshly forked child must not keep of the daemon's loop."""
+    def _in_child(self, channel: socket.socket) -> None:
+        """Keep nothing of the daemon's loop but this child's channel and the messages pipe.
+
+        In particular no other caller's connection: a caller refused by
+        the daemon reads its answer to the end of the connection, which
+        does not come while a copy stays open here.
+        """
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in (self.messages_r, self.wake_r, self.wake_w):
-            os.close(fd)
+        keep = {0, 1, 2, channel.fileno(), self.messages_w}
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) not in keep:
+                try:
+                    os.close(int(name))
+                except OSError:
+                    pass  # the directory's own descriptor, closed by now
 
+    def hand(self, call: intake.Call) -> bool:
+        """Give ``call`` to a waiting child; False when none could take it."""
+        while self.waiting:
+            # The one that waited last: its pages are the warmest, and the
+            # others may reach their idle end.
+            pid = max(self.waiting, key=self.waiting.__getitem__)
+            del self.waiting[pid]
+            try:
+                intake.hand_over(self.channels[pid], call)
+            except OSError:
+                continue  # it ended meanwhile; reaped with the next SIGCHLD
+            self.served.add(pid)
+            return True
+        return False
 
-def _private_directory(path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    if os.stat(directory).st_mode & stat.S_ISVTX:
-        # Making /tmp root-only would break the node; the socket needs a
-        # directory of its own.
-        raise DaemonError(f"{directory} is a shared directory (sticky bit): give the socket one of its own")
-    # A hostPath DirectoryOrCreate (or an administrator) may have made it
-    # 0755 already; the mode given to makedirs only applies to a new one.
-    os.chmod(directory, 0o700)
+    def on_messages(self) -> None:
+        data = os.read(self.messages_r, 4 * 64)
+        now = time.monotonic()
+        for (pid,) in struct.iter_unpack("=i", data):
+            # A pid not found was reaped already.
+            if pid in self.channels:
+                if pid in self.starting:
+                    self.starting.remove(pid)
+                    self.failures = 0
+                self.waiting[pid] = now
+
+    def on_wake(self) -> None:
+        while True:
+            try:
+                os.read(self.wake_r, 512)
+            except BlockingIOError:
+                break
+        self.reap()
+
+    def may_fork(self, now: float) -> bool:
+        if self.failures and self.starting:
+            return False  # one at a time, until one starts
+        return self.spares() < SPARES and len(self.channels) < self.max and now >= self.next_fork
+
+    def reap(self) -> None:
+        while self.channels:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            self.channels.pop(pid).close()
+            if pid in self.starting:
+                self.starting.remove(pid)
+                self._failed_at_start(status)
+            self.waiting.pop(pid, None)
+            self.served.discard(pid)
+
+    def _failed_at_start(self, status: int) -> None:
+        """A child ended before it could take a call: fork again only after a while.
+
+        Forking again at once, forever, would turn a broken install (an
+        import error in every child) into a fork loop on every core.
+        """
+        self.failures += 1
+        delay = min(START_BACKOFF * 2 ** (self.failures - 1), START_BACKOFF_MAX)
+        self.next_fork = time.monotonic() + delay
+        if os.WIFSIGNALED(status):
+            self.failure = f"killed by signal {os.WTERMSIG(status)}"
+        else:
+            self.failure = f"exit status {os.waitstatus_to_exitcode(status)}"
+        # Once per interval: the next failure comes after the next fork.
+        sys.stderr.write(f"sriov-cni daemon: a child ended before it could take calls ({self.failure}, "
+                         f"{self.failures} in a row); the next fork in {delay:g} s\n")
+        sys.stderr.flush()
+
+    def cannot_start(self) -> CNIError | None:
+        """Why calls cannot run now: children end at start and none waits."""
+        if not self.failures or self.waiting:
+            return None
+        return CNIError(Code.TRY_AGAIN, f"the sriov-cni daemon's children end before they can take calls "
+                                        f"({self.failure}; see the daemon's log), and it forks them again only "
+                                        "after a while; nothing ran")
+
+    def next_retirement(self) -> float | None:
+        times = [since + self.idle for pid, since in self.waiting.items() if pid in self.served]
+        return min(times, default=None)
+
+    def retire(self, now: float) -> None:
+        """End the children that have served calls and waited ``idle`` since, giving back their pages."""
+        for pid, since in list(self.waiting.items()):
+            if pid in self.served and since + self.idle <= now:
+                del self.waiting[pid]
+                self.channels[pid].close()  # the child reads the end of its channel and ends
 
 
 def _warm_netlink() -> None:
@@ -481,7 +526,10 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if measure is not None:
         import cProfile  # noqa: F401  imported once here, not in every measured call
         import resource  # noqa: F401
-    _private_directory(path)
+    # Private when the directory is ours; an existing one holding others'
+    # files (/run) is used as it is, and refused when others may write it.
+    # The socket itself is root-only either way (the umask below).
+    safepath.private_dir(os.path.dirname(os.path.abspath(path)), os.path.basename(path), "socket directory")
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -492,29 +540,57 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         listener.bind(path)
     finally:
         os.umask(old_umask)
-    listener.listen(128)
-    listener.setblocking(False)  # see _next_call
-    children = _Children(max_children)
+    listener.listen(socket.SOMAXCONN)
+    listener.setblocking(False)
+    max_pending = _descriptors_for(MAX_PENDING, max_children)
+    selector = selectors.DefaultSelector()
+    children = _Children(max_children, child_idle)
+    selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
+    selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
+    calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
     daemon = os.getpid()
+
+    def spare(channel: socket.socket) -> None:
+        _spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
+
     sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}\n")
     sys.stderr.flush()
     while True:
-        if len(children.spares) < SPARES and len(children.spares) + len(children.busy) < children.max:
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - child
-                status = 1
-                try:
-                    children.in_child()
-                    _spare(listener, daemon, children.messages_w, request_timeout, calls_per_child, child_idle,
-                           measure)
-                    status = 0
-                finally:  # the child must always reach _exit
-                    os._exit(status)
-            children.spares.add(pid)
-        else:
-            # With MAX_CHILDREN calls running, further ones wait in the
-            # listen queue until a child waits again or ends.
-            children.wait()
+        while children.may_fork(time.monotonic()):
+            children.fork(spare)
+        # With MAX_CHILDREN calls running, further ones wait here until a
+        # child waits again or ends.
+        while children.waiting and (call := calls.take()) is not None:
+            if not children.hand(call):
+                calls.put_back(call)
+        if (broken := children.cannot_start()) is not None:
+            calls.refuse_waiting(broken)
+        deadlines = [t for t in (calls.next_deadline(), children.next_retirement()) if t is not None]
+        if children.spares() < SPARES and children.next_fork > time.monotonic():
+            deadlines.append(children.next_fork)
+        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        for key, _ in selector.select(timeout):
+            key.data()
+        now = time.monotonic()
+        calls.expire(now)
+        children.retire(now)
+
+
+def _descriptors_for(pending: int, max_children: int) -> int:
+    """How many connections the daemon may read at once, raising its descriptor limit for them.
+
+    Each holds four descriptors once its caller's three came; the common
+    default soft limit of 1024 would cap them at a few hundred.
+    """
+    import resource
+
+    reserve = 64 + 2 * max_children
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = reserve + 4 * pending
+    if soft != resource.RLIM_INFINITY and soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return pending if soft == resource.RLIM_INFINITY else max(1, min(pending, (soft - reserve) // 4))
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from sriov_cni import __version__, attachments
-from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch
+from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch, read_config
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.plugin import allocate, bind, config, delegate, log, tuning
@@ -549,4 +549,4 @@ def configure_logging_from_env(env: Mapping[str, str]) -> None:
 
 def main() -> None:
     configure_logging_from_env(os.environ)
-    sys.exit(run(os.environ, sys.stdin.buffer.read(), sys.stdout, sys.stderr))
+    sys.exit(run(os.environ, read_config(sys.stdin.buffer), sys.stdout, sys.stderr))

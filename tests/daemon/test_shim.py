@@ -25,101 +25,11 @@ from typing import Any, TypeVar
 import pytest
 
 import hangipam
+from daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
-from sriov_cni.daemon import client, server
+from sriov_cni.daemon import client, server, wire
 
-REPO = Path(__file__).resolve().parents[2]
-SHIM = Path(client.SHIM)
 PT_INTERP = 3
-
-T = TypeVar("T")
-
-
-@pytest.fixture(autouse=True)
-def shim_built() -> None:
-    if not SHIM.exists():
-        pytest.fail("the shim is not built: make -C shim (tests/setup-host.sh does it)", pytrace=False)
-
-
-def _group_of(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:  # ended meanwhile
-        return None
-
-
-class Daemon:
-    def __init__(self, directory: Path, *options: str, command: str = "daemon",
-                 env: dict[str, str] | None = None) -> None:
-        self.socket = directory / "plugin.sock"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from sriov_cni.cli import main; main()", command,
-             "--socket", str(self.socket), *options],
-            cwd=REPO, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})),
-        )
-        assert self.proc.stderr is not None
-        banner = self.proc.stderr.readline()
-        assert f"listening on {self.socket}" in banner, banner
-
-    def all_children(self) -> list[int]:
-        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-            return [int(pid) for pid in f.read().split()]
-
-    def children(self) -> list[int]:
-        """The children running a call: each leads its own process group (waiting ones do not)."""
-        return [pid for pid in self.all_children() if pid == _group_of(pid)]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path / "run")
-    yield d
-    d.stop()
-
-
-def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, name: str = "sriov",
-         env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    """Run the shim as ``name`` (a symlink, as install-cni's copies are named)."""
-    link = socket_path.parent.parent / "bin" / name
-    link.parent.mkdir(exist_ok=True)
-    if link.is_symlink():
-        link.unlink()
-    link.symlink_to(exe)
-    call_env = {"CNI_COMMAND": command, "SRIOV_CNI_SOCKET": str(socket_path), "PATH": "/usr/bin:/bin",
-                **(env or {})}
-    # The timeout only keeps a broken shim from hanging the suite.
-    proc = subprocess.run([str(link)], input=stdin, env=call_env, capture_output=True, timeout=60)
-    out = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    return proc.returncode, out
-
-
-def ipam_conf(tmp_path: Path) -> bytes:
-    net = f"shim-{uuid.uuid4().hex[:8]}"
-    return json.dumps({
-        "cniVersion": "1.0.0", "name": net, "type": "sriov",
-        "ipam": {"type": "sriov-ipam", "subnet": "10.77.0.0/24", "dataDir": str(tmp_path / "ipam")},
-    }).encode()
-
-
-def ipam_env(container: str) -> dict[str, str]:
-    return {"CNI_CONTAINERID": container, "CNI_NETNS": "/proc/1/ns/net", "CNI_IFNAME": "net1",
-            "CNI_PATH": "/opt/cni/bin"}
-
-
-def wait_for(probe: Callable[[], T]) -> T:
-    """``probe()`` once it is true (polled: these are other processes' states)."""
-    for _ in range(1200):
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition never held")
 
 
 def test_the_shim_is_a_static_executable() -> None:
@@ -191,7 +101,27 @@ def test_a_daemon_that_never_accepts_is_given_up_on(tmp_path: Path) -> None:
         queued.close()
         listener.close()
     assert rc == 1 and out["code"] == 11, out
-    assert "did not accept within 5 s" in out["msg"]
+    assert f"did not accept within {wire.CONNECT_TIMEOUT} s" in out["msg"]
+
+
+def test_the_python_client_gives_up_on_a_daemon_that_never_accepts(tmp_path: Path) -> None:
+    sock = tmp_path / "plugin.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(0)
+    queued = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    queued.connect(str(sock))
+    probe = "import sys\nfrom sriov_cni.daemon import client\nprint(client.via_daemon(sys.argv[1]))\n"
+    try:
+        # Without the bound, connect waits as long as the queue stays full:
+        # here, until the subprocess timeout fails the test.
+        proc = subprocess.run([sys.executable, "-S", "-c", probe, str(sock)], capture_output=True, text=True,
+                              env={"PYTHONPATH": str(REPO)}, timeout=4 * wire.CONNECT_TIMEOUT)
+    finally:
+        queued.close()
+        listener.close()
+    # None: not run by a daemon, so the executable runs the call in process.
+    assert proc.returncode == 0 and proc.stdout == "None\n", proc
 
 
 def test_version_skew_is_refused_naming_both_versions(daemon: Daemon, tmp_path: Path) -> None:
@@ -211,7 +141,7 @@ def test_oversized_request_is_an_error_not_a_hang(daemon: Daemon, tmp_path: Path
     rc, out = shim(daemon.socket, "ADD", ipam_conf(tmp_path), name="sriov-ipam",
                    env={**ipam_env("big"), **big})
     assert rc == 1 and out["code"] == 4, out
-    assert str(server.MAX_HEADER) in out["msg"]
+    assert str(wire.MAX_REQUEST) in out["msg"]
 
 
 def raw_request(sock: Path, header: bytes) -> bytes:
@@ -235,7 +165,7 @@ def test_a_request_sent_in_one_piece_is_served(daemon: Daemon, tmp_path: Path) -
     # The shim and the Python client send the length alone, then the rest;
     # a client may as well send length, request and descriptors in one
     # message, and the daemon must not read past the length.
-    body = client.encode_request(__version__, "sriov", "/", {"CNI_COMMAND": "VERSION", "PATH": "/usr/bin:/bin"})
+    frame = wire.encode_request(__version__, "sriov", "/", {"CNI_COMMAND": "VERSION", "PATH": "/usr/bin:/bin"})
     stdin = tmp_path / "stdin.json"
     stdin.write_text('{"cniVersion": "1.0.0"}')
     r, w = os.pipe()
@@ -243,7 +173,7 @@ def test_a_request_sent_in_one_piece_is_served(daemon: Daemon, tmp_path: Path) -
     try:
         with stdin.open("rb") as f:
             conn.connect(str(daemon.socket))
-            conn.sendmsg([struct.pack("!I", len(body)) + body],
+            conn.sendmsg([frame],
                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", f.fileno(), w, w))])
         os.close(w)
         answer = b""
@@ -253,15 +183,15 @@ def test_a_request_sent_in_one_piece_is_served(daemon: Daemon, tmp_path: Path) -
             printed = out.read()
     finally:
         conn.close()
-    assert answer == b"\x00", answer
+    assert answer == wire.exited(0), answer
     assert "1.1.0" in json.loads(printed)["supportedVersions"], printed
 
 
 def test_daemon_refuses_an_oversized_request_without_reading_it(daemon: Daemon) -> None:
-    answer = raw_request(daemon.socket, struct.pack("!I", server.MAX_HEADER + 1))
-    assert answer[0] == client.REFUSED
+    answer = raw_request(daemon.socket, struct.pack("!I", wire.MAX_REQUEST + 1))
+    assert answer[0] == wire.REFUSED
     out = json.loads(answer[1:])
-    assert out["code"] == 4 and str(server.MAX_HEADER + 1) in out["msg"], out
+    assert out["code"] == 4 and str(wire.MAX_REQUEST + 1) in out["msg"], out
 
 
 def test_a_stalled_request_is_dropped_after_the_timeout(tmp_path: Path) -> None:
@@ -271,7 +201,7 @@ def test_a_stalled_request_is_dropped_after_the_timeout(tmp_path: Path) -> None:
         answer = raw_request(d.socket, struct.pack("!I", 100))
     finally:
         d.stop()
-    assert answer[0] == client.REFUSED
+    assert answer[0] == wire.REFUSED
     out = json.loads(answer[1:])
     assert out["code"] == 11 and "no complete request within 0.5 s" in out["msg"], out
 
@@ -349,31 +279,6 @@ def test_at_most_max_children_calls_run_at_once(tmp_path: Path) -> None:
         d.stop()
     assert first.returncode == 0, first_out
     assert second.returncode == 0, second_out
-
-
-def test_socket_directory_is_made_root_only_even_when_it_exists(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    run.mkdir(mode=0o755)
-    run.chmod(0o755)
-    d = Daemon(run)
-    try:
-        assert stat.S_IMODE(run.stat().st_mode) == 0o700
-        assert stat.S_IMODE(d.socket.stat().st_mode) == 0o600
-    finally:
-        d.stop()
-
-
-def test_a_shared_socket_directory_is_refused(tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    proc = subprocess.run(
-        [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
-         "--socket", str(shared / "plugin.sock")],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
-    assert proc.returncode == 1 and "sticky bit" in proc.stderr and "Traceback" not in proc.stderr
-    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
 
 
 def test_install_cni_writes_the_shim_atomically_as_both_executables(tmp_path: Path) -> None:
@@ -455,12 +360,6 @@ def test_python_client_without_a_socket_variable_still_answers() -> None:
     # the call is answered, never a traceback.
     rc, out = python_sriov(None, __version__)
     assert rc == 0 and "1.1.0" in out["supportedVersions"], out
-
-
-def test_a_request_without_environment_decodes_and_a_shorter_one_does_not() -> None:
-    assert client.decode_request(client.encode_request("1.2", "sriov", "/", {})) == ("1.2", "sriov", "/", {})
-    with pytest.raises(ValueError, match="without version, program and working directory"):
-        client.decode_request(b"1.2\0sriov")
 
 
 def test_python_client_runs_in_process_when_the_daemon_refuses(daemon: Daemon) -> None:
@@ -581,3 +480,21 @@ def test_a_child_that_served_a_call_ends_after_child_idle(tmp_path: Path) -> Non
     finally:
         d.stop()
     assert [pid for pid, _ in _served_by(stats, 2)][1] != child
+
+
+def test_a_caller_that_is_not_root_is_refused_saying_why(daemon: Daemon, tmp_path: Path) -> None:
+    # A process that may open the root-only socket (it keeps CAP_DAC_OVERRIDE)
+    # without being root.
+    link = tmp_path / "bin" / "sriov-ipam"
+    link.parent.mkdir()
+    link.symlink_to(SHIM)
+    env = {"CNI_COMMAND": "ADD", "SRIOV_CNI_SOCKET": str(daemon.socket), **ipam_env("not-root")}
+    proc = subprocess.run(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--inh-caps", "+dac_override",
+         "--ambient-caps", "+dac_override", str(link)],
+        input=ipam_conf(tmp_path), env=env, capture_output=True, timeout=60,
+    )
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["code"] == 4, out
+    assert "only root may call the sriov-cni daemon, not uid 65534; nothing ran" in out["msg"]
+    assert not (tmp_path / "ipam").exists(), "nothing ran"

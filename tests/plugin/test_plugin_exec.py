@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from pluginlib import SRIOV_BIN, Outcome, run_bin
+from sriov_cni.cni import MAX_CONFIG
 
 SUPPORTED = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 
@@ -81,3 +83,24 @@ def test_del_of_nothing_succeeds_silently(tmp_path: Path) -> None:
     assert res.rc == 0, res.stdout
     assert res.stdout == ""
     no_traceback(res)
+
+
+@pytest.mark.parametrize("command", ["VERSION", "ADD"])
+def test_a_stdin_that_never_ends_is_an_error_not_a_growing_plugin(command: str, tmp_path: Path) -> None:
+    # Read without a bound, /dev/zero grows the plugin until it is killed;
+    # the timeout here only keeps that from hanging the suite.
+    call_env = env(command, CNI_CONTAINERID="c", CNI_NETNS="/proc/1/ns/net", CNI_IFNAME="net1",
+                   SRIOV_CNI_SOCKET=str(tmp_path / "no-daemon.sock"))
+    with open("/dev/zero", "rb") as zero:
+        proc = subprocess.run([str(SRIOV_BIN)], stdin=zero, env=call_env, capture_output=True, timeout=60)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["code"] == 7, out
+    assert f"larger than {MAX_CONFIG} bytes" in out["msg"]
+
+
+def test_a_config_just_within_the_bound_is_read_whole() -> None:
+    padding = " " * (MAX_CONFIG - len('{"cniVersion": "0.4.0"}'))
+    res = run_bin(env("VERSION"), ('{"cniVersion": "0.4.0"}' + padding).encode())
+    assert res.rc == 0 and json.loads(res.stdout)["cniVersion"] == "0.4.0", res
+    res = run_bin(env("VERSION"), ('{"cniVersion": "0.4.0"}' + padding + " ").encode())
+    assert res.rc == 1 and json.loads(res.stdout)["code"] == 7, res

@@ -1,0 +1,82 @@
+"""The frame between the CNI executables and the daemon, defined here once.
+
+The daemon (:mod:`server`) and the Python executable (:mod:`client`) use
+this module; the static shim (shim/sriov-shim.c) has the same constants
+compiled in, and tests/daemon/test_wire.py checks both against one table.
+
+Request, executable to daemon::
+
+    4-byte big-endian length N, with the caller's stdin, stdout and stderr
+    attached (SCM_RIGHTS), then N bytes:
+    version NUL program NUL cwd NUL KEY=VALUE NUL KEY=VALUE ...
+
+Answer, daemon to executable: a tag byte, then
+
+* ``EXITED``: one byte, the plugin's exit status;
+* ``REFUSED``: a CNI error object (JSON and a newline) up to the end of the
+  connection.  Nothing of the call ran.
+
+The tag keeps "refused" out of the exit statuses' value space.  An
+executable that reads no tag at all knows the daemon ended during the call,
+which may have partly run.
+
+Only the standard library's C modules are imported: the Python executable
+starts with ``-S`` and must stay fast.
+"""
+
+from __future__ import annotations
+
+import _struct
+
+# The request's length field; the shim's MAX_REQUEST.
+HEADER = "!I"
+HEADER_SIZE = 4
+# The caller's stdin, stdout and stderr, in that order.
+DESCRIPTORS = 3
+# The environment and working directory together, as the daemon accepts them.
+MAX_REQUEST = 1 << 20
+EXITED = ord("X")
+REFUSED = ord("R")
+# Seconds an executable waits for the daemon to accept (its listen queue is
+# full, or it is stopped) before it says the daemon is not reachable.
+CONNECT_TIMEOUT = 5
+
+
+def encode_request(version: str, program: str, cwd: str, env: dict[str, str]) -> bytes:
+    """The header and the body; the descriptors go with the header."""
+    fields = [version, program, cwd] + [f"{k}={v}" for k, v in env.items()]
+    body = "\0".join(fields).encode("utf-8", "surrogateescape")
+    return _struct.pack(HEADER, len(body)) + body
+
+
+def request_size(header: bytes) -> int:
+    (size,) = _struct.unpack(HEADER, header)
+    return int(size)
+
+
+def decode_request(body: bytes) -> tuple[str, str, str, dict[str, str]]:
+    """The fields of a request body.  Raises ValueError for one without its three first fields.
+
+    An environment entry without ``=`` is left out, as the C library
+    leaves it out of a process's environment; one with an empty name is
+    kept (a plugin run directly sees it too).
+    """
+    fields = body.decode("utf-8", "surrogateescape").split("\0")
+    if len(fields) < 3:
+        raise ValueError("request without version, program and working directory")
+    version, program, cwd, *pairs = fields
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if sep:
+            env[key] = value
+    return version, program, cwd, env
+
+
+def exited(status: int) -> bytes:
+    return bytes([EXITED, status & 0xFF])
+
+
+def refused(error: bytes) -> bytes:
+    """``error`` is the CNI error object, JSON, with its newline."""
+    return bytes([REFUSED]) + error

@@ -1,0 +1,96 @@
+"""What the daemon's tests share: a real daemon process, the shim run as a CNI executable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sriov_cni.daemon import client
+
+REPO = Path(__file__).resolve().parents[2]
+SHIM = Path(client.SHIM)
+
+T = TypeVar("T")
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:  # ended meanwhile
+        return None
+
+
+class Daemon:
+    def __init__(self, directory: Path, *options: str, command: str = "daemon",
+                 env: dict[str, str] | None = None, wrapper: Sequence[str] = ()) -> None:
+        self.socket = directory / "plugin.sock"
+        self.proc = subprocess.Popen(
+            [*wrapper, sys.executable, "-c", "from sriov_cni.cli import main; main()", command,
+             "--socket", str(self.socket), *options],
+            cwd=REPO, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})),
+        )
+        assert self.proc.stderr is not None
+        banner = self.proc.stderr.readline()
+        assert f"listening on {self.socket}" in banner, banner
+
+    def all_children(self) -> list[int]:
+        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+            return [int(pid) for pid in f.read().split()]
+
+    def children(self) -> list[int]:
+        """The children running a call: each leads its own process group (waiting ones do not)."""
+        return [pid for pid in self.all_children() if pid == _group_of(pid)]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, name: str = "sriov",
+         env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """Run the shim as ``name`` (a symlink, as install-cni's copies are named)."""
+    link = socket_path.parent.parent / "bin" / name
+    link.parent.mkdir(exist_ok=True)
+    if not (link.is_symlink() and os.readlink(link) == str(exe)):
+        # Renamed into place: callers in several threads share the link.
+        tmp = link.with_name(f".{name}.{uuid.uuid4().hex}")
+        tmp.symlink_to(exe)
+        os.replace(tmp, link)
+    call_env = {"CNI_COMMAND": command, "SRIOV_CNI_SOCKET": str(socket_path), "PATH": "/usr/bin:/bin",
+                **(env or {})}
+    # The timeout only keeps a broken shim from hanging the suite.
+    proc = subprocess.run([str(link)], input=stdin, env=call_env, capture_output=True, timeout=60)
+    out = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    return proc.returncode, out
+
+
+def ipam_conf(tmp_path: Path) -> bytes:
+    net = f"shim-{uuid.uuid4().hex[:8]}"
+    return json.dumps({
+        "cniVersion": "1.0.0", "name": net, "type": "sriov",
+        "ipam": {"type": "sriov-ipam", "subnet": "10.77.0.0/24", "dataDir": str(tmp_path / "ipam")},
+    }).encode()
+
+
+def ipam_env(container: str) -> dict[str, str]:
+    return {"CNI_CONTAINERID": container, "CNI_NETNS": "/proc/1/ns/net", "CNI_IFNAME": "net1",
+            "CNI_PATH": "/opt/cni/bin"}
+
+
+def wait_for(probe: Callable[[], T]) -> T:
+    """``probe()`` once it is true (polled: these are other processes' states)."""
+    for _ in range(1200):
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition never held")
