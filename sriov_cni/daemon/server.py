@@ -51,6 +51,7 @@ from typing import IO
 
 from sriov_cni import __version__
 from sriov_cni.cni import CNIError, Code
+from sriov_cni.daemon import budget
 from sriov_cni.daemon.client import DEFAULT_SOCKET, REFUSED, decode_request
 from sriov_cni.kernel import lifetime
 
@@ -61,6 +62,7 @@ MAX_HEADER = 1 << 20
 REQUEST_TIMEOUT = 10.0
 # Each child is a forked copy of the daemon; calls beyond this wait in the
 # listen queue until one ends, so a flood cannot exhaust the node's memory.
+# The daemon's memory budget lowers it further (budget.admission).
 MAX_CHILDREN = 64
 # Children forked ahead, each waiting to take the next call.  Two, so that
 # a second call arriving at once need not wait for its fork either.
@@ -464,8 +466,12 @@ def _warm_netlink() -> None:
 
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
-          calls_per_child: int = CALLS_PER_CHILD) -> None:
-    """Listen on ``path`` until terminated."""
+          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None) -> None:
+    """Listen on ``path`` until terminated.
+
+    ``memory_budget``: bytes the daemon and its children may hold, instead
+    of its cgroup's limit.
+    """
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
     import ipam.main  # noqa: F401
@@ -481,6 +487,8 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if measure is not None:
         import cProfile  # noqa: F401  imported once here, not in every measured call
         import resource  # noqa: F401
+    admitted = budget.admission(max_children, memory_budget)
+    unprotected = budget.protect_daemon()
     _private_directory(path)
     try:
         os.unlink(path)
@@ -494,9 +502,11 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         os.umask(old_umask)
     listener.listen(128)
     listener.setblocking(False)  # see _next_call
-    children = _Children(max_children)
+    children = _Children(admitted.children)
     daemon = os.getpid()
-    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}\n")
+    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}\n")
+    if unprotected:
+        sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
     while True:
         if len(children.spares) < SPARES and len(children.spares) + len(children.busy) < children.max:
@@ -504,6 +514,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
             if pid == 0:  # pragma: no cover - child
                 status = 1
                 try:
+                    budget.expose_child()
                     children.in_child()
                     _spare(listener, daemon, children.messages_w, request_timeout, calls_per_child, child_idle,
                            measure)
