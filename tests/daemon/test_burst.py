@@ -142,13 +142,16 @@ def test_the_daemon_is_exempt_from_the_oom_killer_and_its_children_go_first(smal
         assert "cannot exempt the daemon from the OOM killer" in warning and "CAP_SYS_RESOURCE" in warning, warning
         assert daemon_adj == int(Path("/proc/self/oom_score_adj").read_text())
     children_file = Path(f"/proc/{small.proc.pid}/task/{small.proc.pid}/children")
-    # The spares are forked once the daemon listens.
+
+    def adjusted() -> list[str]:
+        """The spares' oom_score_adj, once the daemon has forked them and they have set it."""
+        values = [Path(f"/proc/{child}/oom_score_adj").read_text().strip() for child in children_file.read_text().split()]
+        return values if values and set(values) == {str(budget.CHILD_OOM_SCORE_ADJ)} else []
+
     deadline = time.monotonic() + 30
-    while not (children := children_file.read_text().split()) and time.monotonic() < deadline:
+    while not adjusted() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert children
-    for child in children:
-        assert Path(f"/proc/{child}/oom_score_adj").read_text().strip() == str(budget.CHILD_OOM_SCORE_ADJ)
+    assert adjusted(), [Path(f"/proc/{c}/oom_score_adj").read_text() for c in children_file.read_text().split()]
 
 
 def test_a_call_killed_by_the_oom_killer_fails_clearly_and_leaves_nothing(tmp_path: Path) -> None:
