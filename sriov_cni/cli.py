@@ -92,7 +92,7 @@ def status(as_json: bool, data_dir: Path) -> None:
 @click.option("--request-timeout", default=server.REQUEST_TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a caller has to send its request.")
 @click.option("--max-children", default=server.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
-              help="Calls run at once; more wait their turn.")
+              help="Calls run at once at most, however large the memory budget; more wait their turn.")
 @click.option("--child-idle", default=server.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a child that has served calls waits for another before it ends.")
 @click.option("--calls-per-child", default=server.CALLS_PER_CHILD, show_default=True, type=click.IntRange(min=1),

@@ -31,13 +31,14 @@ from pathlib import Path
 MiB = 1 << 20
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF = Path("/proc/self")
-# Memory one child holds once it has served an ADD with a delegated IPAM
-# plugin, beyond the daemon it was forked from: the daemon's pages it
-# wrote (reference counts, allocator pools; Python copies on write what it
-# merely reads), its own heap, and the IPAM executable it runs for the
-# call.  Measured with tests/bench/bench_burst.py: peak of the cgroup over
-# the number of children, on the host fixtures, ADDs with host-local.
-CHILD_COST = 8 * MiB
+# Memory one child adds to the daemon's cgroup while it serves an ADD with a
+# delegated IPAM plugin: the daemon's pages it writes (Python writes the
+# reference count of every object it merely uses, so a call copies about
+# 4 MiB of them), its own heap, and the IPAM executable it runs.  Measured
+# with tests/bench/bench_burst.py on the host fixtures with host-local:
+# 5.4 to 6.4 MiB per child across caps of 11 to 25; an idle child that has
+# served a call keeps about 6 MiB of it until --child-idle ends it.
+CHILD_COST = 7 * MiB
 # Kept free of children: page cache the calls' files and logs fill, a
 # larger-than-measured call, and what the kernel charges beside the pages
 # (page tables, socket buffers).

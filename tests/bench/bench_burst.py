@@ -166,7 +166,7 @@ def main() -> None:
             for together in (False, True):
                 rs = runs[together]
                 total = statistics.median(r.add_s + r.del_s for r in rs)
-                admitted = rs[-1].banner.partition(", ")[2]
+                admitted = rs[-1].banner.partition(", ")[2].partition(" (")[0]
                 line = (f"{n:>3} {rs[0].mode:>10} {statistics.median(r.add_s for r in rs):7.2f} "
                         f"{statistics.median(r.del_s for r in rs):7.2f} {total / seq:14.2f} "
                         f"{max(r.peak for r in rs) / MiB:8.1f} {sum(r.oom_kills for r in rs):>9} "
