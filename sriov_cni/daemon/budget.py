@@ -150,10 +150,10 @@ class Admission:
     source: str
 
     def describe(self) -> str:
+        calls = f"at most {self.children} call{'s' if self.children > 1 else ''} at once"
         if self.budget is None:
-            return f"at most {self.children} calls at once (no memory limit found: --max-children)"
-        return (f"at most {self.children} calls at once "
-                f"(memory budget {self.budget / MiB:.0f} MiB from {self.source})")
+            return f"{calls} (no memory limit found: --max-children)"
+        return f"{calls} (memory budget {self.budget / MiB:.0f} MiB from {self.source})"
 
 
 def children_for(budget: int, daemon: int, child: int = CHILD_COST) -> int:

@@ -8,6 +8,8 @@ memory cgroup.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,7 @@ def test_the_cap_is_what_fits_beside_the_daemon_with_headroom(tmp_path: Path) ->
     # child still serves calls one at a time.
     assert budget.admission(3, None, root, proc).children == 3
     assert budget.admission(64, 40 * MiB, root, proc) == budget.Admission(1, 40 * MiB, "--memory-budget")
+    assert budget.Admission(1, 40 * MiB, "--memory-budget").describe().startswith("at most 1 call at once")
 
 
 def test_the_flag_overrides_the_cgroup(tmp_path: Path) -> None:
@@ -139,3 +142,29 @@ def test_sizes_as_kubernetes_writes_them(text: str, size: int) -> None:
 def test_what_is_not_a_size_is_refused_by_name(text: str) -> None:
     with pytest.raises(budget.BudgetError, match="not a size"):
         budget.parse_size(text)
+
+
+def daemon_command(tmp_path: Path, *options: str) -> list[str]:
+    return [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
+            "--socket", str(tmp_path / "run" / "plugin.sock"), *options]
+
+
+def test_the_daemon_names_its_cap_and_budget_when_it_starts(tmp_path: Path) -> None:
+    proc = subprocess.Popen(daemon_command(tmp_path, "--memory-budget", "100Mi"), stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        assert proc.stderr is not None
+        proc.stderr.close()
+    assert "listening on" in banner and "memory budget 100 MiB from --memory-budget" in banner, banner
+    assert "at most" in banner and "at most 64 " not in banner, banner
+
+
+def test_a_budget_that_is_not_a_size_is_refused_before_listening(tmp_path: Path) -> None:
+    proc = subprocess.run(daemon_command(tmp_path, "--memory-budget", "1.5Gi"), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "--memory-budget" in proc.stderr and "not a size" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
