@@ -500,7 +500,9 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         listener.bind(path)
     finally:
         os.umask(old_umask)
-    listener.listen(128)
+    # Calls beyond the admitted children wait here, connected, for their
+    # turn; a shim that finds the queue full gives up after 5 s.
+    listener.listen(socket.SOMAXCONN)
     listener.setblocking(False)  # see _next_call
     children = _Children(admitted.children)
     daemon = os.getpid()
