@@ -201,5 +201,10 @@ def protect_daemon() -> str | None:
 
 def expose_child() -> None:
     """Make this freshly forked child the OOM killer's first choice (raising needs no privilege)."""
-    _set_oom_score_adj(CHILD_OOM_SCORE_ADJ)
+    try:
+        _set_oom_score_adj(CHILD_OOM_SCORE_ADJ)
+    except OSError:
+        # A /proc mounted read-only: the child serves calls all the same (a
+        # child that ended here would be forked again at once, forever).
+        pass
 
