@@ -27,6 +27,12 @@ class MemoryCgroup:
         self.path.mkdir()
         if limit is not None:
             (self.path / parent.limit_file).write_text(str(limit))
+        # Without swap, as a pod is: a cgroup at its limit reclaims, then
+        # kills, rather than swapping for minutes (the file is absent when
+        # the kernel accounts no swap).
+        no_swap = self.path / ("memory.swap.max" if self.v2 else "memory.swappiness")
+        if no_swap.exists():
+            no_swap.write_text("0")
 
     def wrap(self, command: list[str]) -> list[str]:
         """``command``, started inside the cgroup (before it forks anything)."""
