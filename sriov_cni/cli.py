@@ -9,7 +9,7 @@ import click
 
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
-from sriov_cni.daemon import client, server
+from sriov_cni.daemon import budget, client, server
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
 from sriov_cni.plugin import store
@@ -98,16 +98,23 @@ def status(as_json: bool, data_dir: Path) -> None:
 @click.option("--request-timeout", default=server.REQUEST_TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a caller has to send its request, and then to end its stdin.")
 @click.option("--max-children", default=server.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
-              help="Calls run at once; more wait their turn.")
+              help="Calls run at once at most, however large the memory budget; more wait their turn.")
 @click.option("--child-idle", default=server.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a child that has served calls waits for another before it ends.")
 @click.option("--calls-per-child", default=server.CALLS_PER_CHILD, show_default=True, type=click.IntRange(min=1),
               help="Calls a child serves, one after another, before it ends; 1: a fresh child for each call.")
+@click.option("--memory-budget", metavar="SIZE",
+              help="Memory the daemon and its calls may use (e.g. 160Mi); default: its cgroup's limit. "
+                   "Calls run at once are as many as fit, at most --max-children.")
 def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float,
-           calls_per_child: int) -> None:
+           calls_per_child: int, memory_budget: str | None) -> None:
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until stopped)."""
     try:
-        server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child)
+        size = None if memory_budget is None else budget.parse_size(memory_budget)
+    except budget.BudgetError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory-budget") from exc
+    try:
+        server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size)
     except (CNIError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
 

@@ -24,9 +24,10 @@ for dir in tests/*/; do
     name=${dir#tests/}
     # The sibling directories a directory's modules add to sys.path.
     case $name in
-        bench)  extra=tests/plugin:tests/node ;;
+        bench)  extra=tests/plugin:tests/node:tests ;;
         stress) extra=tests/plugin:tests/vm ;;
-        daemon|plugin) extra=tests ;;
+        daemon) extra=tests:tests/bench:tests/plugin ;;
+        plugin) extra=tests ;;
         *)      extra="" ;;
     esac
     echo "typecheck: $dir"

@@ -53,7 +53,7 @@ from typing import IO
 
 from sriov_cni import __version__, safepath
 from sriov_cni.cni import MAX_CONFIG, CNIError, Code
-from sriov_cni.daemon import intake, wire
+from sriov_cni.daemon import budget, intake, wire
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.kernel import lifetime
 
@@ -63,6 +63,7 @@ from sriov_cni.kernel import lifetime
 REQUEST_TIMEOUT = 10.0
 # Each child is a forked copy of the daemon; calls beyond this wait in the
 # daemon until one ends, so a flood cannot exhaust the node's memory.
+# The daemon's memory budget lowers it further (budget.admission).
 MAX_CHILDREN = 64
 # Children forked ahead, each waiting to take the next call.  Two, so that
 # a second call arriving at once need not wait for its fork either.
@@ -375,6 +376,7 @@ class _Children:
         if pid == 0:  # pragma: no cover - child
             status = 1
             try:
+                budget.expose_child()
                 self._in_child(theirs)
                 run(theirs)
                 status = 0
@@ -509,8 +511,12 @@ def _warm_netlink() -> None:
 
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
-          calls_per_child: int = CALLS_PER_CHILD) -> None:
-    """Listen on ``path`` until terminated."""
+          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None) -> None:
+    """Listen on ``path`` until terminated.
+
+    ``memory_budget``: bytes the daemon and its children may hold, instead
+    of its cgroup's limit.
+    """
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
     import ipam.main  # noqa: F401
@@ -526,6 +532,8 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if measure is not None:
         import cProfile  # noqa: F401  imported once here, not in every measured call
         import resource  # noqa: F401
+    admitted = budget.admission(max_children, memory_budget)
+    unprotected = budget.protect_daemon()
     # Private when the directory is ours; an existing one holding others'
     # files (/run) is used as it is, and refused when others may write it.
     # The socket itself is root-only either way (the umask below).
@@ -542,9 +550,9 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         os.umask(old_umask)
     listener.listen(socket.SOMAXCONN)
     listener.setblocking(False)
-    max_pending = _descriptors_for(MAX_PENDING, max_children)
+    max_pending = _descriptors_for(MAX_PENDING, admitted.children)
     selector = selectors.DefaultSelector()
-    children = _Children(max_children, child_idle)
+    children = _Children(admitted.children, child_idle)
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
@@ -553,7 +561,9 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     def spare(channel: socket.socket) -> None:
         _spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
 
-    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}\n")
+    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}\n")
+    if unprotected:
+        sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
     while True:
         while children.may_fork(time.monotonic()):
