@@ -2,7 +2,7 @@
 # Build the image of deploy/daemonset.yaml from deploy/Containerfile with
 # podman.
 #
-#   deploy/build-image.sh [--offline] [IMAGE]
+#   deploy/build-image.sh [--offline] [--oci-archive PATH] [IMAGE]
 #
 # IMAGE defaults to the name the manifests use, localhost/sriov-cni:VERSION
 # (VERSION from pyproject.toml). With a registry, build under its name and
@@ -19,6 +19,10 @@
 # the build for its RUN steps only; the image is the same as with a
 # registry.
 #
+# --oci-archive also writes the image to PATH as an OCI archive, which
+# `ctr -n k8s.io images import` loads into a node's containerd without a
+# registry.
+#
 # Rebuilds only what changed: podman reuses each layer whose inputs (the
 # copied files, the command) are unchanged; the offline base is bootstrapped
 # again only when SOURCES changes, the wheels only when pyproject.toml does.
@@ -26,10 +30,15 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 offline=0
-if [ "${1:-}" = "--offline" ]; then
-    offline=1
-    shift
-fi
+archive=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --offline) offline=1; shift ;;
+        --oci-archive) archive=${2:?--oci-archive needs a PATH}; shift 2 ;;
+        -*) echo "build-image: unknown option $1" >&2; exit 2 ;;
+        *) break ;;
+    esac
+done
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml")
 image=${1:-localhost/sriov-cni:$version}
 # The name FROM resolves to: podman expands a short name to docker.io's
@@ -76,17 +85,19 @@ if [ "$offline" -eq 1 ]; then
     fi
     build_opts+=(--pull=never)
 
-    # The build's Python is bookworm's 3.11; the wheels must fit it.
-    wheels=$cache/wheels-$(sha "$repo/pyproject.toml")
-    if [ ! -d "$wheels" ]; then
-        log "downloading wheels into $wheels"
-        mapfile -t reqs < <(python3 - "$repo/pyproject.toml" <<'EOF'
+    # What pip installs in the build: the build backend and the package's
+    # dependencies.
+    mapfile -t reqs < <(python3 - "$repo/pyproject.toml" <<'EOF'
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     p = tomllib.load(f)
 print(*p["build-system"]["requires"], *p["project"]["dependencies"], sep="\n")
 EOF
 )
+    # The build's Python is bookworm's 3.11; the wheels must fit it.
+    wheels=$cache/wheels-$(printf '%s\n' "${reqs[@]}" | sha)
+    if [ ! -d "$wheels" ]; then
+        log "downloading wheels into $wheels"
         rm -rf "$wheels.tmp"
         python3 -m pip download --quiet --disable-pip-version-check \
             --only-binary=:all: --python-version 3.11 --dest "$wheels.tmp" "${reqs[@]}"
@@ -99,4 +110,17 @@ EOF
 fi
 
 log "building $image"
-podman build "${build_opts[@]}" "$repo"
+podman build --quiet "${build_opts[@]}" "$repo" >/dev/null
+
+if [ -n "$archive" ]; then
+    # Written again only for another image: the archive's sidecar holds the
+    # ID of the image it was saved from.
+    id=$(podman image inspect --format '{{.Id}}' "$image")
+    if [ "$(cat "$archive.id" 2>/dev/null)" != "$id" ]; then
+        log "saving $image to $archive"
+        rm -f "$archive.id"
+        podman save --quiet --format oci-archive --output "$archive.tmp" "$image"
+        mv "$archive.tmp" "$archive"
+        echo "$id" >"$archive.id"
+    fi
+fi
