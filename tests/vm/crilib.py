@@ -20,7 +20,7 @@ import tarfile
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,11 @@ CRI_TIMEOUT = 300.0
 POLL = 0.5
 
 # Fields of a pod template (and of its containers) that concern the API
-# server, the scheduler or kubelet's own bookkeeping, not what kubelet asks
-# of the runtime.
-POD_FIELDS_NOT_FOR_CRI = {"nodeSelector", "tolerations"}
-CONTAINER_FIELDS_NOT_FOR_CRI = {"name"}
+# server, the scheduler or kubelet's own bookkeeping (eviction order, the
+# message it writes into the pod's status), not what kubelet asks of the
+# runtime.
+POD_FIELDS_NOT_FOR_CRI = {"nodeSelector", "tolerations", "priorityClassName"}
+CONTAINER_FIELDS_NOT_FOR_CRI = {"name", "terminationMessagePolicy"}
 PROPAGATION = {
     None: pb.PROPAGATION_PRIVATE,
     "None": pb.PROPAGATION_PRIVATE,
@@ -125,6 +126,7 @@ class Cri:
         self._channel = grpc.insecure_channel(f"unix://{socket}")
         # The package's messages are typed, its generated service stub is not.
         self.runtime: Any = pb_grpc.RuntimeServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self.images: Any = pb_grpc.ImageServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         self._channel.close()
@@ -141,6 +143,11 @@ class Cri:
         except grpc.RpcError:
             return False
         return any(c.type == name and c.status for c in status.status.conditions)
+
+    def has_image(self, ref: str) -> bool:
+        resp: pb.ImageStatusResponse = self.images.ImageStatus(
+            pb.ImageStatusRequest(image=pb.ImageSpec(image=ref)), timeout=CRI_TIMEOUT)
+        return resp.HasField("image")
 
     def run_pod(self, config: pb.PodSandboxConfig) -> str:
         resp = self.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=CRI_TIMEOUT)
@@ -227,15 +234,30 @@ class DaemonSetPod:
     """A DaemonSet's pod on this node, realised from its template as kubelet would."""
 
     cri: Cri
+    template: PodTemplate
+    image: str | None
     pod_id: str
     config: pb.PodSandboxConfig
     containers: dict[str, str]  # name -> container ID of the running containers
     init_logs: dict[str, str]
+    attempts: dict[str, int] = field(default_factory=dict)
 
     def log(self, name: str) -> str:
-        """What container ``name`` wrote, as kubelet keeps it (CRI log lines)."""
-        path = Path(self.config.log_directory, name, "0.log")
+        """What container ``name`` wrote in its latest attempt, as kubelet keeps it (CRI log lines)."""
+        path = Path(self.config.log_directory, name, f"{self.attempts.get(name, 0)}.log")
         return path.read_text() if path.exists() else ""
+
+    def kill(self, name: str) -> None:
+        """Container ``name`` dies at once (StopContainer without a grace period sends SIGKILL)."""
+        self.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=self.containers[name], timeout=0),
+                                       timeout=CRI_TIMEOUT)
+
+    def restart(self, name: str) -> None:
+        """Start container ``name`` again as kubelet does: a new container, the next attempt, same sandbox."""
+        [spec] = [c for c in self.template.spec["containers"] if c["name"] == name]
+        self.attempts[name] = self.attempts.get(name, 0) + 1
+        config = self.template.container_config(spec, self.config, self.image, self.attempts[name])
+        self.containers[name] = self.cri.start_container(self.pod_id, self.config, config)
 
     def running(self, name: str) -> bool:
         """Whether container ``name`` runs; fails the test with its log once it has exited."""
@@ -291,9 +313,9 @@ class PodTemplate:
                    for c in [*self.spec.get("initContainers", []), *self.spec["containers"]])
 
     def container_config(self, container: Mapping[str, Any], pod: pb.PodSandboxConfig,
-                         image: str | None = None) -> pb.ContainerConfig:
+                         image: str | None = None, attempt: int = 0) -> pb.ContainerConfig:
         _refuse_unknown(f"container {container['name']}", container, CONTAINER_FIELDS_NOT_FOR_CRI | {
-            "image", "command", "args", "securityContext", "resources", "volumeMounts"})
+            "image", "imagePullPolicy", "command", "args", "securityContext", "resources", "volumeMounts"})
         mounts = []
         for m in container.get("volumeMounts", []):
             _refuse_unknown(f"a mount of {container['name']}", m, {"name", "mountPath", "readOnly", "mountPropagation"})
@@ -317,11 +339,20 @@ class PodTemplate:
             resources.memory_limit_in_bytes = quantity(limits["memory"])
         name = container["name"]
         return pb.ContainerConfig(
-            metadata=pb.ContainerMetadata(name=name, attempt=0),
+            metadata=pb.ContainerMetadata(name=name, attempt=attempt),
             image=pb.ImageSpec(image=image or container["image"]),
             command=container.get("command", []), args=container.get("args", []),
-            mounts=mounts, log_path=f"{name}/0.log",
+            mounts=mounts, log_path=f"{name}/{attempt}.log",
             linux=pb.LinuxContainerConfig(resources=resources, security_context=security))
+
+    @staticmethod
+    def pull(cri: Cri, container: Mapping[str, Any], image: str) -> None:
+        """kubelet's pull decision: this node has no registry, so the image must be there and not pulled."""
+        policy = container.get("imagePullPolicy")
+        if policy not in ("IfNotPresent", "Never"):
+            pytest.fail(f"container {container['name']}: imagePullPolicy {policy!r} would pull from a registry")
+        if not cri.has_image(image):
+            pytest.fail(f"container {container['name']}: image {image} is not on the node")
 
     def run(self, cri: Cri, log_root: Path, image: str | None = None) -> DaemonSetPod:
         """RunPodSandbox, each init container to exit 0 in turn, then the containers started.
@@ -334,6 +365,8 @@ class PodTemplate:
                          privileged=self.privileged(), labels=self.labels)
         pod_id = cri.run_pod(config)
         logs = {}
+        for container in [*self.spec.get("initContainers", []), *self.spec["containers"]]:
+            self.pull(cri, container, image or container["image"])
         for init in self.spec.get("initContainers", []):
             cid = cri.start_container(pod_id, config, self.container_config(init, config, image))
             status = cri.wait_exited(cid)
@@ -344,4 +377,4 @@ class PodTemplate:
                             f"{logs[init['name']]}")
         containers = {c["name"]: cri.start_container(pod_id, config, self.container_config(c, config, image))
                       for c in self.spec["containers"]}
-        return DaemonSetPod(cri, pod_id, config, containers, logs)
+        return DaemonSetPod(cri, self, image, pod_id, config, containers, logs)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from crilib import CRI_TIMEOUT, PAUSE_IMAGE, SNAPSHOTTER, Cri, DaemonSetPod, PodTemplate, containerd_config, new_pod, pause_archive
@@ -155,17 +156,43 @@ def daemonset(node: Node, sriov: Sriov, igb_pfs: list[str]) -> Iterator[DaemonSe
                            Path(tempfile.mkdtemp(dir=node.scratch)))
     pod = template.run(node.cri, node.logs)
     try:
-        try:
-            wait_until(lambda: pod.running("daemon") and daemon_answers(), CRI_TIMEOUT,
-                       f"the daemon container to serve {DEFAULT_SOCKET}")
-        except pytest.fail.Exception as exc:
-            pytest.fail(f"{exc}\ndaemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
-                        f"{sorted(p.name for p in Path(DEFAULT_SOCKET).parent.iterdir())}\n"
-                        f"containerd's log:\n{node.containerd_says()}")
+        wait_serving(node, pod)
         yield pod
     finally:
         node.cri.stop_pod(pod.pod_id)
         node.cri.remove_pod(pod.pod_id)
+
+
+def wait_serving(node: Node, pod: DaemonSetPod) -> None:
+    try:
+        wait_until(lambda: pod.running("daemon") and daemon_answers(), CRI_TIMEOUT,
+                   f"the daemon container to serve {DEFAULT_SOCKET}")
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\ndaemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
+                    f"{sorted(p.name for p in Path(DEFAULT_SOCKET).parent.iterdir())}\n"
+                    f"containerd's log:\n{node.containerd_says()}")
+
+
+def sriov_network(node: Node, pf: str) -> None:
+    """deploy/10-sriov.conflist on the node, for this guest's PF, loaded by containerd."""
+    (Path("/etc/cni/net.d") / "10-sriov.conflist").write_text(json.dumps(render_conflist(pf, NODE_DATA)))
+    wait_until(lambda: node.cri.condition("NetworkReady"), CRI_TIMEOUT, "containerd to load the conflist")
+
+
+def pod_addresses(node: Node, pod_id: str) -> tuple[str, dict[str, Any]]:
+    """A pod's network namespace and its eth0, checked to be what CRI reports."""
+    netns = node.cri.pod_netns(pod_id)
+    eth0 = pod_eth0(netns)
+    status, _ = node.cri.pod_status(pod_id)
+    # CRI reports the address the plugin gave it, read from the CNI result.
+    assert status.network.ip == ipv4(eth0).split("/")[0]
+    return netns, eth0
+
+
+def remove_pods(node: Node, *pod_ids: str) -> None:
+    for pod_id in pod_ids:
+        node.cri.stop_pod(pod_id)
+        node.cri.remove_pod(pod_id)
 
 
 def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
@@ -177,21 +204,17 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
     for name in ("sriov", "sriov-ipam"):
         assert Path("/opt/cni/bin", name).read_bytes()[:4] == b"\x7fELF"
     vf_pcis = [d.name for d in vf_pci_dirs(pf)]
-    (Path("/etc/cni/net.d") / "10-sriov.conflist").write_text(json.dumps(render_conflist(pf, NODE_DATA)))
-    wait_until(lambda: node.cri.condition("NetworkReady"), CRI_TIMEOUT, "containerd to load the conflist")
+    sriov_network(node, pf)
     before = vf_picture(pf)
     assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
 
     pods = {name: node.cri.run_pod(new_pod(name, "default", node.logs)) for name in ("a", "b")}
 
-    netns = {name: node.cri.pod_netns(pod_id) for name, pod_id in pods.items()}
-    eth0 = {name: pod_eth0(ns) for name, ns in netns.items()}
-    # Each pod has its own VF as eth0, and CRI reports the address the
-    # plugin gave it, read from the CNI result.
-    assert sorted(e["parentdev"] for e in eth0.values()) == sorted(vf_pcis)
+    netns, eth0 = {}, {}
     for name, pod_id in pods.items():
-        status, _ = node.cri.pod_status(pod_id)
-        assert status.network.ip == ipv4(eth0[name]).split("/")[0]
+        netns[name], eth0[name] = pod_addresses(node, pod_id)
+    # Each pod has its own VF as eth0.
+    assert sorted(e["parentdev"] for e in eth0.values()) == sorted(vf_pcis)
     assert all(v["netdev"] is None for v in vf_picture(pf).values())
     assert records(NODE_DATA) == sorted(vf_pcis)
     assert len(leases(NODE_DATA)) == 2
@@ -202,11 +225,42 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
                           capture_output=True, text=True, timeout=CRI_TIMEOUT)
     assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
 
-    for pod_id in pods.values():
-        node.cri.stop_pod(pod_id)
-        node.cri.remove_pod(pod_id)
+    remove_pods(node, *pods.values())
 
     assert_as_found(vf_picture(pf), before)
     assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
     assert not any(Path(ns).exists() for ns in netns.values())
     assert set(node.cri.pods()) == {daemonset.pod_id}
+
+
+def test_daemon_killed_pod_start_fails_with_nothing_lost_then_starts_once_restarted(
+        node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
+    pf = igb_pfs[0]
+    sriov_network(node, pf)
+    before = vf_picture(pf)
+
+    daemonset.kill("daemon")
+    with pytest.raises(grpc.RpcError) as failed:
+        node.cri.run_pod(new_pod("early", "default", node.logs))
+
+    # The shim's answer reached kubelet: the daemon is down, try again.
+    assert "sriov-cni daemon is not reachable" in str(failed.value.details()), failed.value.details()
+    assert_as_found(vf_picture(pf), before)
+    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
+    # What containerd kept of the failed sandbox (its namespace, when the
+    # DEL of its cleanup failed too), kubelet removes once the daemon is back.
+    failed_pods = set(node.cri.pods()) - {daemonset.pod_id}
+
+    daemonset.restart("daemon")
+    wait_serving(node, daemonset)
+    remove_pods(node, *failed_pods)
+    pod_id = node.cri.run_pod(new_pod("retried", "default", node.logs))
+
+    _, eth0 = pod_addresses(node, pod_id)
+    assert eth0["parentdev"] in [d.name for d in vf_pci_dirs(pf)]
+    assert records(NODE_DATA) == [eth0["parentdev"]] and len(leases(NODE_DATA)) == 1
+    remove_pods(node, pod_id)
+    assert_as_found(vf_picture(pf), before)
+    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
+    assert set(node.cri.pods()) == {daemonset.pod_id}
+    assert not list(Path("/run/netns").glob("cni-*"))
