@@ -30,10 +30,13 @@ apt_update_once() {
 # drives the plugin with (tests/vm/test_runtimes_igb.py); runc is named so
 # both use the same OCI runtime. gcc, libc6-dev (glibc's libc.a) and make
 # build the static CNI shim. time (GNU time) measures the peak memory of a CNI
-# executable's own process in tests/bench/bench_plugin.py.
+# executable's own process in tests/bench/bench_plugin.py. mmdebstrap
+# bootstraps the image's Debian base without a registry
+# (deploy/build-image.sh --offline); catatonit (static) is the whole of the
+# CRI test's pause image (tests/vm/crilib.py).
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
            iputils-ping ca-certificates python3-pip podman containerd runc
-           gcc libc6-dev make time)
+           gcc libc6-dev make time mmdebstrap catatonit)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \

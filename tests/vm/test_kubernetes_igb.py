@@ -1,0 +1,266 @@
+"""sriov as Kubernetes runs it, on igb: the DaemonSet's pod and the pods it
+serves, through containerd's CRI plugin, with the test playing kubelet.
+
+The DaemonSet's pod is realised from deploy/daemonset.yaml itself (crilib):
+its install step writes the shim into the node's /opt/cni/bin, setup
+creates the VFs from the ConfigMap's node config, and the daemon serves the
+node's socket from the image deploy/build-image.sh built.  Pods then start
+as kubelet starts them: RunPodSandbox makes containerd run the conflist in
+/etc/cni/net.d through libcni, which execs the shim, which forwards to the
+daemon in its pod.  Effects are read on the PF with ``ip -j`` and in the
+pods' namespaces through ``nsenter``, not through the runtime.
+
+Needs the image as an OCI archive where the guest sees it, made on the host:
+``deploy/build-image.sh --offline --oci-archive <rig cache>/sriov-cni-image.tar``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from crilib import CRI_TIMEOUT, PAUSE_IMAGE, SNAPSHOTTER, Cri, DaemonSetPod, PodTemplate, containerd_config, new_pod, pause_archive
+from runtimelib import (
+    assert_as_found,
+    cgroup2,
+    cni_bin_dir,
+    ipv4,
+    leases,
+    mounted,
+    pod_eth0,
+    records,
+    render_conflist,
+    run,
+    vf_picture,
+    wait_pod_carrier,
+)
+from vmlib import Sriov, numvfs, vf_pci_dirs, wait_until
+
+from sriov_cni.daemon.client import DEFAULT_SOCKET
+
+pytestmark = pytest.mark.sriov_vm
+
+REPO = Path(__file__).resolve().parents[2]
+DAEMONSET = REPO / "deploy" / "daemonset.yaml"
+ARCHIVE_NAME = "sriov-cni-image.tar"
+# The node paths the DaemonSet and containerd write, each a fresh directory
+# for this module so that nothing of it outlives the module in the guest.
+NODE_DIRS = ("/opt/cni/bin", "/etc/cni/net.d", "/var/lib/cni", "/run/sriov-cni")
+# Where the conflist keeps the plugin's records and sriov-ipam's leases: the
+# node's /var/lib/cni, which the daemon's pod mounts.
+NODE_DATA = Path("/var/lib/cni")
+VFS = 2
+
+
+def manifests() -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in yaml.safe_load_all(DAEMONSET.read_text())}
+
+
+def image_archive() -> Path:
+    from rig import cache_dir  # the guest sees the rig's cache through the host root
+
+    archive = cache_dir() / ARCHIVE_NAME
+    if not archive.exists():
+        pytest.fail(f"no image archive at {archive}: on the host, run "
+                    f"deploy/build-image.sh --offline --oci-archive {archive}")
+    return archive
+
+
+@dataclass
+class Node:
+    cri: Cri
+    containerd: Path  # its socket, for ctr
+    logs: Path  # kubelet's /var/log/pods
+    scratch: Path
+    containerd_log: Path
+
+    def containerd_says(self, lines: int = 30) -> str:
+        return "\n".join(self.containerd_log.read_text().splitlines()[-lines:])
+
+
+@pytest.fixture(scope="module")
+def node(igb_pfs: list[str]) -> Iterator[Node]:
+    """containerd with its CRI plugin as on a node, the DaemonSet's image and a pause image imported."""
+    archive = image_archive()
+    # Short: containerd's state path ends up in socket paths of its shims.
+    storage = Path(tempfile.mkdtemp(prefix="sriov-k8s-"))
+    with ExitStack() as stack:
+        stack.callback(storage.rmdir)
+        stack.enter_context(cgroup2())
+        stack.enter_context(mounted("tmpfs", storage))
+        for path in NODE_DIRS:
+            # 0755 as on a node (a tmpfs is 1777 by default, a directory the
+            # daemon refuses to put its socket in).
+            stack.enter_context(mounted("tmpfs", Path(path), "-o", "mode=0755"))
+        # systemd makes / shared on a node: CRI refuses HostToContainer from
+        # a private mount, and the daemon would not see pods' namespaces
+        # mounted after it started.
+        run("mount", "--make-rshared", "/")
+        # The reference plugins the conflist chains (tuning) and the
+        # loopback containerd adds, as a node has them in /opt/cni/bin.
+        cni_bin_dir(Path("/opt/cni/bin"))
+        sock = storage / "containerd.sock"
+        config = storage / "config.toml"
+        config.write_text(containerd_config(storage / "root", storage / "state", sock))
+        log = stack.enter_context(open(storage / "containerd.log", "w"))
+        daemon = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        stack.callback(daemon.wait, timeout=CRI_TIMEOUT)
+        stack.callback(daemon.terminate)
+        cri = Cri(sock)
+        stack.callback(cri.close)
+        wait_until(lambda: cri.condition("RuntimeReady"), CRI_TIMEOUT, "containerd's CRI plugin to serve")
+        ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io", "images", "import", "--snapshotter", SNAPSHOTTER]
+        run(*ctr, "--base-name", PAUSE_IMAGE.rsplit(":", 1)[0], str(pause_archive(storage)))
+        image = manifests()["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["image"]
+        run(*ctr, "--base-name", image.rsplit(":", 1)[0], str(archive))
+        (storage / "logs").mkdir()
+        (storage / "scratch").mkdir()
+        yield Node(cri, sock, storage / "logs", storage / "scratch", storage / "containerd.log")
+        # Before containerd stops: its sandboxes' CNI DEL needs the daemon.
+        for pod_id in cri.pods():
+            cri.stop_pod(pod_id)
+            cri.remove_pod(pod_id)
+
+
+def node_config(pf: str) -> str:
+    """The ConfigMap's node config for this guest: its PF, VFS VFs."""
+    return yaml.safe_dump({"pfs": [{"pf": pf, "numVfs": VFS}]})
+
+
+def daemon_answers() -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(DEFAULT_SOCKET)
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def daemonset(node: Node, sriov: Sriov, igb_pfs: list[str]) -> Iterator[DaemonSetPod]:
+    """The DaemonSet's pod, serving the node's socket; stopped and removed after the test."""
+    docs = manifests()
+    cm = docs["ConfigMap"]
+    [key] = cm["data"]
+    template = PodTemplate(docs["DaemonSet"], {cm["metadata"]["name"]: {key: node_config(igb_pfs[0])}},
+                           Path(tempfile.mkdtemp(dir=node.scratch)))
+    pod = template.run(node.cri, node.logs)
+    try:
+        wait_serving(node, pod)
+        yield pod
+    finally:
+        node.cri.stop_pod(pod.pod_id)
+        node.cri.remove_pod(pod.pod_id)
+
+
+def wait_serving(node: Node, pod: DaemonSetPod) -> None:
+    try:
+        wait_until(lambda: pod.running("daemon") and daemon_answers(), CRI_TIMEOUT,
+                   f"the daemon container to serve {DEFAULT_SOCKET}")
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\ndaemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
+                    f"{sorted(p.name for p in Path(DEFAULT_SOCKET).parent.iterdir())}\n"
+                    f"containerd's log:\n{node.containerd_says()}")
+
+
+def sriov_network(node: Node, pf: str) -> None:
+    """deploy/10-sriov.conflist on the node, for this guest's PF, loaded by containerd."""
+    (Path("/etc/cni/net.d") / "10-sriov.conflist").write_text(json.dumps(render_conflist(pf, NODE_DATA)))
+    wait_until(lambda: node.cri.condition("NetworkReady"), CRI_TIMEOUT, "containerd to load the conflist")
+
+
+def pod_addresses(node: Node, pod_id: str) -> tuple[str, dict[str, Any]]:
+    """A pod's network namespace and its eth0, checked to be what CRI reports."""
+    netns = node.cri.pod_netns(pod_id)
+    eth0 = pod_eth0(netns)
+    status, _ = node.cri.pod_status(pod_id)
+    # CRI reports the address the plugin gave it, read from the CNI result.
+    assert status.network.ip == ipv4(eth0).split("/")[0]
+    return netns, eth0
+
+
+def remove_pods(node: Node, *pod_ids: str) -> None:
+    for pod_id in pod_ids:
+        node.cri.stop_pod(pod_id)
+        node.cri.remove_pod(pod_id)
+
+
+def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
+        node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
+    pf = igb_pfs[0]
+    # The init containers did their part on the node: setup created the
+    # VFs, install wrote the shim where containerd's bin_dir is.
+    assert numvfs(pf) == VFS
+    for name in ("sriov", "sriov-ipam"):
+        assert Path("/opt/cni/bin", name).read_bytes()[:4] == b"\x7fELF"
+    vf_pcis = [d.name for d in vf_pci_dirs(pf)]
+    sriov_network(node, pf)
+    before = vf_picture(pf)
+    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
+
+    pods = {name: node.cri.run_pod(new_pod(name, "default", node.logs)) for name in ("a", "b")}
+
+    netns, eth0 = {}, {}
+    for name, pod_id in pods.items():
+        netns[name], eth0[name] = pod_addresses(node, pod_id)
+    # Each pod has its own VF as eth0.
+    assert sorted(e["parentdev"] for e in eth0.values()) == sorted(vf_pcis)
+    assert all(v["netdev"] is None for v in vf_picture(pf).values())
+    assert records(NODE_DATA) == sorted(vf_pcis)
+    assert len(leases(NODE_DATA)) == 2
+    for ns in netns.values():
+        wait_pod_carrier(ns)
+    target = ipv4(eth0["b"]).split("/")[0]
+    ping = subprocess.run(["nsenter", f"--net={netns['a']}", "ping", "-c", "3", "-W", "5", target],
+                          capture_output=True, text=True, timeout=CRI_TIMEOUT)
+    assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
+
+    remove_pods(node, *pods.values())
+
+    assert_as_found(vf_picture(pf), before)
+    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
+    assert not any(Path(ns).exists() for ns in netns.values())
+    assert set(node.cri.pods()) == {daemonset.pod_id}
+
+
+def test_daemon_killed_pod_start_fails_with_nothing_lost_then_starts_once_restarted(
+        node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
+    pf = igb_pfs[0]
+    sriov_network(node, pf)
+    before = vf_picture(pf)
+
+    daemonset.kill("daemon")
+    with pytest.raises(grpc.RpcError) as failed:
+        node.cri.run_pod(new_pod("early", "default", node.logs))
+
+    # The shim's answer reached kubelet: the daemon is down, try again.
+    assert "sriov-cni daemon is not reachable" in str(failed.value.details()), failed.value.details()
+    assert_as_found(vf_picture(pf), before)
+    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
+    # What containerd kept of the failed sandbox (its namespace, when the
+    # DEL of its cleanup failed too), kubelet removes once the daemon is back.
+    failed_pods = set(node.cri.pods()) - {daemonset.pod_id}
+
+    daemonset.restart("daemon")
+    wait_serving(node, daemonset)
+    remove_pods(node, *failed_pods)
+    pod_id = node.cri.run_pod(new_pod("retried", "default", node.logs))
+
+    _, eth0 = pod_addresses(node, pod_id)
+    assert eth0["parentdev"] in [d.name for d in vf_pci_dirs(pf)]
+    assert records(NODE_DATA) == [eth0["parentdev"]] and len(leases(NODE_DATA)) == 1
+    remove_pods(node, pod_id)
+    assert_as_found(vf_picture(pf), before)
+    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
+    assert set(node.cri.pods()) == {daemonset.pod_id}
+    assert not list(Path("/run/netns").glob("cni-*"))
