@@ -692,9 +692,34 @@ def run_in_vm(
         )
 
 
+def module_costs(tests: list[TestRun]) -> list[tuple[str, float, int]]:
+    """Per test module: seconds its tests took in every boot, and how many
+    finished (a test a stall ended counts with no time); costliest first."""
+    costs: dict[str, tuple[float, int]] = {}
+    for test in tests:
+        module = test.nodeid.split("::", 1)[0]
+        seconds, count = costs.get(module, (0.0, 0))
+        costs[module] = (seconds + test.seconds, count + (test.outcome is not None))
+    return sorted(((m, s, n) for m, (s, n) in costs.items()), key=lambda c: (-c[1], c[0]))
+
+
 def summary(run: VmRun, seconds: float) -> list[str]:
-    """The rig's closing lines for a run that took ``seconds``."""
+    """The rig's closing lines for a run that took ``seconds``.
+
+    For a pytest command they say what each test module cost (its tests'
+    setup, call and teardown), what the boots cost, and the rest: preparing
+    the kernel, pytest's start-up and collection, powering off, and a
+    stalled boot's test that never finished.
+    """
     lines = [f"rig: guest finished in {seconds:.1f} s, command status {run.status}"]
+    if run.tests:
+        costs = module_costs(run.tests)
+        booting = sum(run.boot_seconds)
+        rest = seconds - booting - sum(c[1] for c in costs)
+        lines.append("rig: seconds per test module (setup, call and teardown, every boot):")
+        lines += [f"rig: {s:8.1f} s  {n:3d} tests  {m}" for m, s, n in costs]
+        lines.append(f"rig: {booting:8.1f} s  {len(run.boot_seconds):3d} boots   QEMU's start to the command's")
+        lines.append(f"rig: {rest:8.1f} s             the rest (pytest's start-up and collection, power-off)")
     for stall in run.stalls:
         lines.append(f"rig: a boot was ended: {stall}")
         if run.tests:

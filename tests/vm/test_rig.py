@@ -170,6 +170,27 @@ def test_a_stall_reruns_what_had_not_passed(tmp_path: Path, mode: str, reason: s
     summary = "\n".join(rig.summary(run, 12.0))
     assert f"rig: a boot was ended: {reason}, during test_demo.py::test_b" in summary
     assert "rig: a second boot ran the tests that had not passed; 1 that had passed did not run again" in summary
+    [module] = [line for line in summary.splitlines() if line.endswith("test_demo.py")]
+    assert module.split()[2:] == ["s", "3", "tests", "test_demo.py"]
+    assert "   2 boots   QEMU's start to the command's" in summary
+
+
+def test_module_costs_add_up_every_boot() -> None:
+    tests = [
+        rig.TestRun("tests/vm/test_a.py::test_x", 1, "passed", 10.0),
+        rig.TestRun("tests/vm/test_b.py::test_y[1]", 1, "failed", 30.0),
+        rig.TestRun("tests/vm/test_a.py::test_z", 1, None, 0.0),
+        rig.TestRun("tests/vm/test_a.py::test_z", 2, "passed", 25.5),
+    ]
+    assert rig.module_costs(tests) == [("tests/vm/test_a.py", 35.5, 2), ("tests/vm/test_b.py", 30.0, 1)]
+    run = rig.VmRun(status=1, output="", stalls=[], left_out=0, tests=tests, boot_seconds=[50.0, 40.0])
+    assert rig.summary(run, 200.0)[1:] == [
+        "rig: seconds per test module (setup, call and teardown, every boot):",
+        "rig:     35.5 s    2 tests  tests/vm/test_a.py",
+        "rig:     30.0 s    1 tests  tests/vm/test_b.py",
+        "rig:     90.0 s    2 boots   QEMU's start to the command's",
+        "rig:     44.5 s             the rest (pytest's start-up and collection, power-off)",
+    ]
 
 
 def test_a_second_stall_fails_the_run_with_the_console(tmp_path: Path) -> None:
