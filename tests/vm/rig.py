@@ -10,13 +10,22 @@ interpreter first on PATH and ``SRIOV_CNI_VM=1`` set.  Each PF is a QEMU
 
 Usage::
 
-    python3 tests/vm/rig.py [--pfs N] [--timeout S] [--memory MB] -- COMMAND ...
+    python3 tests/vm/rig.py [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] -- COMMAND ...
 
 The serial console (boot progress and the command's output) is streamed to
 stdout; the exit status is the command's.  Anything that cannot be prepared
 makes the rig exit with status 2 and one ``rig: ...`` line on stderr.
 
-Importable: :func:`run_in_vm` returns ``(exit status, output)``.
+A watchdog reads the console: when the guest kernel reports a stall (RCU
+stall, hung task, soft lockup) or the command prints nothing for
+``--quiet-limit`` seconds, the boot is ended and the guest booted once more.
+A pytest command then runs only the tests that had not passed (the rig's
+plugin, rigplugin.py, reports each test to the host as it ends); any other
+command runs again whole.  A second stall fails the run at once, with the
+console's last lines.  ``--timeout`` bounds the whole run, boots included.
+
+Importable: :func:`run_in_vm` returns a :class:`VmRun` (exit status, output,
+stalls, each test's outcome and time).
 
 The kernel, busybox and the initramfs are cached under ``$SRIOV_CNI_VM_CACHE``
 (default ``/var/cache/sriov-cni-vm`` for root, ``~/.cache/sriov-cni-vm``
@@ -82,12 +91,32 @@ DEFAULT_PFS = 2
 BOOT_ATTEMPTS = 3
 # From QEMU's start to init's "running command" line.  A guest boots in about
 # a minute under TCG; one that has not started the command by this deadline is
-# stuck (multi-threaded TCG can wedge a vCPU during boot: the kernel then
-# prints RCU stalls until the overall timeout) and is booted again.
+# stuck (multi-threaded TCG wedged a vCPU during boot: the kernel then
+# printed RCU stalls until the overall timeout) and is booted again.
 BOOT_DEADLINE = 180.0
 COMMAND_STARTED = "vm-init: running command"
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MEMORY_MB = 2048
+# Lines in which the guest kernel says it is stuck.  Under TCG a vCPU can
+# miss its timer interrupts for good: the RCU grace-period kthread reports a
+# timer wakeup that never came, tasks then block for minutes, and the guest
+# never finishes (it sat at a third of a core until the run's timeout).
+STALL_SIGNS = re.compile(
+    r"rcu: INFO: \S+ (?:self-)?detected stalls?"
+    r"|rcu_\w+ kthread (?:timer wakeup didn't happen|starved)"
+    r"|blocked for more than \d+ seconds"
+    r"|soft lockup - CPU#\d+ stuck"
+    r"|BUG: workqueue lockup"
+)
+# Longest the running command may leave the console silent.  pytest -v
+# prints each test's name as it starts and its outcome as it ends, so this
+# bounds one test; a guest whose timers died prints nothing at all, not even
+# the kernel's own stall reports.
+DEFAULT_QUIET_LIMIT = 600.0
+# Where init mounts the results share inside the guest's root.
+GUEST_SHARE = "/run/sriov-cni-vm"
+PROGRESS_FILE = "progress"
+PASSED_FILE = "passed-before"
 
 
 class RigError(Exception):
@@ -295,7 +324,23 @@ def prepare() -> Artifacts:
     return Artifacts(kernel=kernel, initramfs=initramfs, kernel_version=kver)
 
 
-def _guest_script(command: list[str], cwd: str) -> str:
+def pytest_args_at(command: list[str]) -> int | None:
+    """Where pytest's own arguments begin in ``command``; None if it does not run pytest."""
+    name = Path(command[0]).name
+    if name in ("pytest", "py.test"):
+        return 1
+    if re.fullmatch(r"python[0-9.]*", name) and command[1:3] == ["-m", "pytest"]:
+        return 3
+    return None
+
+
+def _guest_script(command: list[str], cwd: str, share: str, rerun: bool) -> str:
+    """run.sh for init: the command, from ``cwd``, in a clean environment.
+
+    A pytest command gets the rig's plugin (rigplugin.py), which reports each
+    test's progress to ``share``; on a ``rerun`` it also leaves out the tests
+    that passed in the stalled boot before.
+    """
     python_dir = str(Path(sys.executable).parent)
     path = ":".join(
         [python_dir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
@@ -311,6 +356,14 @@ def _guest_script(command: list[str], cwd: str) -> str:
             env[key] = value
     # After the pass-through: a host SRIOV_CNI_VM must not override it.
     env[VM_ENV] = "1"
+    at = pytest_args_at(command)
+    if at is not None:
+        plugin = ["-p", "rigplugin", "--rig-progress", f"{share}/{PROGRESS_FILE}"]
+        if rerun:
+            plugin += ["--rig-skip", f"{share}/{PASSED_FILE}"]
+        command = command[:at] + plugin + command[at:]
+        # Last, so the plugin's directory cannot shadow a module of the user's.
+        env["PYTHONPATH"] = ":".join(filter(None, (env.get("PYTHONPATH"), str(HERE))))
     assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
     return (
         f"cd {shlex.quote(cwd)} || {{ echo 'rig: cannot cd to {cwd} in the guest'; exit 125; }}\n"
@@ -318,14 +371,23 @@ def _guest_script(command: list[str], cwd: str) -> str:
     )
 
 
-def guest_cpus() -> int:
-    """vCPUs for the guest: no more than the host CPUs this process may use.
-
-    Each vCPU is a host thread under multi-threaded TCG; with more vCPUs than
-    host CPUs a starved vCPU misses its timer ticks and the guest kernel stalls
-    (RCU stall warnings, then no progress at all).
-    """
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+# Two vCPUs, so IRQ pinning and RPS masks have more than one CPU to tell
+# apart.  They take turns on one host thread (see TCG_THREADS), so the host's
+# CPU count does not matter.
+GUEST_CPUS = 2
+# One host thread runs every vCPU in turn.  With a thread per vCPU
+# (thread=multi), a guest on an idle 2-core host once stalled for good: a
+# vCPU's timer interrupt never came ("rcu_preempt kthread timer wakeup didn't
+# happen ... Possible timer handling issue on cpu=1", then hung tasks).  In
+# turns, no vCPU runs on while another waits for its timer.  Measured per boot with
+# stress.py --node igb (2 x 120 ops) and the netns-deleted test, twice, on a
+# 2-core host shared with 2 or 3 other guests (load 2 to 15), configurations
+# booted in turns: thread=single took 185, 209 and 308 s (mean 234 s);
+# thread=multi 321, 322 and 362 s (mean 335 s); thread=multi with
+# -cpu max,-tsc-deadline 291 and 332 s, with nohz=off 426 s, with -smp 1
+# 256 s.  None of those 10 boots stalled: single is kept for its time; that
+# it also prevents the stall is likely, not shown (the watchdog catches one).
+TCG_THREADS = "single"
 
 
 def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> list[str]:
@@ -336,9 +398,9 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
         # guest runs it in passthrough mode (iommu=pt): virtio-9p does not
         # translate its DMA through the IOMMU, so remapping would break it.
         "-device", "intel-iommu,intremap=off",
-        "-accel", "tcg,thread=multi",
+        "-accel", f"tcg,thread={TCG_THREADS}",
         "-cpu", "max",
-        "-smp", str(guest_cpus()),
+        "-smp", str(GUEST_CPUS),
         "-m", str(memory_mb),
         "-nographic",
         "-nodefaults",
@@ -364,26 +426,75 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
     return cmd
 
 
+class Watchdog:
+    """Judges from the console, line by line, whether a guest is stuck.
+
+    ``feed`` takes each console line as it arrives (from the thread reading
+    QEMU's output); ``verdict`` says at any moment why the boot should be
+    ended, or None while the guest is fine: a stall reported by the kernel,
+    no "running command" line within ``boot_deadline`` of QEMU's start, or a
+    silent console for ``quiet_limit`` while the command runs.
+    """
+
+    def __init__(self, boot_deadline: float, quiet_limit: float) -> None:
+        self.boot_deadline = boot_deadline
+        self.quiet_limit = quiet_limit
+        self.begun = time.monotonic()
+        self.last_line = self.begun
+        self.command_started: float | None = None
+        self.stall: str | None = None
+
+    def feed(self, line: str) -> None:
+        now = time.monotonic()
+        self.last_line = now
+        # Not always at the start of a line: SeaBIOS ends its last line without a newline.
+        if self.command_started is None and COMMAND_STARTED in line:
+            self.command_started = now
+        if self.stall is None and STALL_SIGNS.search(line):
+            self.stall = line.strip()
+
+    def verdict(self) -> str | None:
+        if self.stall is not None:
+            return f"the guest kernel reports a stall: {self.stall}"
+        now = time.monotonic()
+        if self.command_started is None:
+            if now - self.begun > self.boot_deadline:
+                return f"the guest did not start the command within {self.boot_deadline:.0f} s"
+        elif now - self.last_line > self.quiet_limit:
+            return f"the guest printed nothing for {self.quiet_limit:.0f} s"
+        return None
+
+
+@dataclass
+class Boot:
+    """How one boot of the guest ended."""
+
+    status: int | None  # QEMU's exit status; None when the rig killed it
+    ended_by: str | None  # the watchdog's verdict, when it ended the boot
+    tail: list[str]  # the console's last lines
+    boot_seconds: float | None  # from QEMU's start to the command's, if it started
+
+
+# How often the rig looks at the watchdog's verdict, in seconds.
+WATCH_INTERVAL = 0.25
+
+
 def _boot(
-    art: Artifacts, results: Path, pfs: int, memory_mb: int, timeout: float, console: IO[str] | None
-) -> tuple[int, list[str]]:
-    """One boot of the guest; QEMU's exit status and the console's last lines."""
-    qemu = subprocess.Popen(
-        qemu_command(art, results, pfs, memory_mb),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    argv: list[str], deadline: float, quiet_limit: float, console: IO[str] | None
+) -> Boot:
+    """One boot of the guest, ended by QEMU or by the watchdog.
+
+    Raises :class:`RigError` when the monotonic ``deadline`` passes first.
+    """
+    qemu = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watchdog = Watchdog(BOOT_DEADLINE, quiet_limit)
     tail: list[str] = []
-    started = threading.Event()
 
     def pump() -> None:
         assert qemu.stdout is not None
         for raw in qemu.stdout:
             line = ANSI_ESCAPE.sub("", raw.decode(errors="replace").replace("\r", ""))
-            # Not always at the start of a line: SeaBIOS ends its last line without a newline.
-            if COMMAND_STARTED in line:
-                started.set()
+            watchdog.feed(line)
             tail.append(line)
             del tail[:-40]
             if console is not None:
@@ -392,22 +503,167 @@ def _boot(
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    begun = time.monotonic()
+    ended_by = None
     try:
-        deadline = begun + min(BOOT_DEADLINE, timeout)
-        while not started.wait(1) and qemu.poll() is None:
-            if time.monotonic() > deadline:
-                print(f"rig: guest did not start the command within {BOOT_DEADLINE:.0f} s", file=sys.stderr, flush=True)
-                qemu.kill()
+        while True:
+            try:
+                qemu.wait(timeout=WATCH_INTERVAL)
                 break
-        qemu.wait(timeout=max(0.0, timeout - (time.monotonic() - begun)))
-    except subprocess.TimeoutExpired:
-        qemu.kill()
-        qemu.wait()
-        raise RigError(f"guest did not finish within {timeout:.0f} s; QEMU killed") from None
+            except subprocess.TimeoutExpired:
+                pass
+            ended_by = watchdog.verdict()
+            if ended_by is not None or time.monotonic() > deadline:
+                qemu.kill()
+                qemu.wait()
+                if ended_by is None:
+                    raise RigError("guest did not finish within the run's timeout; QEMU killed")
+                break
     finally:
         reader.join(timeout=5)
-    return qemu.returncode, tail
+        assert qemu.stdout is not None
+        qemu.stdout.close()
+    started = watchdog.command_started
+    return Boot(
+        status=None if ended_by is not None else qemu.returncode,
+        ended_by=ended_by,
+        tail=tail,
+        boot_seconds=None if started is None else started - watchdog.begun,
+    )
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """One test in one boot, as the guest's rig plugin reported it."""
+
+    nodeid: str
+    boot: int
+    outcome: str | None  # None: started but never finished in that boot
+    seconds: float
+
+
+def read_progress(path: Path) -> list[TestRun]:
+    """The tests of every boot, in order, from the progress file.
+
+    The rig writes ``boot<TAB>N`` before each boot; the plugin appends the
+    lines described in rigplugin.py.
+    """
+    runs: list[TestRun] = []
+    open_: dict[str, int] = {}
+    boot = 0
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    for line in lines:
+        kind, _, rest = line.partition("\t")
+        if kind == "boot":
+            boot = int(rest)
+        elif kind == "start":
+            open_[rest] = len(runs)
+            runs.append(TestRun(rest, boot, None, 0.0))
+        elif kind == "done":
+            outcome, seconds, nodeid = rest.split("\t", 2)
+            run = TestRun(nodeid, boot, outcome, float(seconds))
+            if nodeid in open_:
+                runs[open_.pop(nodeid)] = run
+            else:
+                runs.append(run)
+    return runs
+
+
+@dataclass
+class VmRun:
+    """What came of :func:`run_in_vm`."""
+
+    status: int  # the command's exit status (of its last run)
+    output: str  # the command's output, of every boot that ran it
+    stalls: list[str]  # why each stalled boot was ended (at most one: a second fails the run)
+    left_out: int  # tests that passed before a stall and did not run again
+    tests: list[TestRun]  # every test of every boot, when the command is pytest
+    boot_seconds: list[float]  # per boot that started the command: QEMU's start to the command's
+
+
+def run_boots(
+    command: list[str],
+    cwd: str,
+    results: Path,
+    argv: list[str],
+    share: str,
+    *,
+    timeout: float,
+    quiet_limit: float,
+    console: IO[str] | None,
+) -> VmRun:
+    """Boot ``argv`` (QEMU, with ``results`` shared as ``share`` in the
+    guest) until the command has run, and report how it went.
+
+    A boot that fails before init starts the command is retried up to
+    BOOT_ATTEMPTS times in all: nothing of the command has run yet.  A boot
+    the watchdog ends after the command started is booted once more, and a
+    pytest command then runs only the tests that had not passed; a second
+    stall raises :class:`RigError` with the console's last lines.
+    """
+    deadline = time.monotonic() + timeout
+    progress = results / PROGRESS_FILE
+    output_file = results / "output"
+    status_file = results / "status"
+    stalls: list[str] = []
+    outputs: list[str] = []
+    boot_seconds: list[float] = []
+    left_out = 0
+    boots = failed = 0
+    while True:
+        boots += 1
+        (results / "run.sh").write_text(_guest_script(command, cwd, share, rerun=bool(stalls)))
+        with progress.open("a") as f:
+            f.write(f"boot\t{boots}\n")
+        boot = _boot(argv, deadline, quiet_limit, console)
+        if boot.boot_seconds is not None:
+            boot_seconds.append(boot.boot_seconds)
+        # Init creates the output file as it starts the command: until then
+        # nothing of the command has run, and booting again is safe.  QEMU's
+        # TCG (multi-threaded, when this was written) now and then aborted on
+        # an internal assertion, or wedged, while the firmware or kernel booted.
+        crashed = boot.status is None or boot.status < 0
+        if crashed and not output_file.exists():
+            failed += 1
+            if failed < BOOT_ATTEMPTS:
+                why = boot.ended_by or f"QEMU status {boot.status}"
+                print(f"rig: the guest did not boot ({why}); booting again", file=sys.stderr, flush=True)
+                continue
+        elif boot.ended_by is not None and not status_file.exists():
+            running = [t.nodeid for t in read_progress(progress) if t.boot == boots and t.outcome is None]
+            stall = boot.ended_by + (f", during {running[-1]}" if running else "")
+            if stalls:
+                last = "".join(boot.tail[-30:]).rstrip()
+                raise RigError(f"the guest stalled again: {stall}; last console lines:\n{last}")
+            stalls.append(stall)
+            outputs.append(output_file.read_text(errors="replace"))
+            output_file.unlink()
+            passed = sorted({t.nodeid for t in read_progress(progress) if t.outcome == "passed"})
+            (results / PASSED_FILE).write_text("".join(f"{n}\n" for n in passed))
+            if pytest_args_at(command) is not None:
+                left_out = len(passed)
+                again = f"the tests that had not passed ({left_out} passed ones are left out)"
+            else:
+                again = "the command again"
+            print(f"rig: {stall}; booting once more to run {again}", file=sys.stderr, flush=True)
+            continue
+        break
+    error_file = results / "error"
+    if error_file.exists():
+        raise RigError(f"guest init failed: {error_file.read_text().strip()}")
+    if not status_file.exists():
+        last = "".join(boot.tail[-15:]).rstrip()
+        why = boot.ended_by or f"QEMU status {boot.status}"
+        raise RigError(f"guest stopped ({why}) without reporting a status; last console lines:\n{last}")
+    if output_file.exists():
+        outputs.append(output_file.read_text(errors="replace"))
+    return VmRun(
+        status=int(status_file.read_text().strip()),
+        output="".join(outputs),
+        stalls=stalls,
+        left_out=left_out,
+        tests=read_progress(progress),
+        boot_seconds=boot_seconds,
+    )
 
 
 def run_in_vm(
@@ -415,55 +671,87 @@ def run_in_vm(
     *,
     pfs: int = DEFAULT_PFS,
     timeout: float = DEFAULT_TIMEOUT,
+    quiet_limit: float = DEFAULT_QUIET_LIMIT,
     memory_mb: int = DEFAULT_MEMORY_MB,
     cwd: str | None = None,
     console: IO[str] | None = None,
-) -> tuple[int, str]:
+) -> VmRun:
     """Boot the guest, run ``command`` as root in it, power it off.
 
-    Returns the command's exit status and its combined stdout/stderr.  The
-    serial console (boot messages plus the same output) is copied to
-    ``console`` as it arrives, if given.  Raises :class:`RigError` if the guest
-    cannot be prepared, times out, or dies without reporting a status.
+    Returns the command's exit status, its combined stdout/stderr and how
+    the boots went.  The serial console (boot messages plus the same output)
+    is copied to ``console`` as it arrives, if given.  Raises
+    :class:`RigError` if the guest cannot be prepared, times out, stalls
+    twice, or dies without reporting a status.
     """
     if not command:
         raise RigError("no command given")
     art = prepare()
     with tempfile.TemporaryDirectory(prefix="sriov-cni-vm-") as tmp:
         results = Path(tmp)
-        (results / "run.sh").write_text(_guest_script(command, cwd or os.getcwd()))
-        for attempt in range(1, BOOT_ATTEMPTS + 1):
-            returncode, tail = _boot(art, results, pfs, memory_mb, timeout, console)
-            # QEMU's multi-threaded TCG now and then aborts on an internal
-            # assertion, or wedges, while the firmware or kernel boots (the
-            # wedged boot is killed at BOOT_DEADLINE).  Nothing of the command
-            # has run until init creates the output file, so only then is
-            # booting again safe.
-            if returncode >= 0 or (results / "output").exists() or attempt == BOOT_ATTEMPTS:
-                break
-            print(f"rig: the guest did not boot (QEMU status {returncode}); booting again", file=sys.stderr, flush=True)
-        status_file = results / "status"
-        error_file = results / "error"
-        if error_file.exists():
-            raise RigError(f"guest init failed: {error_file.read_text().strip()}")
-        if not status_file.exists():
-            last = "".join(tail[-15:]).rstrip()
-            raise RigError(
-                f"guest stopped (QEMU status {returncode}) without reporting a status;"
-                f" last console lines:\n{last}"
+        return run_boots(
+            command,
+            cwd or os.getcwd(),
+            results,
+            qemu_command(art, results, pfs, memory_mb),
+            GUEST_SHARE,
+            timeout=timeout,
+            quiet_limit=quiet_limit,
+            console=console,
+        )
+
+
+def module_costs(tests: list[TestRun]) -> list[tuple[str, float, int]]:
+    """Per test module: seconds its tests took in every boot, and how many
+    finished (a test a stall ended counts with no time); costliest first."""
+    costs: dict[str, tuple[float, int]] = {}
+    for test in tests:
+        module = test.nodeid.split("::", 1)[0]
+        seconds, count = costs.get(module, (0.0, 0))
+        costs[module] = (seconds + test.seconds, count + (test.outcome is not None))
+    return sorted(((m, s, n) for m, (s, n) in costs.items()), key=lambda c: (-c[1], c[0]))
+
+
+def summary(run: VmRun, seconds: float) -> list[str]:
+    """The rig's closing lines for a run that took ``seconds``.
+
+    For a pytest command they say what each test module cost (its tests'
+    setup, call and teardown), what the boots cost, and the rest: preparing
+    the kernel, pytest's start-up and collection, powering off, and a
+    stalled boot's test that never finished.
+    """
+    lines = [f"rig: guest finished in {seconds:.1f} s, command status {run.status}"]
+    if run.tests:
+        costs = module_costs(run.tests)
+        booting = sum(run.boot_seconds)
+        rest = seconds - booting - sum(c[1] for c in costs)
+        lines.append("rig: seconds per test module (setup, call and teardown, every boot):")
+        lines += [f"rig: {s:8.1f} s  {n:3d} tests  {m}" for m, s, n in costs]
+        lines.append(f"rig: {booting:8.1f} s  {len(run.boot_seconds):3d} boots   QEMU's start to the command's")
+        lines.append(f"rig: {rest:8.1f} s             the rest (pytest's start-up and collection, power-off)")
+    for stall in run.stalls:
+        lines.append(f"rig: a boot was ended: {stall}")
+        if run.tests:
+            lines.append(
+                f"rig: a second boot ran the tests that had not passed;"
+                f" {run.left_out} that had passed did not run again"
             )
-        output_file = results / "output"
-        output = output_file.read_text(errors="replace") if output_file.exists() else ""
-        return int(status_file.read_text().strip()), output
+        else:
+            lines.append("rig: a second boot ran the command again")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run a command as root in a QEMU guest with emulated igb SR-IOV NICs.",
-        usage="%(prog)s [--pfs N] [--timeout S] [--memory MB] -- COMMAND ...",
+        usage="%(prog)s [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] -- COMMAND ...",
     )
     parser.add_argument("--pfs", type=int, default=DEFAULT_PFS, help="number of igb PFs")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for the whole run")
+    parser.add_argument(
+        "--quiet-limit", type=float, default=DEFAULT_QUIET_LIMIT,
+        help="seconds the command may print nothing before the guest counts as stalled",
+    )
     parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, help="guest MiB")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -474,18 +762,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--pfs must be between 1 and 8")
     started = time.monotonic()
     try:
-        status, _ = run_in_vm(
-            command, pfs=args.pfs, timeout=args.timeout, memory_mb=args.memory,
-            console=sys.stdout,
+        run = run_in_vm(
+            command, pfs=args.pfs, timeout=args.timeout, quiet_limit=args.quiet_limit,
+            memory_mb=args.memory, console=sys.stdout,
         )
     except RigError as exc:
         print(f"rig: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"rig: guest finished in {time.monotonic() - started:.1f} s, command status {status}",
-        file=sys.stderr,
-    )
-    return status
+    print("\n".join(summary(run, time.monotonic() - started)), file=sys.stderr)
+    return run.status
 
 
 if __name__ == "__main__":
