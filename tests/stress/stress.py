@@ -119,8 +119,11 @@ def answer_problems(command: str, ans: Answer) -> list[str]:
     if ans.rc is None:
         return []
     problems = []
-    if "Traceback" in ans.stdout or "Traceback" in ans.stderr:
-        problems.append("traceback in the output")
+    for stream in (ans.stdout, ans.stderr):
+        if "Traceback" in stream:
+            # Its last lines name the exception and where it came from.
+            tail = " | ".join(stream[stream.index("Traceback"):].strip().splitlines()[-6:])
+            problems.append(f"traceback in the output: {tail}")
     obj = ans.obj
     if obj is ValueError:
         problems.append(f"stdout is not JSON: {ans.stdout[:200]!r}")
