@@ -229,6 +229,13 @@ def _refuse_unknown(what: str, spec: Mapping[str, Any], known: set[str]) -> None
         pytest.fail(f"{what}: the CRI test does not realise {sorted(unknown)}; teach tests/vm/crilib.py")
 
 
+# What kubelet masks and makes read-only in a container that is not
+# privileged (its default /proc mount type).
+KUBELET_MASKED_PATHS = ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+                        "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"]
+KUBELET_READONLY_PATHS = ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
 @dataclass
 class DaemonSetPod:
     """A DaemonSet's pod on this node, realised from its template as kubelet would."""
@@ -332,7 +339,12 @@ class PodTemplate:
             privileged=bool(sc.get("privileged")),
             capabilities=pb.Capability(add_capabilities=caps.get("add", []), drop_capabilities=caps.get("drop", [])),
             readonly_rootfs=bool(sc.get("readOnlyRootFilesystem")),
-            namespace_options=pb.NamespaceOption(network=ns.network, pid=ns.pid))
+            namespace_options=pb.NamespaceOption(network=ns.network, pid=ns.pid),
+            # kubelet asks for these in every container (the runtime leaves
+            # them out of privileged ones): without them a container would
+            # get to write host knobs, /proc/irq among them, that it cannot
+            # on a node.
+            masked_paths=KUBELET_MASKED_PATHS, readonly_paths=KUBELET_READONLY_PATHS)
         resources = pb.LinuxContainerResources()
         limits = container.get("resources", {}).get("limits", {})
         if "memory" in limits:

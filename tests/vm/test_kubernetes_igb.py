@@ -17,6 +17,7 @@ Needs the image as an OCI archive where the guest sees it, made on the host:
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import tempfile
@@ -132,9 +133,12 @@ def node(igb_pfs: list[str]) -> Iterator[Node]:
             cri.remove_pod(pod_id)
 
 
-def node_config(pf: str) -> str:
-    """The ConfigMap's node config for this guest: its PF, VFS VFs."""
-    return yaml.safe_dump({"pfs": [{"pf": pf, "numVfs": VFS}]})
+def node_config(written: str, pf: str) -> str:
+    """The ConfigMap's node config, its tuning included, for this guest's PF and VFS VFs."""
+    conf = yaml.safe_load(written)
+    [entry] = conf["pfs"]
+    entry.update(pf=pf, numVfs=VFS)
+    return yaml.safe_dump(conf)
 
 
 def daemon_answers() -> bool:
@@ -152,7 +156,7 @@ def daemonset(node: Node, sriov: Sriov, igb_pfs: list[str]) -> Iterator[DaemonSe
     docs = manifests()
     cm = docs["ConfigMap"]
     [key] = cm["data"]
-    template = PodTemplate(docs["DaemonSet"], {cm["metadata"]["name"]: {key: node_config(igb_pfs[0])}},
+    template = PodTemplate(docs["DaemonSet"], {cm["metadata"]["name"]: {key: node_config(cm["data"][key], igb_pfs[0])}},
                            Path(tempfile.mkdtemp(dir=node.scratch)))
     pod = template.run(node.cri, node.logs)
     try:
@@ -195,6 +199,18 @@ def remove_pods(node: Node, *pod_ids: str) -> None:
         node.cri.remove_pod(pod_id)
 
 
+def queue_irq_cpus(vf_pci: str) -> dict[str, str]:
+    """A VF's queue IRQs (named in /proc/interrupts) and the CPUs each may run on."""
+    irqs = {p.name for p in Path("/sys/bus/pci/devices", vf_pci, "msi_irqs").iterdir()}
+    names = {}
+    for line in Path("/proc/interrupts").read_text().splitlines()[1:]:
+        irq, _, rest = line.strip().partition(":")
+        if irq in irqs:
+            names[irq] = rest.split()[-1]
+    return {names[irq]: Path(f"/proc/irq/{irq}/smp_affinity_list").read_text().strip()
+            for irq in sorted(names) if re.search(r"-(rx|tx|TxRx)-\d+$", names[irq])}
+
+
 def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
         node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
     pf = igb_pfs[0]
@@ -220,6 +236,11 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
     assert len(leases(NODE_DATA)) == 2
     for ns in netns.values():
         wait_pod_carrier(ns)
+    # The node config tunes the PF, so the daemon pinned each VF's queue
+    # IRQs to one CPU as its pod started: it can write /proc/irq.
+    for vf_pci in vf_pcis:
+        cpus = queue_irq_cpus(vf_pci)
+        assert cpus and all(re.fullmatch(r"\d+", c) for c in cpus.values()), (vf_pci, cpus)
     target = ipv4(eth0["b"]).split("/")[0]
     ping = subprocess.run(["nsenter", f"--net={netns['a']}", "ping", "-c", "3", "-W", "5", target],
                           capture_output=True, text=True, timeout=CRI_TIMEOUT)
