@@ -298,7 +298,13 @@ class Watchdog:
         self._given.wait()
         assert self._conn is not None
         poller = select.poll()
-        poller.register(self._conn.fileno(), select.POLLRDHUP)
+        try:
+            poller.register(self._conn.fileno(), select.POLLRDHUP)
+        except ValueError:
+            # Closed already (fileno -1): the call ended, its caller killed
+            # or answered, before this thread began to watch.  Raising here
+            # would print a traceback into the caller's stderr.
+            return
         poller.poll()
         if not self.answered.is_set():
             os.killpg(0, signal.SIGKILL)
