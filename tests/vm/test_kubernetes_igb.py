@@ -134,10 +134,13 @@ def node(igb_pfs: list[str]) -> Iterator[Node]:
 
 
 def node_config(written: str, pf: str) -> str:
-    """The ConfigMap's node config, its tuning included, for this guest's PF and VFS VFs."""
+    """The ConfigMap's node config, its tuning included (not its MTU), for this guest's PF and VFS VFs."""
     conf = yaml.safe_load(written)
     [entry] = conf["pfs"]
     entry.update(pf=pf, numVfs=VFS)
+    # setup never lowers a PF's MTU, and the guest modules after this one
+    # expect the PF's own.
+    entry.pop("mtu", None)
     return yaml.safe_dump(conf)
 
 
