@@ -14,7 +14,7 @@ peak RSS of the executable's own process (by GNU time, which forks it from a
 small process: a process forked from this one would inherit this one's peak)
 and of the daemon's child serving the call, with the child's private part
 (what each call costs beyond the shared daemon), as the children report them
-(``SRIOV_CNI_DAEMON_STATS``, see sriov_cni/daemon/server.py).
+(``SRIOV_CNI_DAEMON_STATS``, see sriov_cni/daemon/measure.py).
 
 Phases: one ADD and one DEL through the shim, profiled in the daemon's child
 (``SRIOV_CNI_DAEMON_PROFILE``), charged to phases by tests/bench/phases.py.
@@ -63,7 +63,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests" / "node")]
 
-from sriov_cni.daemon import client, server  # noqa: E402
+from sriov_cni.daemon import client, measure  # noqa: E402
 
 from hostnode import CODE_ENV  # noqa: E402
 
@@ -143,10 +143,10 @@ class Daemon:
         self.sock = sock
         self.stats = stats
         stats.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, **{server.STATS_ENV: str(stats)})
+        env = dict(os.environ, **{measure.STATS_ENV: str(stats)})
         env["PYTHONPATH"] = env[CODE_ENV] = str(code)
         if profile:
-            env[server.PROFILE_ENV] = "1"
+            env[measure.PROFILE_ENV] = "1"
         command = [str(sock) if part == "SOCKET" else part for part in bench.daemon_command]
         if "SOCKET" not in bench.daemon_command:
             command.append(str(sock))

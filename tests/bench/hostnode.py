@@ -36,6 +36,11 @@ from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
 from sriov_cni.plugin.store import FileStore  # noqa: E402
 
+try:
+    from sriov_cni.daemon.programs import PROGRAMS  # noqa: E402
+except ImportError:  # a baseline revision from before programs.py kept the table in server
+    PROGRAMS = server.PROGRAMS  # type: ignore[attr-defined]
+
 
 class HostNode:
     """``pfs`` PFs of ``vfs_per_pf`` veth VFs each, in a sysfs tree under ``work``."""
@@ -71,7 +76,7 @@ def main() -> None:
         commands.configure_logging_from_env(env)
         return commands.run(env, stdin, stdout, stderr, deps)
 
-    server.PROGRAMS["sriov"] = run_sriov
+    PROGRAMS["sriov"] = run_sriov
     if calls:
         server.serve(socket_path, calls_per_child=calls[-1])
     else:  # also what a baseline revision's daemon, without the option, is given

@@ -27,7 +27,7 @@ import pytest
 import hangipam
 from daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
-from sriov_cni.daemon import client, server, wire
+from sriov_cni.daemon import client, measure, pool, wire
 
 PT_INTERP = 3
 
@@ -381,7 +381,7 @@ def test_helper_still_starts_the_daemon(tmp_path: Path) -> None:
 def test_a_measuring_daemon_reports_each_call_after_answering(tmp_path: Path) -> None:
     stats = tmp_path / "stats"
     stats.mkdir()
-    d = Daemon(tmp_path / "run", env={server.STATS_ENV: str(stats), server.PROFILE_ENV: "1"})
+    d = Daemon(tmp_path / "run", env={measure.STATS_ENV: str(stats), measure.PROFILE_ENV: "1"})
     try:
         conf = ipam_conf(tmp_path)
         rc, out = shim(d.socket, "ADD", conf, name="sriov-ipam", env=ipam_env("c1"))
@@ -421,7 +421,7 @@ def _served_by(stats: Path, calls: int) -> list[tuple[int, int]]:
 def test_a_child_serves_calls_in_turn_each_with_only_its_own_settings(tmp_path: Path) -> None:
     stats = tmp_path / "stats"
     stats.mkdir()
-    d = Daemon(tmp_path / "run", "--max-children", "1", env={server.STATS_ENV: str(stats)})
+    d = Daemon(tmp_path / "run", "--max-children", "1", env={measure.STATS_ENV: str(stats)})
     link = tmp_path / "bin" / "sriov"
     link.parent.mkdir()
     link.symlink_to(SHIM)
@@ -467,7 +467,7 @@ def test_a_child_serves_calls_in_turn_each_with_only_its_own_settings(tmp_path: 
 def test_a_child_that_served_a_call_ends_after_child_idle(tmp_path: Path) -> None:
     stats = tmp_path / "stats"
     stats.mkdir()
-    d = Daemon(tmp_path / "run", "--child-idle", "0.5", env={server.STATS_ENV: str(stats)})
+    d = Daemon(tmp_path / "run", "--child-idle", "0.5", env={measure.STATS_ENV: str(stats)})
     try:
         rc, out = shim(d.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
         assert rc == 0, out
@@ -476,7 +476,7 @@ def test_a_child_that_served_a_call_ends_after_child_idle(tmp_path: Path) -> Non
         # miss one while others are forked).
         wait_for(lambda: not Path(f"/proc/{child}").exists())
         # The daemon keeps its spares: fresh ones serve the next calls.
-        wait_for(lambda: len(d.all_children()) == server.SPARES)
+        wait_for(lambda: len(d.all_children()) == pool.SPARES)
         rc, out = shim(d.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
         assert rc == 0 and out["cniVersion"] == "1.0.0", out
     finally:

@@ -1,0 +1,86 @@
+"""Measuring what each call costs, for a node's figures and the benchmarks.
+
+The daemon started with ``SRIOV_CNI_DAEMON_STATS`` set to a directory makes
+each child write there, after answering, what its call cost:
+``<pid>-<n>.json`` for its n-th call (from 0), with the program, the CNI
+command, the seconds it ran and the CPU seconds it used, the child's peak
+memory (over its calls so far) and private memory, and each VF claim it
+tried (seconds taken, whether it got the claim).  With
+``SRIOV_CNI_DAEMON_PROFILE=1`` as well, the call runs under cProfile and
+``<pid>-<n>.prof`` holds the dump (tests/bench/bench_plugin.py reads both).
+Unset, nothing is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sriov_cni.daemon.programs import Program
+
+STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
+PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Where each child writes what its call cost, and whether under cProfile."""
+
+    directory: str
+    profile: bool
+
+    @classmethod
+    def from_env(cls) -> Measure | None:
+        directory = os.environ.get(STATS_ENV)
+        return cls(directory, os.environ.get(PROFILE_ENV) == "1") if directory else None
+
+
+def _private_kib() -> int:
+    """Memory only this child holds: pages it wrote after the fork, or mapped anew."""
+    total = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1])
+    return total
+
+
+def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure, name: str,
+                  reply: Callable[[int], None]) -> None:
+    import cProfile
+    import resource
+
+    from sriov_cni.plugin import store
+
+    store.claim_times = []
+    profiler = cProfile.Profile() if measure.profile else None
+    start, cpu_start = time.perf_counter(), time.process_time()
+    if profiler is not None:
+        code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr)
+    else:
+        code = run(env, stdin, sys.stdout, sys.stderr)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    reply(code)  # closes the caller's stdout before the statistics are gathered
+    base = os.path.join(measure.directory, name)
+    if profiler is not None:
+        profiler.dump_stats(base + ".prof")
+    stats = {
+        "program": program,
+        "command": env.get("CNI_COMMAND", ""),
+        "container": env.get("CNI_CONTAINERID", ""),
+        "status": code,
+        "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "private_kib": _private_kib(),
+        "claims": store.claim_times,
+    }
+    # Renamed into place: a reader sees a whole file or none.
+    with open(base + ".tmp", "w") as f:
+        json.dump(stats, f)
+    os.rename(base + ".tmp", base + ".json")
+

@@ -1,0 +1,221 @@
+"""The daemon's children: forked ahead of the calls, each serving calls in turn.
+
+The daemon side (:class:`_Children`) forks spares, hands each call to a
+waiting child, spaces out forks while children end at start, and ends
+children that stayed idle.  The child side (:func:`_spare`) waits for a call
+on its channel, serves it (:mod:`call`) and waits again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+
+from sriov_cni.cni import CNIError, Code
+from sriov_cni.daemon import budget, intake
+from sriov_cni.daemon.call import _serve_one
+from sriov_cni.daemon.measure import Measure
+from sriov_cni.daemon.watchdog import Watchdog
+from sriov_cni.kernel import lifetime
+
+# Children forked ahead, each waiting to take the next call.  Two, so that
+# a second call arriving at once need not wait for its fork either.
+SPARES = 2
+# Seconds before forking again after a child ended at start, doubled for
+# each such end in a row, up to the maximum.
+START_BACKOFF = 0.5
+START_BACKOFF_MAX = 30.0
+
+
+def _spare(channel: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int,
+           measure: Measure | None) -> None:
+    """Runs in a forked child: serves the calls the daemon hands it, one at a time, until it ends.
+
+    The daemon keeps such children forked ahead of the calls, so a call
+    does not wait for the fork of the daemon (a copy of every page table of
+    a 40 MiB interpreter), nor for its watchdog thread to start.  The child
+    tells the daemon each time it waits for a call (see CALLS_PER_CHILD);
+    the daemon hands it one on its channel, or closes the channel to end
+    it (CHILD_IDLE).
+    """
+    idle_group = os.getpgid(0)
+    # What the caller's descriptors become once a call has answered: they
+    # must be released (its runtime reads to EOF) and 0-2 must stay taken,
+    # or the next call's descriptors would land on one of them.
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    for served in range(calls):
+        # An idle child ends with the daemon, as its channel does.
+        lifetime.die_with_parent(daemon)
+        if served:
+            os.setpgid(0, idle_group)
+        watchdog = Watchdog()
+        os.write(messages, struct.pack("=i", os.getpid()))
+        call = intake.take_over(channel)
+        if call is None:
+            return
+        # Taken: a call runs to its end even when the daemon is restarted
+        # meanwhile, as an executed plugin would.
+        lifetime.outlive_parent()
+        # The call's group: what it starts (delegated IPAM, helpers in a pod's
+        # namespace) ends with it (Watchdog).
+        os.setpgid(0, 0)
+        with call.conn:
+            if not _serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}"):
+                return
+
+
+class _Children:
+    """The daemon's children: each starting, waiting for a call, or running one."""
+
+    def __init__(self, max_children: int, idle: float) -> None:
+        self.max = max_children
+        self.idle = idle
+        # The daemon's end of each child's channel (intake.hand_over).
+        self.channels: dict[int, socket.socket] = {}
+        self.starting: set[int] = set()
+        # Since when each waits; one that has served calls ends after ``idle``.
+        self.waiting: dict[int, float] = {}
+        self.served: set[int] = set()
+        # Children that ended before they could wait for a call (a broken
+        # install) since one last could: forks are spaced out meanwhile.
+        self.failures = 0
+        self.next_fork = 0.0
+        self.failure = ""
+        # Children write their pid each time they wait for a call, in one
+        # write (atomic in a pipe).
+        self.messages_r, self.messages_w = os.pipe2(os.O_CLOEXEC)
+        # SIGCHLD wakes the loop through a pipe of its own, so a spare that
+        # died before taking a call is replaced without delay.
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def spares(self) -> int:
+        return len(self.starting) + len(self.waiting)
+
+    def fork(self, run: Callable[[socket.socket], None]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            status = 1
+            try:
+                budget.expose_child()
+                self._in_child(theirs)
+                run(theirs)
+                status = 0
+            finally:  # the child must always reach _exit
+                os._exit(status)
+        theirs.close()
+        self.channels[pid] = ours
+        self.starting.add(pid)
+
+    def _in_child(self, channel: socket.socket) -> None:
+        """Keep nothing of the daemon's loop but this child's channel and the messages pipe.
+
+        In particular no other caller's connection: a caller refused by
+        the daemon reads its answer to the end of the connection, which
+        does not come while a copy stays open here.
+        """
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        keep = {0, 1, 2, channel.fileno(), self.messages_w}
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) not in keep:
+                try:
+                    os.close(int(name))
+                except OSError:
+                    pass  # the directory's own descriptor, closed by now
+
+    def hand(self, call: intake.Call) -> bool:
+        """Give ``call`` to a waiting child; False when none could take it."""
+        while self.waiting:
+            # The one that waited last: its pages are the warmest, and the
+            # others may reach their idle end.
+            pid = max(self.waiting, key=self.waiting.__getitem__)
+            del self.waiting[pid]
+            try:
+                intake.hand_over(self.channels[pid], call)
+            except OSError:
+                continue  # it ended meanwhile; reaped with the next SIGCHLD
+            self.served.add(pid)
+            return True
+        return False
+
+    def on_messages(self) -> None:
+        data = os.read(self.messages_r, 4 * 64)
+        now = time.monotonic()
+        for (pid,) in struct.iter_unpack("=i", data):
+            # A pid not found was reaped already.
+            if pid in self.channels:
+                if pid in self.starting:
+                    self.starting.remove(pid)
+                    self.failures = 0
+                self.waiting[pid] = now
+
+    def on_wake(self) -> None:
+        while True:
+            try:
+                os.read(self.wake_r, 512)
+            except BlockingIOError:
+                break
+        self.reap()
+
+    def may_fork(self, now: float) -> bool:
+        if self.failures and self.starting:
+            return False  # one at a time, until one starts
+        return self.spares() < SPARES and len(self.channels) < self.max and now >= self.next_fork
+
+    def reap(self) -> None:
+        while self.channels:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            self.channels.pop(pid).close()
+            if pid in self.starting:
+                self.starting.remove(pid)
+                self._failed_at_start(status)
+            self.waiting.pop(pid, None)
+            self.served.discard(pid)
+
+    def _failed_at_start(self, status: int) -> None:
+        """A child ended before it could take a call: fork again only after a while.
+
+        Forking again at once, forever, would turn a broken install (an
+        import error in every child) into a fork loop on every core.
+        """
+        self.failures += 1
+        delay = min(START_BACKOFF * 2 ** (self.failures - 1), START_BACKOFF_MAX)
+        self.next_fork = time.monotonic() + delay
+        if os.WIFSIGNALED(status):
+            self.failure = f"killed by signal {os.WTERMSIG(status)}"
+        else:
+            self.failure = f"exit status {os.waitstatus_to_exitcode(status)}"
+        # Once per interval: the next failure comes after the next fork.
+        sys.stderr.write(f"sriov-cni daemon: a child ended before it could take calls ({self.failure}, "
+                         f"{self.failures} in a row); the next fork in {delay:g} s\n")
+        sys.stderr.flush()
+
+    def cannot_start(self) -> CNIError | None:
+        """Why calls cannot run now: children end at start and none waits."""
+        if not self.failures or self.waiting:
+            return None
+        return CNIError(Code.TRY_AGAIN, f"the sriov-cni daemon's children end before they can take calls "
+                                        f"({self.failure}; see the daemon's log), and it forks them again only "
+                                        "after a while; nothing ran")
+
+    def next_retirement(self) -> float | None:
+        times = [since + self.idle for pid, since in self.waiting.items() if pid in self.served]
+        return min(times, default=None)
+
+    def retire(self, now: float) -> None:
+        """End the children that have served calls and waited ``idle`` since, giving back their pages."""
+        for pid, since in list(self.waiting.items()):
+            if pid in self.served and since + self.idle <= now:
+                del self.waiting[pid]
+                self.channels[pid].close()  # the child reads the end of its channel and ends
+

@@ -1,0 +1,36 @@
+"""What the daemon runs: the programs the CNI executables stand for, by their names.
+
+A child that has become its caller (:mod:`call`) runs one of them with the
+caller's environment, its stdin read to the end, and its stdout and stderr:
+exactly the code the executable would run in process.  What it returns is
+the executable's exit status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import IO
+
+Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str]], int]
+
+
+def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
+    from sriov_cni.plugin import commands, log
+
+    commands.configure_logging_from_env(env)
+    try:
+        return commands.run(env, stdin, stdout, stderr)
+    finally:
+        # The child serves other calls after this one (CALLS_PER_CHILD).
+        log.close()
+
+
+def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
+    from ipam import main as ipam_main
+    from sriov_cni.cni import dispatch
+
+    return dispatch(ipam_main.HANDLERS, env, stdin, stdout, stderr, ipam_main.ABOUT)
+
+
+PROGRAMS: dict[str, Program] = {"sriov": _run_sriov, "sriov-ipam": _run_ipam}
+
