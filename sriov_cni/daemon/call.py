@@ -18,7 +18,7 @@ import time
 
 from sriov_cni.cni import MAX_CONFIG, CNIError, Code
 from sriov_cni.daemon import intake, wire
-from sriov_cni.daemon.measure import Measure, _run_measured
+from sriov_cni.daemon.measure import Measure, run_measured
 from sriov_cni.daemon.programs import PROGRAMS, Program
 from sriov_cni.daemon.watchdog import Watchdog
 
@@ -71,8 +71,8 @@ def _read_stdin(timeout: float) -> bytes:
 
 
 
-def _serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, null: int,
-               measure: Measure | None, name: str) -> bool:
+def serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, null: int,
+              measure: Measure | None, name: str) -> bool:
     """Runs in a child, from the call handed over to the answer.
 
     Whether the child may serve another call: not after a refusal.
@@ -114,7 +114,7 @@ def _serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, nu
         if measure is None:
             reply(run(env, stdin, sys.stdout, sys.stderr))
         else:
-            _run_measured(program, run, env, stdin, measure, name, reply)
+            run_measured(program, run, env, stdin, measure, name, reply)
         return True
     # Nothing has run: the shim prints the reason, the Python client runs
     # the call itself.

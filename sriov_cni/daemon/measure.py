@@ -49,8 +49,8 @@ def _private_kib() -> int:
     return total
 
 
-def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure, name: str,
-                  reply: Callable[[int], None]) -> None:
+def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure, name: str,
+                 reply: Callable[[int], None]) -> None:
     import cProfile
     import resource
 

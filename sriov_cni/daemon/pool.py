@@ -1,8 +1,8 @@
 """The daemon's children: forked ahead of the calls, each serving calls in turn.
 
-The daemon side (:class:`_Children`) forks spares, hands each call to a
+The daemon side (:class:`Children`) forks spares, hands each call to a
 waiting child, spaces out forks while children end at start, and ends
-children that stayed idle.  The child side (:func:`_spare`) waits for a call
+children that stayed idle.  The child side (:func:`spare`) waits for a call
 on its channel, serves it (:mod:`call`) and waits again.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.daemon import budget, intake
-from sriov_cni.daemon.call import _serve_one
+from sriov_cni.daemon.call import serve_one
 from sriov_cni.daemon.measure import Measure
 from sriov_cni.daemon.watchdog import Watchdog
 from sriov_cni.kernel import lifetime
@@ -32,16 +32,16 @@ START_BACKOFF = 0.5
 START_BACKOFF_MAX = 30.0
 
 
-def _spare(channel: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int,
-           measure: Measure | None) -> None:
+def spare(channel: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int,
+          measure: Measure | None) -> None:
     """Runs in a forked child: serves the calls the daemon hands it, one at a time, until it ends.
 
     The daemon keeps such children forked ahead of the calls, so a call
     does not wait for the fork of the daemon (a copy of every page table of
     a 40 MiB interpreter), nor for its watchdog thread to start.  The child
-    tells the daemon each time it waits for a call (see CALLS_PER_CHILD);
+    tells the daemon each time it waits for a call (see server.CALLS_PER_CHILD);
     the daemon hands it one on its channel, or closes the channel to end
-    it (CHILD_IDLE).
+    it (server.CHILD_IDLE).
     """
     idle_group = os.getpgid(0)
     # What the caller's descriptors become once a call has answered: they
@@ -65,11 +65,11 @@ def _spare(channel: socket.socket, daemon: int, messages: int, request_timeout: 
         # namespace) ends with it (Watchdog).
         os.setpgid(0, 0)
         with call.conn:
-            if not _serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}"):
+            if not serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}"):
                 return
 
 
-class _Children:
+class Children:
     """The daemon's children: each starting, waiting for a call, or running one."""
 
     def __init__(self, max_children: int, idle: float) -> None:

@@ -36,10 +36,9 @@ import sys
 import time
 
 from sriov_cni import __version__, safepath
-from sriov_cni.daemon import budget, intake
+from sriov_cni.daemon import budget, intake, pool
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.daemon.measure import Measure
-from sriov_cni.daemon.pool import SPARES, _Children, _spare
 from sriov_cni.daemon.programs import PROGRAMS
 
 # Seconds a caller has to send its request, and then to end its stdin: one
@@ -124,14 +123,14 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     listener.setblocking(False)
     max_pending = _descriptors_for(MAX_PENDING, admitted.children)
     selector = selectors.DefaultSelector()
-    children = _Children(admitted.children, child_idle)
+    children = pool.Children(admitted.children, child_idle)
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
     daemon = os.getpid()
 
     def spare(channel: socket.socket) -> None:
-        _spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
+        pool.spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
 
     sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}\n")
     if unprotected:
@@ -148,7 +147,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         if (broken := children.cannot_start()) is not None:
             calls.refuse_waiting(broken)
         deadlines = [t for t in (calls.next_deadline(), children.next_retirement()) if t is not None]
-        if children.spares() < SPARES and children.next_fork > time.monotonic():
+        if children.spares() < pool.SPARES and children.next_fork > time.monotonic():
             deadlines.append(children.next_fork)
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
         for key, _ in selector.select(timeout):
