@@ -9,7 +9,7 @@ import click
 
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
-from sriov_cni.daemon import budget, client, server
+from sriov_cni.daemon import budget, client, install, server
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
 from sriov_cni.plugin import store
@@ -133,9 +133,9 @@ main.add_command(
 def install_cni(dest: str, python: str | None) -> None:
     """Write the sriov and sriov-ipam CNI executables: the static shim, which needs only the daemon."""
     try:
-        for path in client.install(dest, python):
+        for path in install.install(dest, python):
             click.echo(f"wrote {path}")
-    except (client.ShimNotBuilt, CNIError) as exc:
+    except (install.ShimNotBuilt, CNIError) as exc:
         raise CommandError(str(exc)) from exc
     except OSError as exc:
         raise CommandError(f"cannot write into {dest}: {exc.strerror}") from exc

@@ -7,7 +7,7 @@ without site-packages (``-S``) and still be fast. When the sriov-cni daemon
 process with our stdin, stdout and stderr; otherwise, or when the daemon is
 of another version, the same plugin code runs in this process. Nodes without
 Python run the static shim (shim/sriov-shim.c) instead, which speaks the
-same protocol; :func:`install` writes it.
+same protocol; ``sriov-cni install-cni`` (:mod:`install`) writes either.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import _struct
 import os
 import sys
 
-import sriov_cni
 from sriov_cni import __version__
 from sriov_cni.daemon import wire
 
@@ -25,13 +24,6 @@ SOCKET_ENV = "SRIOV_CNI_SOCKET"
 # The variable's name before the daemon served the shim; still honoured.
 OLD_SOCKET_ENV = "SRIOV_CNI_HELPER_SOCKET"
 DEFAULT_SOCKET = "/run/sriov-cni/plugin.sock"
-# Built by `make -C shim`.
-SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sriov-shim")
-EXECUTABLES = ("sriov", "sriov-ipam")
-
-
-class ShimNotBuilt(Exception):
-    """install() was asked for the shim, but this installation has none."""
 
 
 def socket_path() -> str:
@@ -105,49 +97,3 @@ def main() -> None:
     if status is None:
         in_process()
     sys.exit(status)
-
-
-def install(dest: str, python: str | None = None) -> list[str]:
-    """Write the CNI executables ``sriov`` and ``sriov-ipam`` into ``dest``.
-
-    By default both are the static shim, which needs the daemon and nothing
-    else on the node. With ``python`` (an interpreter path valid where they
-    will run) they are scripts of this installation instead, which run in
-    process when no daemon answers; ``sriov`` starts it with ``-S``:
-    site-packages are loaded only when the call runs in process.
-    """
-    import shutil  # not at the top: it costs every call of the executable
-
-    if python is None and not os.path.exists(SHIM):
-        raise ShimNotBuilt(f"the shim is not built ({SHIM} is missing): run make -C shim")
-    # The directory holding the sriov_cni package, first on the scripts'
-    # path so they run this installation's code.
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(sriov_cni.__file__)))
-    scripts = {
-        "sriov": (f"#!{python} -S\n", "sriov_cni.daemon.client"),
-        "sriov-ipam": (f"#!{python}\n", "ipam.main"),
-    }
-    from sriov_cni import safepath
-
-    # The runtime runs what is here as root: a directory others may write
-    # would let them swap the executables.
-    safepath.state_dir(os.path.abspath(dest), 0o755, "CNI plugin directory")
-    written = []
-    for name in EXECUTABLES:
-        path = os.path.join(dest, name)
-        # Written beside the target and renamed over it: a runtime calling
-        # the plugin meanwhile runs the old file or the new, never half of one.
-        tmp = f"{path}.tmp{os.getpid()}"
-        if python is None:
-            shutil.copyfile(SHIM, tmp)
-        else:
-            shebang, module = scripts[name]
-            with open(tmp, "w") as f:
-                f.write(
-                    f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
-                    f"from {module} import main\nmain()\n"
-                )
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, path)
-        written.append(path)
-    return written

@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests")]
 from hostnode import HostNode  # noqa: E402
 from memcg import MemoryCgroup  # noqa: E402
 
-from sriov_cni.daemon import budget, client  # noqa: E402
+from sriov_cni.daemon import budget, install  # noqa: E402
 
 GO_PLUGINS = Path("/usr/lib/cni")
 VFS = 64
@@ -145,7 +145,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sriov-burst-"))
     node = HostNode(work / "node", 1, VFS)
     shimdir = work / "bin"
-    client.install(str(shimdir))
+    install.install(str(shimdir))
     os.symlink(GO_PLUGINS / "host-local", shimdir / "host-local")
     token = uuid.uuid4().hex[:5]
     names = [f"sriov-burst-{token}-{i}" for i in range(VFS)]

@@ -63,7 +63,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests" / "node")]
 
-from sriov_cni.daemon import client, measure  # noqa: E402
+from sriov_cni.daemon import install, measure  # noqa: E402
 
 from hostnode import CODE_ENV  # noqa: E402
 
@@ -462,9 +462,9 @@ def main() -> None:
     bench = igb_node(pfs, per_pf) if kind == "igb" else host_node(work, per_pf)
     vf = bench.vfs[0]
     bindir = work / "bin"
-    client.install(str(bindir), sys.executable)
+    install.install(str(bindir), sys.executable)
     shimdir = work / "shim-bin"
-    client.install(str(shimdir))
+    install.install(str(shimdir))
     for name in ("host-device", "host-local"):
         os.symlink(GO_PLUGINS / name, bindir / name)
         os.symlink(GO_PLUGINS / name, shimdir / name)

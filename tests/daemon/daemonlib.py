@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sriov_cni.daemon import client
+from sriov_cni.daemon import install
 
 REPO = Path(__file__).resolve().parents[2]
-SHIM = Path(client.SHIM)
+SHIM = Path(install.SHIM)
 
 T = TypeVar("T")
 

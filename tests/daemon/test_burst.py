@@ -26,10 +26,10 @@ from hostnode import HostNode  # noqa: E402
 from memcg import MemoryCgroup  # noqa: E402
 from pluginlib import DEBIAN_CNI_DIR, link  # noqa: E402
 
-from sriov_cni.daemon import budget, client  # noqa: E402
+from sriov_cni.daemon import budget, install  # noqa: E402
 
 MiB = 1 << 20
-SHIM = Path(client.SHIM)
+SHIM = Path(install.SHIM)
 BURST = 64
 CAP_SYS_RESOURCE = 24
 

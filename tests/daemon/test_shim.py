@@ -27,7 +27,7 @@ import pytest
 import hangipam
 from daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
-from sriov_cni.daemon import client, measure, pool, wire
+from sriov_cni.daemon import install, measure, pool, wire
 
 PT_INTERP = 3
 
@@ -302,7 +302,7 @@ def test_install_cni_python_scripts_run_this_installation(tmp_path: Path) -> Non
     # their path; run without PYTHONPATH from elsewhere, they must still
     # import this tree and answer.
     dest = tmp_path / "cni-bin"
-    written = client.install(str(dest), sys.executable)
+    written = install.install(str(dest), sys.executable)
     assert sorted(Path(p).name for p in written) == ["sriov", "sriov-ipam"]
     env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(tmp_path / "none.sock"), "PATH": "/usr/bin:/bin"}
     for path in written:

@@ -1049,11 +1049,11 @@ def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, v
             transport = ForkTransport(node.deps)
             ipam_exe = REPO / "bin" / "sriov-ipam"
         else:
-            from sriov_cni.daemon import client
+            from sriov_cni.daemon import install
 
             node = IgbNode(vfs)
             shims = work / "shims"
-            client.install(str(shims), None)
+            install.install(str(shims), None)
             socket_path = str(work / "daemon" / "plugin.sock")
             daemon = [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket", socket_path]
             transport = ExecTransport([str(shims / "sriov")], daemon, socket_path)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sriov_cni.daemon import client
+from sriov_cni.daemon import install
 from sriov_cni.plugin import commands
 from vmlib import Sriov, ip_json, vf_pci_dirs
 
@@ -156,7 +156,7 @@ def test_parallel_adds_exhaustion_and_status(igb_pfs: list[str], sriov: Sriov, n
     # helper as on a node (each starting the plugin cold would spend the
     # test's time importing under emulation, not racing for VFs).
     bindir = tmp_path / "bin"
-    client.install(str(bindir))
+    install.install(str(bindir))
     sock = tmp_path / "helper.sock"
     helper = subprocess.Popen([sys.executable, "-m", "sriov_cni.daemon.server", str(sock)], cwd=REPO)
     try:

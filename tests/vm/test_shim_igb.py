@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sriov_cni.daemon import client
+from sriov_cni.daemon import install
 from test_plugin_igb import host_link, ns_path, records, restored, vfinfo, view
 from vmlib import Sriov, ip_json, sriov_daemon, vf_pci_dirs, wait_until
 
@@ -35,7 +35,7 @@ CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
 @pytest.fixture(autouse=True)
 def shim_built() -> None:
-    if not Path(client.SHIM).exists():
+    if not Path(install.SHIM).exists():
         pytest.fail("the shim is not built: make -C shim (tests/setup-host.sh does it)", pytrace=False)
 
 
@@ -81,7 +81,7 @@ class Node:
         files = sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
         assert files == ["opt/cni/bin/sriov", "opt/cni/bin/sriov-ipam"]
         for exe in bindir.iterdir():
-            assert exe.read_bytes() == Path(client.SHIM).read_bytes()
+            assert exe.read_bytes() == Path(install.SHIM).read_bytes()
             ldd = subprocess.run(["ldd", str(exe)], capture_output=True, text=True)
             assert "not a dynamic executable" in ldd.stdout + ldd.stderr
         for inside, outside in zip(INSIDE, (self.sock.parent, Path("/proc"), Path("/var/run/netns"))):

@@ -1,0 +1,64 @@
+"""``sriov-cni install-cni``: the CNI executables written into a node's plugin directory.
+
+Either the static shim for both (shim/sriov-shim.c, built into this package
+directory by ``make -C shim``), which needs only the daemon on the node, or
+scripts that run this installation's Python :mod:`client` and ``sriov-ipam``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import sriov_cni
+from sriov_cni import safepath
+
+# Built by `make -C shim`.
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sriov-shim")
+EXECUTABLES = ("sriov", "sriov-ipam")
+
+
+class ShimNotBuilt(Exception):
+    """install() was asked for the shim, but this installation has none."""
+
+
+def install(dest: str, python: str | None = None) -> list[str]:
+    """Write the CNI executables ``sriov`` and ``sriov-ipam`` into ``dest``.
+
+    By default both are the static shim, which needs the daemon and nothing
+    else on the node. With ``python`` (an interpreter path valid where they
+    will run) they are scripts of this installation instead, which run in
+    process when no daemon answers; ``sriov`` starts it with ``-S``:
+    site-packages are loaded only when the call runs in process.
+    """
+    if python is None and not os.path.exists(SHIM):
+        raise ShimNotBuilt(f"the shim is not built ({SHIM} is missing): run make -C shim")
+    # The directory holding the sriov_cni package, first on the scripts'
+    # path so they run this installation's code.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(sriov_cni.__file__)))
+    scripts = {
+        "sriov": (f"#!{python} -S\n", "sriov_cni.daemon.client"),
+        "sriov-ipam": (f"#!{python}\n", "ipam.main"),
+    }
+    # The runtime runs what is here as root: a directory others may write
+    # would let them swap the executables.
+    safepath.state_dir(os.path.abspath(dest), 0o755, "CNI plugin directory")
+    written = []
+    for name in EXECUTABLES:
+        path = os.path.join(dest, name)
+        # Written beside the target and renamed over it: a runtime calling
+        # the plugin meanwhile runs the old file or the new, never half of one.
+        tmp = f"{path}.tmp{os.getpid()}"
+        if python is None:
+            shutil.copyfile(SHIM, tmp)
+        else:
+            shebang, module = scripts[name]
+            with open(tmp, "w") as f:
+                f.write(
+                    f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
+                    f"from {module} import main\nmain()\n"
+                )
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, path)
+        written.append(path)
+    return written
