@@ -17,7 +17,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sriov_cni.daemon.programs import Program
@@ -39,6 +40,34 @@ class Measure:
         return cls(directory, os.environ.get(PROFILE_ENV) == "1") if directory else None
 
 
+@contextmanager
+def timed_claims() -> Iterator[list[tuple[float, bool]]]:
+    """Each VF claim tried meanwhile: the seconds it took, and whether it got the claim.
+
+    How long calls wait for each other's VFs, and how often an ADD passes a
+    VF over because another call holds it, can so be checked on a node.
+    The store's claim is wrapped only while a measured call runs: the store
+    itself knows nothing of measuring.  A call's first claim also counts the
+    check of the store's directories.
+    """
+    from sriov_cni.plugin.store import Claim, FileStore
+
+    times: list[tuple[float, bool]] = []
+    claim = FileStore.claim
+
+    def timed(self: FileStore, vf_pci: str, wait: float = 0.0) -> Claim | None:
+        asked = time.perf_counter()
+        got = claim(self, vf_pci, wait)
+        times.append((time.perf_counter() - asked, got is not None))
+        return got
+
+    FileStore.claim = timed  # type: ignore[method-assign]
+    try:
+        yield times
+    finally:
+        FileStore.claim = claim  # type: ignore[method-assign]
+
+
 def _private_kib() -> int:
     """Memory only this child holds: pages it wrote after the fork, or mapped anew."""
     total = 0
@@ -54,16 +83,14 @@ def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, 
     import cProfile
     import resource
 
-    from sriov_cni.plugin import store
-
-    store.claim_times = []
     profiler = cProfile.Profile() if measure.profile else None
-    start, cpu_start = time.perf_counter(), time.process_time()
-    if profiler is not None:
-        code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr)
-    else:
-        code = run(env, stdin, sys.stdout, sys.stderr)
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    with timed_claims() as claims:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        if profiler is not None:
+            code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr)
+        else:
+            code = run(env, stdin, sys.stdout, sys.stderr)
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     reply(code)  # closes the caller's stdout before the statistics are gathered
     base = os.path.join(measure.directory, name)
     if profiler is not None:
@@ -77,7 +104,7 @@ def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, 
         "cpu_seconds": cpu,
         "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "private_kib": _private_kib(),
-        "claims": store.claim_times,
+        "claims": claims,
     }
     # Renamed into place: a reader sees a whole file or none.
     with open(base + ".tmp", "w") as f:

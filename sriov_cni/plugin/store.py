@@ -55,13 +55,6 @@ from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan, from_flat, to_fl
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 
-# When a list, every FileStore.claim() appends (seconds it took, whether it
-# got the claim): the daemon's call statistics report them, so how long
-# calls wait for each other's VFs, and how often an ADD passes a VF over
-# because another call holds it, can be checked on a node.  None (the
-# default) records nothing.
-claim_times: list[tuple[float, bool]] | None = None
-
 
 @dataclass
 class OriginalState:
@@ -259,13 +252,10 @@ class FileStore:
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
         self._prepare()
         path = self.claims_dir / f"{vf_pci}.lock"
-        asked = time.perf_counter()
         try:
             fd = _flock(str(path), wait)
         except OSError as exc:
             raise _io_error("cannot lock", path, exc) from exc
-        if claim_times is not None:
-            claim_times.append((time.perf_counter() - asked, fd is not None))
         return None if fd is None else Claim(functools.partial(os.close, fd))
 
     def _path(self, vf_pci: str) -> Path:

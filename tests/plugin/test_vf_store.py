@@ -20,7 +20,6 @@ import pytest
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
-from sriov_cni.plugin import store as store_module
 from sriov_cni.plugin.store import MAX_RECORD, Allocation, FileStore, MemoryStore, OriginalState, Store
 
 PCI_A = "0000:3b:10.0"
@@ -311,27 +310,3 @@ def test_ids_read_no_record(files: FileStore) -> None:
     files.put(allocation(PCI_A))
     (files.vfs_dir / f"{PCI_A}.json").write_text("{not json")
     assert set(files.ids()) == {PCI_A}
-
-
-@pytest.fixture
-def claim_times() -> Iterator[list[tuple[float, bool]]]:
-    store_module.claim_times = []
-    try:
-        yield store_module.claim_times
-    finally:
-        store_module.claim_times = None
-
-
-def test_every_claim_records_its_wait_and_whether_it_got_the_claim(
-    files: FileStore, claim_times: list[tuple[float, bool]]
-) -> None:
-    first = files.claim(PCI_A)
-    assert first is not None
-    assert files.claim(PCI_A) is None
-    assert files.claim(PCI_A, wait=0.05) is None
-    with files.claim(PCI_B):  # type: ignore[union-attr]
-        pass
-    first.release()
-    assert [got for _, got in claim_times] == [True, False, False, True]
-    assert all(isinstance(waited, float) for waited, _ in claim_times)
-
