@@ -28,6 +28,7 @@ for dir in tests/*/; do
         stress) extra=tests/plugin:tests/vm ;;
         daemon) extra=tests:tests/bench:tests/plugin ;;
         plugin) extra=tests ;;
+        vm)     extra=tests ;;
         *)      extra="" ;;
     esac
     echo "typecheck: $dir"

@@ -12,19 +12,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import daemonprocs
 from sriov_cni.daemon import install
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = Path(install.SHIM)
 
 T = TypeVar("T")
-
-
-def _group_of(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:  # ended meanwhile
-        return None
 
 
 class Daemon:
@@ -41,12 +35,11 @@ class Daemon:
         assert f"listening on {self.socket}" in banner, banner
 
     def all_children(self) -> list[int]:
-        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-            return [int(pid) for pid in f.read().split()]
+        return daemonprocs.all_children(self.proc.pid)
 
     def children(self) -> list[int]:
-        """The children running a call: each leads its own process group (waiting ones do not)."""
-        return [pid for pid in self.all_children() if pid == _group_of(pid)]
+        """The children running a call (waiting ones not)."""
+        return daemonprocs.running_calls(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import daemonprocs
 from sriov_cni.daemon import install
 from test_plugin_igb import host_link, ns_path, records, restored, vfinfo, view
 from vmlib import Sriov, ip_json, sriov_daemon, vf_pci_dirs, wait_until
@@ -37,13 +38,6 @@ CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 def shim_built() -> None:
     if not Path(install.SHIM).exists():
         pytest.fail("the shim is not built: make -C shim (tests/setup-host.sh does it)", pytrace=False)
-
-
-def _group_of(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:  # ended meanwhile
-        return None
 
 
 class Node:
@@ -66,11 +60,9 @@ class Node:
         self.daemon = None
 
     def daemon_children(self) -> list[int]:
-        """The daemon's children running a call: each leads its own process group (spares do not)."""
+        """The daemon's children running a call (spares not)."""
         assert self.daemon is not None
-        with open(f"/proc/{self.daemon.pid}/task/{self.daemon.pid}/children") as f:
-            pids = [int(pid) for pid in f.read().split()]
-        return [pid for pid in pids if pid == _group_of(pid)]
+        return daemonprocs.running_calls(self.daemon.pid)
 
     def build_chroot(self) -> None:
         """After the pods exist: the netns directory is bound as it is then."""
