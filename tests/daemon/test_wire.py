@@ -1,11 +1,15 @@
 """Both executables speak the frame of sriov_cni.daemon.wire, case for case.
 
 The shim's compiled-in constants are read from its source and compared
-with the module's.  Then one table of daemon answers is played, by a stand-in
-daemon on a temporary socket, to the real static shim and to the Python
-executable; each row says what each must make of it.  The stand-in also
-checks the request each sent: decoded by the module, with the caller's
-stdin, stdout and stderr attached in that order.
+with the module's.  Then one table of cases is played to the real static
+shim and to the Python ``sriov`` executable as install-cni writes it: a
+real daemon serving, refusing or dying in a call, no daemon or a stopped
+one, and a stand-in daemon answering whatever bytes a row gives it.  Both
+must answer alike (exit status and stdout, so the CNI error code too),
+except where the Python executable runs the call in process by design
+(nothing ran in the daemon): it must then answer as the plugin itself
+does.  The stand-in also checks the request each sent: decoded by the
+module, with the caller's stdin, stdout and stderr attached in that order.
 """
 
 from __future__ import annotations
@@ -14,18 +18,21 @@ import array
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from daemonlib import REPO, SHIM
+from daemonlib import REPO, SHIM, Daemon, shim, wait_for
 from sriov_cni import __version__
-from sriov_cni.daemon import client, wire
+from sriov_cni.cni import MAX_CONFIG, Code
+from sriov_cni.daemon import client, install, measure, wire
 
 ERROR = {"cniVersion": "1.0.0", "code": 7, "msg": "refused by the stand-in"}
 
@@ -37,12 +44,18 @@ def _shim_defines() -> dict[str, str]:
 
 def test_the_shim_has_the_wire_modules_constants() -> None:
     defines = _shim_defines()
+    # Each constant it has by hand is checked here: a new one must be too.
+    assert set(defines) == {"DEFAULT_SOCKET", "MAX_REQUEST", "TAG_EXITED", "TAG_REFUSED", "CONNECT_TIMEOUT",
+                            "CODE_INVALID_ENV", "CODE_TRY_AGAIN"}
     assert defines["MAX_REQUEST"] == f"(1u << {wire.MAX_REQUEST.bit_length() - 1})"
     assert 1 << (wire.MAX_REQUEST.bit_length() - 1) == wire.MAX_REQUEST
     assert defines["TAG_EXITED"] == f"'{chr(wire.EXITED)}'"
     assert defines["TAG_REFUSED"] == f"'{chr(wire.REFUSED)}'"
     assert defines["CONNECT_TIMEOUT"] == str(wire.CONNECT_TIMEOUT)
     assert defines["DEFAULT_SOCKET"] == json.dumps(client.DEFAULT_SOCKET)
+    # The only CNI the shim knows: its own errors.
+    assert defines["CODE_INVALID_ENV"] == str(Code.INVALID_ENV.value)
+    assert defines["CODE_TRY_AGAIN"] == str(Code.TRY_AGAIN.value)
     # The length field the shim sends is a uint32_t in network order.
     assert (wire.HEADER, wire.HEADER_SIZE, wire.DESCRIPTORS) == ("!I", 4, 3)
 
@@ -60,116 +73,282 @@ def test_odd_environment_entries_decode_as_the_c_library_reads_them() -> None:
     assert wire.decode_request(body)[3] == {"": "x", "A": "b=c"}
 
 
+CONF = b'{"cniVersion": "1.0.0"}'
+# A process that may open the root-only socket (it keeps CAP_DAC_OVERRIDE)
+# without being root.
+AS_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--inh-caps", "+dac_override",
+             "--ambient-caps", "+dac_override"]
+# One variable is limited to 128 KiB by execve; ten of them exceed wire.MAX_REQUEST.
+BIG_ENV = {f"BIG{i}": "x" * (120 << 10) for i in range(10)}
+
+
 @dataclass(frozen=True)
-class Case:
-    name: str
-    answer: bytes
-    # The shim's exit status, and the CNI error code it prints (None: the
-    # stand-in's stdout only).
-    shim_status: int
-    shim_code: int | None
-    # What client.via_daemon returns: a status, or None for "run it here".
-    client_result: int | None
+class Answer:
+    """An executable's exit status, and its stdout after what the peer wrote there itself."""
+
+    # None: the plugin's own status and output, as it answers run directly.
+    status: int | None
+    # The code of the CNI error object printed; its msg holds ``msg`` (with
+    # "{socket}" for the socket's path).  None: nothing printed.
+    code: int | None = None
     msg: str = ""
 
 
-CASES = [
-    Case("exited-0", wire.exited(0), 0, None, 0),
-    Case("exited-3", wire.exited(3), 3, None, 3),
-    # The status a plain status byte could not tell from "refused".
-    Case("exited-255", wire.exited(255), 255, None, 255),
-    Case("refused", wire.refused(json.dumps(ERROR).encode() + b"\n"), 1, 7, None, "refused by the stand-in"),
-    Case("no-answer", b"", 1, 11, 1, "may have partly run"),
-    Case("cut-after-tag", bytes([wire.EXITED]), 1, 11, 1, "may have partly run"),
-    # What a daemon from before the tag answers a shim of another version.
-    Case("old-refused", b"\xff" + json.dumps(ERROR).encode(), 1, 11, None, "another version"),
-]
+PLUGIN = Answer(None)
+NO_ANSWER = Answer(1, 11, "the sriov-cni daemon at {socket} ended without an answer (did it die or restart?); "
+                          "the call may have partly run and was not retried")
 
 
-class StandIn:
-    """A daemon that answers one call with the bytes it is given."""
+class Peer:
+    """What listens on the socket, or does not, while the two executables call."""
+
+    # What the peer writes to the caller's stdout and stderr itself.
+    out = b""
+    err = b""
+
+    def during(self, proc: subprocess.Popen[bytes]) -> None:
+        """While ``proc`` waits for its answer, with its stdin still open."""
+
+    def close(self) -> None:
+        pass
+
+
+class StandIn(Peer):
+    """A daemon that answers each of the two calls with the bytes it is given."""
+
+    out = b"OUT\n"
+    err = b"ERR\n"
 
     def __init__(self, path: Path, answer: bytes) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
-        self.listener.listen(1)
+        self.listener.listen(2)
+        self.listener.settimeout(60)
         self.answer = answer
-        self.request: tuple[str, str, str, dict[str, str]] | None = None
-        self.stdin = b""
-        self.thread = threading.Thread(target=self._serve)
+        # Where the test runs the executables.
+        self.cwd = str(path.parent.parent / "cwd")
+        self.runs = answer[:1] in (b"", bytes([wire.EXITED]))
+        self.requests: list[tuple[str, str, str, dict[str, str]]] = []
+        self.stdins: list[bytes] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self) -> None:
-        conn, _ = self.listener.accept()
-        with conn:
-            fds = array.array("i")
-            header, ancdata, _, _ = conn.recvmsg(wire.HEADER_SIZE, socket.CMSG_SPACE(3 * fds.itemsize))
-            for _, _, data in ancdata:
-                fds.frombytes(data)
-            body = b""
-            while len(body) < wire.request_size(header):
-                body += conn.recv(65536)
-            self.request = wire.decode_request(body)
-            assert len(fds) == wire.DESCRIPTORS
-            with open(fds[0], "rb") as stdin:
-                self.stdin = stdin.read()
-            os.write(fds[1], b"OUT\n")
-            os.write(fds[2], b"ERR\n")
-            os.close(fds[1])
-            os.close(fds[2])
-            conn.sendall(self.answer)
+        for _ in range(2):
+            conn, _ = self.listener.accept()
+            with conn:
+                fds = array.array("i")
+                header, ancdata, _, _ = conn.recvmsg(wire.HEADER_SIZE, socket.CMSG_SPACE(3 * fds.itemsize))
+                for _, _, data in ancdata:
+                    fds.frombytes(data)
+                body = b""
+                while len(body) < wire.request_size(header):
+                    body += conn.recv(65536)
+                self.requests.append(wire.decode_request(body))
+                assert len(fds) == wire.DESCRIPTORS
+                # As a daemon does: a call it ran (or began to) read its
+                # stdin; one it refused left it to the executable.
+                with open(fds[0], "rb") as stdin:
+                    if self.runs:
+                        self.stdins.append(stdin.read())
+                os.write(fds[1], self.out)
+                os.write(fds[2], self.err)
+                os.close(fds[1])
+                os.close(fds[2])
+                conn.sendall(self.answer)
 
-    def join(self) -> None:
+    def close(self) -> None:
         self.thread.join(timeout=60)
         self.listener.close()
-        assert self.request is not None, "the stand-in took no request"
-        version, program, _, env = self.request
-        assert version == __version__
-        assert env["CONFORMANCE"] == "yes"
-        assert self.stdin == b'{"cniVersion": "1.0.0"}'
+        assert len(self.requests) == 2, "the stand-in did not take both requests"
+        for version, program, cwd, env in self.requests:
+            assert (version, program) == (__version__, "sriov")
+            assert cwd == self.cwd and env["CONFORMANCE"] == "yes"
+        assert self.stdins == ([CONF, CONF] if self.runs else [])
 
 
-def _run(argv: list[str], sock: Path, cwd: Path) -> subprocess.CompletedProcess[bytes]:
+def stand_in(answer: bytes) -> Callable[[Path], Peer]:
+    return lambda path: StandIn(path, answer)
+
+
+class RealDaemon(Peer):
+    """``sriov-cni daemon``, each child reporting the calls it ran to their end."""
+
+    def __init__(self, path: Path) -> None:
+        self.stats = path.parent.parent / "stats"
+        self.stats.mkdir()
+        self.daemon = Daemon(path.parent, env={measure.STATS_ENV: str(self.stats)})
+
+    def ran(self, expected: int) -> int:
+        """Calls run to their end, once ``expected`` of them reported (a child reports after answering)."""
+        if expected:
+            wait_for(lambda: len(list(self.stats.glob("*.json"))) >= expected)
+        return len(list(self.stats.glob("*.json")))
+
+    def close(self) -> None:
+        self.daemon.stop()
+
+
+class KillingDaemon(RealDaemon):
+    """A daemon whose child is killed in the middle of each call."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.killed: set[int] = set()
+
+    def during(self, proc: subprocess.Popen[bytes]) -> None:
+        # The child waits for the end of the caller's stdin.  One killed
+        # before stays among the children until the daemon reaps it.
+        [child] = wait_for(lambda: [pid for pid in self.daemon.children() if pid not in self.killed])
+        os.kill(child, signal.SIGKILL)
+        self.killed.add(child)
+
+    def close(self) -> None:
+        # The daemon itself is unharmed.
+        rc, out = shim(self.daemon.socket, "VERSION", CONF)
+        assert rc == 0 and "1.0.0" in out["supportedVersions"], out
+        super().close()
+
+
+class Absent(Peer):
+    """No daemon, and no socket file."""
+
+    def __init__(self, path: Path) -> None:
+        assert not path.exists()
+
+
+class Refusing(Peer):
+    """A socket file nobody listens on: a daemon that died."""
+
+    def __init__(self, path: Path) -> None:
+        self.bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.bound.bind(str(path))
+
+    def close(self) -> None:
+        self.bound.close()
+
+
+class Stopped(Peer):
+    """A stopped daemon: its listen queue is full and stays full."""
+
+    def __init__(self, path: Path) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(0)
+        self.queued = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.queued.connect(str(path))
+
+    def close(self) -> None:
+        self.queued.close()
+        self.listener.close()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    peer: Callable[[Path], Peer]
+    shim: Answer
+    # None: the Python executable answers as the shim does, byte for byte.
+    python: Answer | None = None
+    stdin: bytes = CONF
+    env: dict[str, str] = field(default_factory=dict)
+    as_nobody: bool = False
+    # How many of the two calls a real daemon ran to their end.
+    ran: int | None = None
+
+
+CASES = [
+    Case("served", RealDaemon, PLUGIN, ran=2),
+    # The plugin's own refusal, run by the daemon.
+    Case("oversized-config", RealDaemon, PLUGIN, stdin=b" " * (MAX_CONFIG + 1), ran=2),
+    # The daemon refuses; the Python executable runs the call itself.
+    Case("not-root", RealDaemon, Answer(1, 4, "only root may call the sriov-cni daemon, not uid 65534; nothing ran"),
+         PLUGIN, as_nobody=True, ran=0),
+    # The shim refuses it itself; the daemon refuses the Python executable's.
+    Case("oversized-request", RealDaemon, Answer(1, 4, f"more than the {wire.MAX_REQUEST} the sriov-cni daemon accepts"),
+         PLUGIN, env=BIG_ENV, ran=0),
+    Case("killed-mid-call", KillingDaemon, NO_ANSWER, ran=0),
+    Case("no-daemon", Absent, Answer(1, 11, "the sriov-cni daemon is not reachable at {socket} (No such file or "
+                                          "directory): start it with `sriov-cni daemon`"), PLUGIN),
+    Case("connection-refused", Refusing, Answer(1, 11, "not reachable at {socket} (Connection refused)"), PLUGIN),
+    Case("daemon-stopped", Stopped,
+         Answer(1, 11, f"not reachable at {{socket}} (it did not accept within {wire.CONNECT_TIMEOUT} s)"), PLUGIN),
+    Case("exited-0", stand_in(wire.exited(0)), Answer(0)),
+    Case("exited-3", stand_in(wire.exited(3)), Answer(3)),
+    # The status a plain status byte could not tell from "refused".
+    Case("exited-255", stand_in(wire.exited(255)), Answer(255)),
+    Case("refused", stand_in(wire.refused(json.dumps(ERROR).encode() + b"\n")), Answer(1, 7, "refused by the stand-in"), PLUGIN),
+    Case("no-answer", stand_in(b""), NO_ANSWER),
+    Case("cut-after-tag", stand_in(bytes([wire.EXITED])), NO_ANSWER),
+    # What a daemon from before the tag answers an executable of another version.
+    Case("unknown-tag", stand_in(b"\xff" + json.dumps(ERROR).encode()),
+         Answer(1, 11, "answered in a form this shim (version " + __version__ + ") does not know (first byte 0xff)"),
+         PLUGIN),
+]
+
+
+def _call(argv: list[str], sock: Path, case: Case, peer: Peer, cwd: Path) -> subprocess.CompletedProcess[bytes]:
     env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(sock), "CONFORMANCE": "yes", "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(REPO)}
-    return subprocess.run(argv, input=b'{"cniVersion": "1.0.0"}', env=env, cwd=cwd, capture_output=True,
-                          timeout=60)
+           **case.env}
+    if case.as_nobody:
+        argv = AS_NOBODY + argv
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # no caches owned by nobody in the tree
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=cwd)
+    try:
+        peer.during(proc)
+        out, err = proc.communicate(case.stdin, timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _plugin(case: Case) -> tuple[int, bytes]:
+    """The plugin's answer, run directly."""
+    env = {"CNI_COMMAND": "VERSION", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **case.env}
+    proc = subprocess.run([sys.executable, "-c", "from sriov_cni.plugin.commands import main; main()"],
+                          input=case.stdin, env=env, capture_output=True, timeout=60)
+    return proc.returncode, proc.stdout
+
+
+def _check(answer: Answer, proc: subprocess.CompletedProcess[bytes], peer: Peer, plugin: tuple[int, bytes],
+           sock: Path) -> None:
+    assert proc.stdout.startswith(peer.out) and proc.stderr.startswith(peer.err), proc
+    rest = proc.stdout[len(peer.out):]
+    if answer.status is None:
+        assert (proc.returncode, rest) == plugin, proc
+    elif answer.code is None:
+        assert (proc.returncode, rest) == (answer.status, b""), proc
+    else:
+        error = json.loads(rest)
+        assert proc.returncode == answer.status, proc
+        assert error["code"] == answer.code and answer.msg.format(socket=sock) in error["msg"], error
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_the_shim_reads_each_answer_as_the_table_says(case: Case, tmp_path: Path) -> None:
-    link = tmp_path / "sriov"
-    link.symlink_to(SHIM)
-    stand_in = StandIn(tmp_path / "s.sock", case.answer)
-    proc = _run([str(link)], tmp_path / "s.sock", tmp_path)
-    stand_in.join()
-    assert stand_in.request is not None and stand_in.request[1:3] == ("sriov", str(tmp_path))
-    assert proc.returncode == case.shim_status, proc
-    assert proc.stderr == b"ERR\n"
-    out = proc.stdout.decode()
-    assert out.startswith("OUT\n"), out
-    if case.shim_code is None:
-        assert out == "OUT\n"
+def test_the_shim_and_the_python_executable_answer_alike(case: Case, tmp_path: Path) -> None:
+    sock = tmp_path / "run" / "plugin.sock"
+    sock.parent.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    shim_exe = tmp_path / "shim" / "sriov"
+    shim_exe.parent.mkdir()
+    shim_exe.symlink_to(SHIM)
+    [python_exe] = [p for p in install.install(str(tmp_path / "python"), sys.executable) if p.endswith("/sriov")]
+    plugin = _plugin(case)
+    assert plugin[0] in (0, 1) and json.loads(plugin[1]), plugin
+    peer = case.peer(sock)
+    try:
+        from_shim = _call([str(shim_exe)], sock, case, peer, cwd)
+        from_python = _call([python_exe], sock, case, peer, cwd)
+        if case.ran is not None:
+            assert isinstance(peer, RealDaemon)
+            assert peer.ran(case.ran) == case.ran
+    finally:
+        peer.close()
+    _check(case.shim, from_shim, peer, plugin, sock)
+    if case.python is None:
+        assert (from_python.returncode, from_python.stdout) == (from_shim.returncode, from_shim.stdout), from_python
     else:
-        error = json.loads(out[len("OUT\n"):])
-        assert error["code"] == case.shim_code and case.msg in error["msg"], error
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_the_python_client_reads_each_answer_as_the_table_says(case: Case, tmp_path: Path) -> None:
-    probe = ("import sys\nfrom sriov_cni.daemon import client\n"
-             "sys.stderr.write(f'RESULT {client.via_daemon(sys.argv[1])!r}')\n")
-    stand_in = StandIn(tmp_path / "s.sock", case.answer)
-    proc = _run([sys.executable, "-S", "-c", probe, str(tmp_path / "s.sock")], tmp_path / "s.sock", tmp_path)
-    stand_in.join()
-    assert stand_in.request is not None and stand_in.request[1:3] == ("sriov", str(tmp_path))
-    assert proc.returncode == 0, proc
-    assert proc.stderr.decode().endswith(f"RESULT {case.client_result!r}"), proc.stderr
-    out = proc.stdout.decode()
-    assert out.startswith("OUT\n"), out
-    if case.client_result is None or case.shim_code is None:
-        # Refused: the call runs in process next, which prints its own answer.
-        assert out == "OUT\n"
-    else:
-        error = json.loads(out[len("OUT\n"):])
-        assert error["code"] == case.shim_code and case.msg in error["msg"], error
+        _check(case.python, from_python, peer, plugin, sock)
