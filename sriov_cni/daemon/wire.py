@@ -1,8 +1,9 @@
 """The frame between the CNI executables and the daemon, defined here once.
 
-The daemon (:mod:`server`) and the Python executable (:mod:`client`) use
-this module; the static shim (shim/sriov-shim.c) has the same constants
-compiled in, and tests/daemon/test_wire.py checks both against one table.
+The daemon (:mod:`intake` reads requests, :mod:`call` answers them) and the
+Python executable (:mod:`client`) use this module; the static shim
+(shim/sriov-shim.c) has the same constants compiled in, and
+tests/daemon/test_wire.py checks both against one table.
 
 Request, executable to daemon::
 
