@@ -186,7 +186,7 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
     import cProfile
     import resource
 
-    from sriov_cni.plugin import store
+    from sriov_cni import vfstore as store
 
     store.claim_times = []
     profiler = cProfile.Profile() if measure.profile else None

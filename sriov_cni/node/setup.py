@@ -19,7 +19,7 @@ from sriov_cni.kernel import cpulist, irqs, netlink, queues, sysfs
 from sriov_cni.node import cpus, irqbalance, vfs
 from sriov_cni.node.config import NodeConfig, PfSpec, TuningSpec
 from sriov_cni.nodestate import Policy, TuningError
-from sriov_cni.plugin.store import Allocation, read_allocations
+from sriov_cni.vfstore import Allocation, read_allocations
 
 
 class SetupError(Exception):

@@ -7,7 +7,7 @@ container died without a DEL, so the VF may be reclaimed after it is put
 back the way it was.
 
 What makes the choice race-free is the VF's claim (see
-:mod:`sriov_cni.plugin.store`): a VF is recorded only under its claim, and
+:mod:`sriov_cni.vfstore`): a VF is recorded only under its claim, and
 under it the VF is checked again.  VFs are judged without their claims
 (from the list of recorded VFs and sysfs; a stale one from its record), so
 by the time a call has a VF's claim, the call that held it before may have
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
 from sriov_cni.kernel import netns, sysfs
 from sriov_cni.plugin.lease import Lease
-from sriov_cni.plugin.store import Allocation, Store
+from sriov_cni.vfstore import Allocation, Store
 
 
 class VfState(enum.Enum):

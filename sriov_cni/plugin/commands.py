@@ -22,7 +22,7 @@ from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.plugin import allocate, bind, config, delegate, log, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
-from sriov_cni.plugin.store import Allocation, FileStore, Store
+from sriov_cni.vfstore import Allocation, FileStore, Store
 
 # How long DEL and GC wait for a VF another call is changing (an ADD still
 # running for the same attachment, typically) before answering "try again":

@@ -375,7 +375,7 @@ def scale(work: Path) -> list[str]:
 
     from sriov_cni.kernel import sysfs
     from sriov_cni.plugin import allocate
-    from sriov_cni.plugin.store import Allocation, MemoryStore
+    from sriov_cni.vfstore import Allocation, MemoryStore
 
     saved = sysfs.SYS
     netns = "/proc/self/ns/net"

@@ -22,7 +22,7 @@ from sriov_cni.kernel import sysfs
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import allocate
 from sriov_cni.plugin.lease import Lease
-from sriov_cni.plugin.store import Allocation, Claim, FileStore, MemoryStore, OriginalState, Store
+from sriov_cni.vfstore import Allocation, Claim, FileStore, MemoryStore, OriginalState, Store
 
 
 def make(vf: sysfs.VF, container: str = "ours") -> Allocation:
