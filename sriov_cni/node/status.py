@@ -9,7 +9,7 @@ from typing import Any
 
 from sriov_cni.kernel import cpulist, irqs, sysfs
 from sriov_cni.node import irqbalance
-from sriov_cni.plugin.allocate import VfState, vf_state
+from sriov_cni.vfstate import VfState, vf_state
 from sriov_cni.vfstore import Allocation, read_allocations
 
 

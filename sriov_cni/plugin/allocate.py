@@ -1,10 +1,7 @@
 """Choosing a VF for a container, race-free, and recording the choice.
 
-A VF is *free* when the store holds no allocation for it and it is usable:
-its netdev sits in the host network namespace, or it is bound to a DPDK
-driver.  An allocation whose network namespace is gone is *stale*: the
-container died without a DEL, so the VF may be reclaimed after it is put
-back the way it was.
+A free VF is taken first; a stale one (see :mod:`sriov_cni.vfstate`) may
+be reclaimed after it is put back the way it was.
 
 What makes the choice race-free is the VF's claim (see
 :mod:`sriov_cni.vfstore`): a VF is recorded only under its claim, and
@@ -20,25 +17,16 @@ nothing held), and ADDs of different VFs never wait for each other.
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
-from sriov_cni.kernel import netns, sysfs
+from sriov_cni.kernel import sysfs
 from sriov_cni.plugin.lease import Lease
+from sriov_cni.vfstate import VfState, netns_alive, vf_state
 from sriov_cni.vfstore import Allocation, Store
-
-
-class VfState(enum.Enum):
-    FREE = "free"
-    ALLOCATED = "allocated"
-    STALE = "stale"
-    # Not ours and not usable: its netdev is in some other namespace, or it
-    # has no driver.
-    IN_USE = "in use"
 
 
 @dataclass(frozen=True)
@@ -89,28 +77,6 @@ def parse_pool_entry(entry: str) -> PoolEntry:
             raise ValueError(f"{short_repr(entry)}: VF index {last} is above {MAX_VF_INDEX}, the most SR-IOV allows")
         indexes.extend(range(first, last + 1))
     return PoolEntry(pf, tuple(sorted(set(indexes))))
-
-
-def netns_alive(alloc: Allocation) -> bool:
-    """Whether the allocation's network namespace still exists (and is the same one)."""
-    inode = netns.netns_inode(alloc.netns)
-    if inode is None:
-        return False
-    return alloc.netns_inode is None or inode == alloc.netns_inode
-
-
-def vf_state(vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
-    """Classify one VF; ``in_host`` says whether a netdev name exists in the host namespace."""
-    if alloc is not None:
-        return VfState.ALLOCATED if netns_alive(alloc) else VfState.STALE
-    if sysfs.driver(vf_pci) in sysfs.DPDK_DRIVERS:
-        return VfState.FREE
-    # sysfs lists a VF's netdev only while it is in the host namespace; the
-    # netlink look-up confirms it (and keeps a test tree of sysfs honest).
-    names = sysfs.netdevs(vf_pci)
-    if names and in_host(names[0]):
-        return VfState.FREE
-    return VfState.IN_USE
 
 
 def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
-from sriov_cni import __version__, attachments
+from sriov_cni import __version__, attachments, vfstate
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch, read_config
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
@@ -481,9 +481,9 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
         store = deps.store(conf.data_dir)
         with netlink.namespace() as host:
             states = [
-                allocate.vf_state(vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None) for vf in vfs
+                vfstate.vf_state(vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None) for vf in vfs
             ]
-        usable = sum(s in (allocate.VfState.FREE, allocate.VfState.STALE) for s in states)
+        usable = sum(s in (vfstate.VfState.FREE, vfstate.VfState.STALE) for s in states)
         if usable == 0:
             raise CNIError(
                 Code.NOT_AVAILABLE,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeHost, Tree
+from sriov_cni import vfstate
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
 from sriov_cni.kernel.vfsettings import PfSettings
@@ -211,24 +212,24 @@ def test_vf_states(tree: Tree, tmp_path: Path) -> None:
     tree.vf("0000:01:00.0", 2, "0000:01:10.2", None)
     host = {"eth0v0"}
     vf0 = "0000:01:10.0"
-    free = allocate.vf_state(vf0, None, host.__contains__)
-    elsewhere = allocate.vf_state(vf0, None, lambda name: False)
-    dpdk = allocate.vf_state("0000:01:10.1", None, lambda name: False)
-    no_netdev = allocate.vf_state("0000:01:10.2", None, host.__contains__)
+    free = vfstate.vf_state(vf0, None, host.__contains__)
+    elsewhere = vfstate.vf_state(vf0, None, lambda name: False)
+    dpdk = vfstate.vf_state("0000:01:10.1", None, lambda name: False)
+    no_netdev = vfstate.vf_state("0000:01:10.2", None, host.__contains__)
     assert (free, elsewhere, dpdk, no_netdev) == (
-        allocate.VfState.FREE, allocate.VfState.IN_USE, allocate.VfState.FREE, allocate.VfState.IN_USE)
+        vfstate.VfState.FREE, vfstate.VfState.IN_USE, vfstate.VfState.FREE, vfstate.VfState.IN_USE)
 
     own = os.stat("/proc/self/ns/net").st_ino
     alloc = make(sysfs.VF(vf0, 0, sysfs.resolve_pf("eth0")))
     # A record is judged by its namespace alone, whatever sysfs shows.
     for path, inode, state in [
-        ("/proc/self/ns/net", None, allocate.VfState.ALLOCATED),
-        ("/proc/self/ns/net", own, allocate.VfState.ALLOCATED),
-        ("/proc/self/ns/net", own + 1, allocate.VfState.STALE),  # the path now names another namespace
-        (str(tmp_path / "gone"), None, allocate.VfState.STALE),
+        ("/proc/self/ns/net", None, vfstate.VfState.ALLOCATED),
+        ("/proc/self/ns/net", own, vfstate.VfState.ALLOCATED),
+        ("/proc/self/ns/net", own + 1, vfstate.VfState.STALE),  # the path now names another namespace
+        (str(tmp_path / "gone"), None, vfstate.VfState.STALE),
     ]:
         alloc.netns, alloc.netns_inode = path, inode
-        assert allocate.vf_state(vf0, alloc, host.__contains__) is state, (path, inode)
+        assert vfstate.vf_state(vf0, alloc, host.__contains__) is state, (path, inode)
 
 
 def record(store: Store, vf: sysfs.VF, container: str, netns: str) -> Allocation:
