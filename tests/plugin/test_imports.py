@@ -35,7 +35,7 @@ def test_only_the_netlink_modules_import_pyroute2() -> None:
 def test_config_allocation_store_and_tuning_do_not_load_pyroute2() -> None:
     code = (
         "import sys\n"
-        "import sriov_cni.plugin.allocate, sriov_cni.plugin.config, sriov_cni.plugin.tuning\n"
+        "import sriov_cni.plugin.allocate, sriov_cni.plugin.config, sriov_cni.plugin.pool, sriov_cni.plugin.tuning\n"
         "import sriov_cni.vfstate, sriov_cni.vfstore\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyroute2'))\n"
         "import sriov_cni.kernel.netlink\n"
