@@ -102,7 +102,7 @@ def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO
 
 
 def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
-    from ipam import main as ipam_main
+    from sriov_cni.ipam import main as ipam_main
     from sriov_cni.cni import dispatch
 
     return dispatch(ipam_main.HANDLERS, env, stdin, stdout, stderr, ipam_main.ABOUT)
@@ -186,7 +186,7 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
     import cProfile
     import resource
 
-    from sriov_cni.plugin import store
+    from sriov_cni import vfstore as store
 
     store.claim_times = []
     profiler = cProfile.Profile() if measure.profile else None
@@ -525,7 +525,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     """
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
-    import ipam.main  # noqa: F401
+    import sriov_cni.ipam.main  # noqa: F401
     import sriov_cni.plugin.commands  # noqa: F401
 
     _warm_netlink()
