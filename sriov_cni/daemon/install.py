@@ -38,7 +38,7 @@ def install(dest: str, python: str | None = None) -> list[str]:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(sriov_cni.__file__)))
     scripts = {
         "sriov": (f"#!{python} -S\n", "sriov_cni.daemon.client"),
-        "sriov-ipam": (f"#!{python}\n", "ipam.main"),
+        "sriov-ipam": (f"#!{python}\n", "sriov_cni.ipam.main"),
     }
     # The runtime runs what is here as root: a directory others may write
     # would let them swap the executables.

@@ -50,7 +50,7 @@ def timed_claims() -> Iterator[list[tuple[float, bool]]]:
     itself knows nothing of measuring.  A call's first claim also counts the
     check of the store's directories.
     """
-    from sriov_cni.plugin.store import Claim, FileStore
+    from sriov_cni.vfstore import Claim, FileStore
 
     times: list[tuple[float, bool]] = []
     claim = FileStore.claim

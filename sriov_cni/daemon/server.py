@@ -90,7 +90,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     """
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
-    import ipam.main  # noqa: F401
+    import sriov_cni.ipam.main  # noqa: F401
     import sriov_cni.plugin.commands  # noqa: F401
 
     _warm_netlink()
