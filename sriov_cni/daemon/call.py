@@ -1,6 +1,6 @@
 """Serving one call in a child: becoming its caller, reading its stdin, running it, answering.
 
-A child forked from the daemon (:mod:`pool`) is handed a complete, checked
+A child forked from the daemon (:mod:`childpool`) is handed a complete, checked
 request (:class:`intake.Call`).  It takes the caller's descriptors,
 environment and working directory over and runs the program the caller
 named (:mod:`programs`); the exit status goes back in the answer frame

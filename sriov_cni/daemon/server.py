@@ -22,8 +22,8 @@ so an upgraded package is never served by old code.
 Only root may call (checked with SO_PEERCRED).  The socket's directory
 is made root-only when it holds nothing else.
 
-A child serves each call in :mod:`call`, from the pool of :mod:`pool`;
-:mod:`measure` says how to make the children report what each call cost.
+The children are kept in :mod:`childpool` and serve each call in
+:mod:`call`; :mod:`measure` says how to make them report what each call cost.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import sys
 import time
 
 from sriov_cni import __version__, safepath
-from sriov_cni.daemon import budget, intake, pool
+from sriov_cni.daemon import budget, childpool, intake
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.daemon.measure import Measure
 from sriov_cni.daemon.programs import PROGRAMS
@@ -123,14 +123,14 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     listener.setblocking(False)
     max_pending = _descriptors_for(MAX_PENDING, admitted.children)
     selector = selectors.DefaultSelector()
-    children = pool.Children(admitted.children, child_idle)
+    children = childpool.Children(admitted.children, child_idle)
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
     daemon = os.getpid()
 
     def spare(channel: socket.socket) -> None:
-        pool.spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
+        childpool.spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
 
     sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}\n")
     if unprotected:
@@ -147,7 +147,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         if (broken := children.cannot_start()) is not None:
             calls.refuse_waiting(broken)
         deadlines = [t for t in (calls.next_deadline(), children.next_retirement()) if t is not None]
-        if children.spares() < pool.SPARES and children.next_fork > time.monotonic():
+        if children.spares() < childpool.SPARES and children.next_fork > time.monotonic():
             deadlines.append(children.next_fork)
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
         for key, _ in selector.select(timeout):

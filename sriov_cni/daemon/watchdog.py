@@ -19,7 +19,7 @@ class Watchdog:
     wakes up after a re-ADD releases the live pod's address).  The records
     make a call killed at any point safe to repeat.
 
-    The thread starts before a call arrives (:func:`pool.spare`), so a call does
+    The thread starts before a call arrives (:func:`childpool.spare`), so a call does
     not wait for it.
     """
 

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from daemonlib import Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
-from sriov_cni.daemon import pool, server, wire
+from sriov_cni.daemon import childpool, server, wire
 
 VERSION_CONF = b'{"cniVersion": "1.0.0"}'
 
@@ -202,7 +202,7 @@ def _settle(d: Daemon, expected: tuple[int, int] | None = None) -> tuple[int, in
     def now() -> tuple[int, int]:
         return _descriptors(d.proc.pid), len(d.all_children())
 
-    wait_for(lambda: not d.children() and len(d.all_children()) == pool.SPARES)
+    wait_for(lambda: not d.children() and len(d.all_children()) == childpool.SPARES)
     if expected is None:
         # Read from outside, the two counts are not taken at one instant (a
         # child that served a call ends, and a spare replaces it): the

@@ -24,7 +24,7 @@ import pytest
 import hangipam
 from daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
-from sriov_cni.daemon import install, measure, pool, wire
+from sriov_cni.daemon import childpool, install, measure, wire
 
 PT_INTERP = 3
 
@@ -381,7 +381,7 @@ def test_a_child_that_served_a_call_ends_after_child_idle(tmp_path: Path) -> Non
         # miss one while others are forked).
         wait_for(lambda: not Path(f"/proc/{child}").exists())
         # The daemon keeps its spares: fresh ones serve the next calls.
-        wait_for(lambda: len(d.all_children()) == pool.SPARES)
+        wait_for(lambda: len(d.all_children()) == childpool.SPARES)
         rc, out = shim(d.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
         assert rc == 0 and out["cniVersion"] == "1.0.0", out
     finally:
