@@ -16,8 +16,8 @@ status=0
 echo "typecheck: sriov_cni"
 python3 -m mypy || status=1
 
-echo "typecheck: tests/conftest.py, tests/hangipam.py"
-python3 -m mypy --strict --explicit-package-bases --cache-dir .mypy_cache/tests tests/conftest.py tests/hangipam.py || status=1
+echo "typecheck: tests/conftest.py, tests/hangipam.py, tests/daemonprocs.py"
+python3 -m mypy --strict --explicit-package-bases --cache-dir .mypy_cache/tests tests/conftest.py tests/hangipam.py tests/daemonprocs.py || status=1
 
 for dir in tests/*/; do
     dir=${dir%/}
