@@ -49,13 +49,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from sriov_cni import __version__, safepath
 from sriov_cni.cni import MAX_CONFIG, CNIError, Code
-from sriov_cni.daemon import budget, intake, wire
+from sriov_cni.daemon import budget, intake, metrics, wire
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.kernel import lifetime
+from sriov_cni.plugin import store
 
 # Seconds a caller has to send its request, and then to end its stdin: one
 # that sends nothing (or half a request) must not hold a connection slot,
@@ -111,7 +113,7 @@ def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[
 PROGRAMS: dict[str, Program] = {"sriov": _run_sriov, "sriov-ipam": _run_ipam}
 
 
-def _become_caller(call: intake.Call) -> tuple[str, Program, dict[str, str]]:
+def _become_caller(call: intake.Call, report: metrics.Report) -> tuple[str, Program, dict[str, str]]:
     """Take over the caller's descriptors, environment and directory."""
     _, program, cwd, env = wire.decode_request(call.body)
     run = PROGRAMS[program]  # intake.check_request made sure
@@ -129,7 +131,7 @@ def _become_caller(call: intake.Call) -> tuple[str, Program, dict[str, str]]:
     # does for a plugin run directly, but the C library cannot set it.
     os.environ.update({key: value for key, value in env.items() if key})
     sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = open(1, "w", closefd=False)
+    sys.stdout = report.stdout()
     sys.stderr = open(2, "w", closefd=False)
     return program, run, env
 
@@ -218,13 +220,13 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
 
 
 def _serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, null: int,
-               measure: Measure | None, name: str) -> bool:
+               measure: Measure | None, name: str, report: metrics.Report) -> bool:
     """Runs in a child, from the call handed over to the answer.
 
     Whether the child may serve another call: not after a refusal.
     """
     conn = call.conn
-    program, run, env = _become_caller(call)
+    program, run, env = _become_caller(call, report)
 
     def reply(code: int) -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -233,6 +235,7 @@ def _serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, nu
             except OSError:
                 pass  # the caller closed its end: the call ran all the same
         watchdog.answered.set()
+        report.exited(code)
         try:
             conn.sendall(wire.exited(code))
             # The end of the answer, now: the watchdog's poll holds the
@@ -265,6 +268,7 @@ def _serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, nu
     # Nothing has run: the shim prints the reason, the Python client runs
     # the call itself.
     watchdog.answered.set()
+    report.refused(refusal.code)
     conn.settimeout(request_timeout)
     conn.sendall(intake.refusal_frame(refusal))
     return False
@@ -342,9 +346,14 @@ def _spare(channel: socket.socket, daemon: int, messages: int, request_timeout: 
         # The call's group: what it starts (delegated IPAM, helpers in a pod's
         # namespace) ends with it (Watchdog).
         os.setpgid(0, 0)
+        report = metrics.Report()
         with call.conn:
-            if not _serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}"):
-                return
+            more = _serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}", report)
+        # After the answer, and before this child waits again: the daemon
+        # reads it when told so (metrics.drain).
+        report.send(channel)
+        if not more:
+            return
 
 
 class _Children:
@@ -391,6 +400,7 @@ class _Children:
         theirs.close()
         self.channels[pid] = ours
         self.starting.add(pid)
+        metrics.forked()
 
     def _in_child(self, channel: socket.socket) -> None:
         """Keep nothing of the daemon's loop but this child's channel and the messages pipe.
@@ -421,6 +431,7 @@ class _Children:
             except OSError:
                 continue  # it ended meanwhile; reaped with the next SIGCHLD
             self.served.add(pid)
+            metrics.handed(pid, call.body)
             return True
         return False
 
@@ -430,6 +441,7 @@ class _Children:
         for (pid,) in struct.iter_unpack("=i", data):
             # A pid not found was reaped already.
             if pid in self.channels:
+                metrics.drain(pid, self.channels[pid])
                 if pid in self.starting:
                     self.starting.remove(pid)
                     self.failures = 0
@@ -453,6 +465,7 @@ class _Children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
+            metrics.ended(pid, self.channels[pid], pid in self.starting)
             self.channels.pop(pid).close()
             if pid in self.starting:
                 self.starting.remove(pid)
@@ -517,11 +530,13 @@ def _warm_netlink() -> None:
 
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
-          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None) -> None:
+          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
+          metrics_address: tuple[str, int] | None = None, data_dir: Path = Path(store.DEFAULT_DATA_DIR)) -> None:
     """Listen on ``path`` until terminated.
 
     ``memory_budget``: bytes the daemon and its children may hold, instead
-    of its cgroup's limit.
+    of its cgroup's limit.  ``metrics_address``: where to serve Prometheus
+    metrics, with the pool of the store in ``data_dir`` (:mod:`metrics`).
     """
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
@@ -538,6 +553,9 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if measure is not None:
         import cProfile  # noqa: F401  imported once here, not in every measured call
         import resource  # noqa: F401
+    # Before the daemon exempts itself from the OOM killer: the exporter
+    # need not be.
+    exporter = None if metrics_address is None else metrics.start(metrics_address, data_dir)
     admitted = budget.admission(max_children, memory_budget)
     unprotected = budget.protect_daemon()
     # Private when the directory is ours; an existing one holding others'
@@ -562,12 +580,16 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
+    metrics.watch(children, calls)
+    if exporter is not None:
+        exporter.serve_in(selector)
     daemon = os.getpid()
 
     def spare(channel: socket.socket) -> None:
         _spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
 
-    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}\n")
+    served = "" if exporter is None else f", metrics on http://{exporter.address}/metrics"
+    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}{served}\n")
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
