@@ -37,6 +37,7 @@ IP), not every interface.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -454,11 +455,19 @@ def _exporter(daemon: socket.socket, alive: int, address: tuple[str, int],
                 pass  # the directory's own descriptor, closed by now
     registry = CollectorRegistry()
     registry.register(_Scrape(daemon, data_dir))
-    try:
-        server, _ = prometheus_client.start_http_server(address[1], address[0], registry)
-    except OSError as exc:
-        daemon.send(b"E" + f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}".encode())
-        return
+    # A restarted daemon's predecessor's exporter may hold the port for a
+    # moment after that daemon ended: it ends once it reads so.
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            server, _ = prometheus_client.start_http_server(address[1], address[0], registry)
+            break
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            daemon.send(b"E" + f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}".encode())
+            return
     bound, port = server.server_address[:2]
     host = bound if isinstance(bound, str) else bound.decode()
     daemon.send(b"K" + (f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}").encode())

@@ -388,3 +388,16 @@ def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> 
         prometheus.terminate()
         prometheus.wait(timeout=60)
         log.close()
+
+
+def test_metrics_on_an_address_in_use_or_malformed_stop_the_daemon_saying_why(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for address, why in ((f"127.0.0.1:{port}", f"cannot serve metrics: cannot listen on 127.0.0.1:{port}"),
+                             ("9731", "is not HOST:PORT")):
+            proc = subprocess.run([sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
+                                   "--socket", str(tmp_path / "run" / "plugin.sock"), "--metrics-address", address],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode != 0 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
