@@ -12,7 +12,7 @@ from sriov_cni.cni import CNIError
 from sriov_cni.daemon import budget, client, metrics, server
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
-from sriov_cni.plugin import store
+from sriov_cni import vfstore as store
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
 

@@ -13,7 +13,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
 status=0
-echo "typecheck: sriov_cni, ipam"
+echo "typecheck: sriov_cni"
 python3 -m mypy || status=1
 
 echo "typecheck: tests/conftest.py, tests/hangipam.py"

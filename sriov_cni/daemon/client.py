@@ -125,7 +125,7 @@ def install(dest: str, python: str | None = None) -> list[str]:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(sriov_cni.__file__)))
     scripts = {
         "sriov": (f"#!{python} -S\n", "sriov_cni.daemon.client"),
-        "sriov-ipam": (f"#!{python}\n", "ipam.main"),
+        "sriov-ipam": (f"#!{python}\n", "sriov_cni.ipam.main"),
     }
     from sriov_cni import safepath
 

@@ -59,13 +59,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from sriov_cni import __version__
+from sriov_cni import __version__, vfstore
 from sriov_cni.cni import Code
 from sriov_cni.daemon import wire
 from sriov_cni.kernel import sysfs
 from sriov_cni.node import status
-from sriov_cni.plugin import store
-from sriov_cni.plugin.allocate import VfState
+from sriov_cni.vfstate import VfState
 
 # A series per created counter and histogram, "_created", would double the
 # exposition and says nothing here: the daemon's start is in process_start_time_seconds.
@@ -206,7 +205,7 @@ class Report:
         # The store appends each claim it tries (the time taken, whether it
         # got it); a measuring daemon (SRIOV_CNI_DAEMON_STATS) replaces the
         # list with its own, which is read at the end all the same.
-        store.claim_times = []
+        vfstore.claim_times = []
 
     def stdout(self) -> IO[str]:
         """The caller's stdout (descriptor 1), as ``open(1, "w")`` would give it, keeping what the call writes."""
@@ -231,7 +230,7 @@ class Report:
         return str(code) if isinstance(code, int) and 0 <= code < 1000 else "unknown"
 
     def send(self, channel: socket.socket) -> None:
-        claims = store.claim_times or []
+        claims = vfstore.claim_times or []
         message = {"result": self._result, "seconds": self._seconds,
                    "claimsRefused": sum(1 for _, got in claims if not got)}
         try:

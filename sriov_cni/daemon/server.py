@@ -52,12 +52,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from sriov_cni import __version__, safepath
+from sriov_cni import __version__, safepath, vfstore
 from sriov_cni.cni import MAX_CONFIG, CNIError, Code
 from sriov_cni.daemon import budget, intake, metrics, wire
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.kernel import lifetime
-from sriov_cni.plugin import store
 
 # Seconds a caller has to send its request, and then to end its stdin: one
 # that sends nothing (or half a request) must not hold a connection slot,
@@ -104,7 +103,7 @@ def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO
 
 
 def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
-    from ipam import main as ipam_main
+    from sriov_cni.ipam import main as ipam_main
     from sriov_cni.cni import dispatch
 
     return dispatch(ipam_main.HANDLERS, env, stdin, stdout, stderr, ipam_main.ABOUT)
@@ -188,7 +187,7 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
     import cProfile
     import resource
 
-    from sriov_cni.plugin import store
+    from sriov_cni import vfstore as store
 
     store.claim_times = []
     profiler = cProfile.Profile() if measure.profile else None
@@ -531,7 +530,7 @@ def _warm_netlink() -> None:
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
           calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
-          metrics_address: tuple[str, int] | None = None, data_dir: Path = Path(store.DEFAULT_DATA_DIR)) -> None:
+          metrics_address: tuple[str, int] | None = None, data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR)) -> None:
     """Listen on ``path`` until terminated.
 
     ``memory_budget``: bytes the daemon and its children may hold, instead
@@ -540,7 +539,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     """
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
-    import ipam.main  # noqa: F401
+    import sriov_cni.ipam.main  # noqa: F401
     import sriov_cni.plugin.commands  # noqa: F401
 
     _warm_netlink()

@@ -33,11 +33,16 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from sriov_cni.cni import IPAddress, IPInterface, IPNetwork
 from sriov_cni.kernel.netns import open_netns, run_in_netns
 from sriov_cni.kernel.nlerrors import LinkNotFound, for_errno
 from sriov_cni.kernel import rtnl
 from sriov_cni.kernel.rtnl import Rtnl, message
+
+# Addresses and routes as the stdlib's types: the kernel layer takes plain
+# values, whoever (the CNI result, a test) they come from.
+_Interface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
@@ -198,7 +203,7 @@ class Namespace:
         finally:
             os.close(fd)
 
-    def add_address(self, index: int, address: IPInterface) -> None:
+    def add_address(self, index: int, address: _Interface) -> None:
         ip = str(address.ip)
         attrs = [("IFA_ADDRESS", ip)]
         if address.version == 4:
@@ -209,7 +214,7 @@ class Namespace:
         with translate(f"adding address {address} (link {index})"):
             self._rtnl.request(RTM_NEWADDR, msg, NLM_F_CREATE | NLM_F_EXCL)
 
-    def addresses(self, index: int) -> list[IPInterface]:
+    def addresses(self, index: int) -> list[_Interface]:
         with translate(f"listing addresses (link {index})"):
             answers = self._rtnl.request(RTM_GETADDR, message(ifaddrmsg, {}, []), NLM_F_DUMP)
             msgs = [rtnl.decoded(ifaddrmsg, a) for a in answers]
@@ -222,8 +227,8 @@ class Namespace:
     def add_route(
         self,
         index: int,
-        dst: IPNetwork,
-        gateway: IPAddress | None,
+        dst: _Network,
+        gateway: _Address | None,
         *,
         priority: int | None = None,
         table: int | None = None,
@@ -255,9 +260,9 @@ class Namespace:
         with translate(f"adding route {dst} via {gateway or 'link'} (link {index})"):
             self._rtnl.request(RTM_NEWROUTE, message(rtmsg, fields, attrs), NLM_F_CREATE | NLM_F_EXCL)
 
-    def routes(self, index: int) -> list[tuple[IPNetwork, IPAddress | None]]:
+    def routes(self, index: int) -> list[tuple[_Network, _Address | None]]:
         """The routes through link ``index``, in every table."""
-        out: list[tuple[IPNetwork, IPAddress | None]] = []
+        out: list[tuple[_Network, _Address | None]] = []
         with translate(f"listing routes (link {index})"):
             for family in (socket.AF_INET, socket.AF_INET6):
                 answers = self._rtnl.request(RTM_GETROUTE, message(rtmsg, {"family": family}, []), NLM_F_DUMP)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from sriov_cni.kernel import cpulist, sysfs
 from sriov_cni.kernel.irqs import Pin
-from sriov_cni.nodestate import Policy, TuningError
 
 
 def tx_cpus(pins: list[Pin]) -> dict[int, int]:
@@ -20,25 +19,27 @@ def _queue_dirs(netdev: str, prefix: str) -> list[Path]:
     try:
         names = os.listdir(root)
     except OSError as exc:
-        raise TuningError(f"{netdev}: no queues in sysfs ({exc.strerror})") from exc
+        raise sysfs.SysfsError(f"{netdev}: no queues in sysfs ({exc.strerror})", exc.errno) from exc
     return sorted((root / n for n in names if n.startswith(prefix)), key=lambda p: int(p.name.split("-")[1]))
 
 
-def apply_queues(netdev: str, policy: Policy, xps_cpus: dict[int, int]) -> int:
+def apply_queues(netdev: str, rps_cpus: list[int], rfs_flow_entries: int, xps_cpus: dict[int, int] | None) -> int:
     """Set RPS, RFS and XPS for ``netdev`` as the current sysfs mount shows it; return the writes made.
 
+    ``rps_cpus`` empty turns RPS off, ``rfs_flow_entries`` 0 leaves RFS
+    alone, ``xps_cpus`` (transmit queue -> CPU) None leaves XPS alone.
     Run in the device's own namespace: /sys/class/net lists the netdevs of
     the namespace that mounted sysfs.  Values already in place are not
-    rewritten, so re-applying the same policy writes nothing.
+    rewritten, so re-applying the same maps writes nothing.
     """
     writes = 0
     rx = _queue_dirs(netdev, "rx-")
     for q in rx:
-        writes += _ensure_mask(q / "rps_cpus", policy.rps_cpus)
-        if policy.rfs_flow_entries:
-            per_queue = cpulist.next_pow2(max(policy.rfs_flow_entries // len(rx), 1))
+        writes += _ensure_mask(q / "rps_cpus", rps_cpus)
+        if rfs_flow_entries:
+            per_queue = cpulist.next_pow2(max(rfs_flow_entries // len(rx), 1))
             writes += _ensure_int(q / "rps_flow_cnt", per_queue)
-    if policy.xps:
+    if xps_cpus is not None:
         for q in _queue_dirs(netdev, "tx-"):
             cpu = xps_cpus.get(int(q.name.split("-")[1]))
             # Single-queue devices have no xps_cpus file: nothing to steer.

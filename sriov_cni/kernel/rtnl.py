@@ -25,7 +25,8 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyroute2.netlink import (
@@ -71,6 +72,10 @@ _ATTRS_AT = {RTM_NEWLINK: _attrs_offset(ifinfmsg), RTM_NEWADDR: _attrs_offset(if
              RTM_NEWROUTE: _attrs_offset(rtmsg)}
 
 
+# A struct's fields by its pyroute2 class (see :class:`Message`).
+Structs = Mapping[type[Any], tuple[tuple[str, str], ...]]
+
+
 @dataclass(frozen=True)
 class Message:
     """A request body: pyroute2 message class ``cls``, its header ``fields``, its ``attrs``.
@@ -80,16 +85,26 @@ class Message:
     fields), and :func:`encode` writes them by the types pyroute2's tables
     give their names.  pyroute2's own encoder builds an object per
     attribute and field: about a tenth of an ADD in the TCG guest.
+
+    ``structs`` gives a struct's fields, by its pyroute2 class, where
+    pyroute2's table has them wrong: for this message only, since pyroute2's
+    tables are shared with every other user of pyroute2 in the process.
     """
 
     cls: type[Any]
     fields: dict[str, int]
     attrs: list[tuple[str, Any]]
+    structs: Structs = field(default_factory=dict)
 
 
-def message(cls: type[Any], fields: dict[str, int], attrs: list[tuple[str, Any]]) -> Message:
+def message(
+    cls: type[Any],
+    fields: dict[str, int],
+    attrs: list[tuple[str, Any]],
+    structs: Structs | None = None,
+) -> Message:
     """A request body of class ``cls`` (the netlink header is filled in by :meth:`Rtnl.request`)."""
-    return Message(cls, fields, attrs)
+    return Message(cls, fields, attrs, structs or {})
 
 
 def _pack_struct(fields: tuple[tuple[str, str], ...], values: dict[str, Any]) -> bytes:
@@ -121,7 +136,7 @@ _SCALARS: dict[str, Any] = {
 }
 
 
-def _attrs(cls: type[Any], attrs: list[tuple[str, Any]]) -> bytes:
+def _attrs(cls: type[Any], attrs: list[tuple[str, Any]], structs: Structs) -> bytes:
     types = _types(cls)
     out = bytearray()
     for name, value in attrs:
@@ -134,9 +149,9 @@ def _attrs(cls: type[Any], attrs: list[tuple[str, Any]]) -> bytes:
             # (the link property list).
             number |= getattr(nested, "nla_flags", 0)
             if getattr(nested, "nla_map", None):
-                payload = _attrs(nested, value["attrs"])
+                payload = _attrs(nested, value["attrs"], structs)
             else:
-                payload = _pack_struct(nested.fields, value)
+                payload = _pack_struct(structs.get(nested, nested.fields), value)
         out += _NLA.pack(_NLA.size + len(payload), number) + payload
         out += bytes(-len(out) % 4)
     return bytes(out)
@@ -161,7 +176,7 @@ def _types(cls: type[Any]) -> dict[str, tuple[int, str]]:
 def encode(msg: Message, msg_type: int, flags: int, seq: int) -> bytes:
     """The whole request: struct nlmsghdr, the family header, the attributes."""
     body = _pack_struct(msg.cls.fields, msg.fields)
-    body += bytes(-len(body) % 4) + _attrs(msg.cls, msg.attrs)
+    body += bytes(-len(body) % 4) + _attrs(msg.cls, msg.attrs, msg.structs)
     return _HEADER.pack(_HEADER.size + len(body), msg_type, flags, seq, 0) + body
 
 

@@ -19,11 +19,12 @@ from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 # struct ifla_vf_vlan_info is 16 (two bytes of tail padding), and kernels
 # that validate the nested VLAN list (commit 1aec77b2bb2e, backported to
 # stable) reject the short form with EINVAL.  The list form is the only way
-# to set an 802.1ad VLAN, so the table gets the struct's real size, which
-# rtnl.encode then writes.  Reading the kernel's answers does not use it.
+# to set an 802.1ad VLAN, so that request writes the struct at its real
+# size.  pyroute2's table itself stays as it is: every other user of
+# pyroute2 in the process shares it.  Reading the kernel's answers does not
+# use it.
 _IVVI = _ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
-if len(_IVVI.fields) == 4:
-    _IVVI.fields = _IVVI.fields + (("__pad", "H"),)
+_VLAN_INFO_SIZED = {_IVVI: _IVVI.fields + (("__pad", "H"),) if len(_IVVI.fields) == 4 else _IVVI.fields}
 
 RTEXT_FILTER_VF = 1 << 0
 # Leaves out each VF's counters (IFLA_VF_STATS), which nothing here reads: with
@@ -100,10 +101,12 @@ class KernelVfControl:
             self._rtnl.close()
             self._rtnl = None
 
-    def _request(self, pf: str, what: str, msg_type: int, attrs: list[tuple[str, Any]]) -> list[bytes]:
+    def _request(
+        self, pf: str, what: str, msg_type: int, attrs: list[tuple[str, Any]], structs: rtnl.Structs | None = None
+    ) -> list[bytes]:
         # The PF by name, in the request itself: the kernel looks it up, so
         # no separate look-up of its index is needed.
-        msg = message(_ifinfmsg, {}, [("IFLA_IFNAME", pf), *attrs])
+        msg = message(_ifinfmsg, {}, [("IFLA_IFNAME", pf), *attrs], structs)
         try:
             with translate(what):
                 return self._handle().request(msg_type, msg)
@@ -120,10 +123,10 @@ class KernelVfControl:
         infos = (_vf_info(v) for v in rtnl.attributes(vflist[0], 0).get(_IFLA_VF_INFO, []))
         return dict(info for info in infos if info is not None)
 
-    def _set_vf(self, pf: str, vf: int, what: str, attr: tuple[str, Any]) -> None:
+    def _set_vf(self, pf: str, vf: int, what: str, attr: tuple[str, Any], structs: rtnl.Structs | None = None) -> None:
         """One VF setting: ``attr`` nested in IFLA_VFINFO_LIST/IFLA_VF_INFO of the PF."""
         vfinfo = ("IFLA_VF_INFO", {"attrs": [attr]})
-        self._request(pf, f"{what} on {pf} VF {vf}", RTM_NEWLINK, [("IFLA_VFINFO_LIST", {"attrs": [vfinfo]})])
+        self._request(pf, f"{what} on {pf} VF {vf}", RTM_NEWLINK, [("IFLA_VFINFO_LIST", {"attrs": [vfinfo]})], structs)
 
     def set_mac(self, pf: str, vf: int, mac: str) -> None:
         self._set_vf(pf, vf, f"setting admin MAC {mac}", ("IFLA_VF_MAC", {"vf": vf, "mac": mac}))
@@ -135,7 +138,7 @@ class KernelVfControl:
             self._set_vf(pf, vf, what, ("IFLA_VF_VLAN", {"vf": vf, "vlan": vlan, "qos": qos}))
         else:
             info = ("IFLA_VF_VLAN_INFO", {"vf": vf, "vlan": vlan, "qos": qos, "proto": proto})
-            self._set_vf(pf, vf, what, ("IFLA_VF_VLAN_LIST", {"attrs": [info]}))
+            self._set_vf(pf, vf, what, ("IFLA_VF_VLAN_LIST", {"attrs": [info]}), _VLAN_INFO_SIZED)
 
     def set_spoofchk(self, pf: str, vf: int, on: bool) -> None:
         self._set_vf(pf, vf, f"setting spoofchk {'on' if on else 'off'}", ("IFLA_VF_SPOOFCHK", {"vf": vf, "spoofchk": int(on)}))

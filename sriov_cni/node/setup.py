@@ -19,7 +19,7 @@ from sriov_cni.kernel import cpulist, irqs, netlink, queues, sysfs
 from sriov_cni.node import cpus, irqbalance, vfs
 from sriov_cni.node.config import NodeConfig, PfSpec, TuningSpec
 from sriov_cni.nodestate import Policy, TuningError
-from sriov_cni.plugin.store import Allocation, read_allocations
+from sriov_cni.vfstore import Allocation, read_allocations
 
 
 class SetupError(Exception):
@@ -105,8 +105,9 @@ def _run_tuning(pf: sysfs.PF, policy: Policy, pinned: dict[str, int]) -> str:
         summary += " (kernel-managed IRQs refuse user affinity)"
     if pf.netdev and (policy.rps_cpus or policy.xps):
         try:
-            writes = queues.apply_queues(pf.netdev, policy, queues.tx_cpus(pins))
-        except (TuningError, sysfs.SysfsError) as exc:
+            xps = queues.tx_cpus(pins) if policy.xps else None
+            writes = queues.apply_queues(pf.netdev, policy.rps_cpus, policy.rfs_flow_entries, xps)
+        except sysfs.SysfsError as exc:
             raise SetupError(f"{pf.netdev}: RPS/XPS: {exc}") from exc
         summary += f", queue maps {'unchanged' if not writes else f'{writes} written'}"
     return summary

@@ -9,8 +9,8 @@ from typing import Any
 
 from sriov_cni.kernel import cpulist, irqs, netlink, sysfs
 from sriov_cni.node import irqbalance
-from sriov_cni.plugin.allocate import VfState, vf_state
-from sriov_cni.plugin.store import Allocation, read_allocations
+from sriov_cni.vfstate import VfState, vf_state
+from sriov_cni.vfstore import Allocation, read_allocations
 
 
 def _irq_pins(pci: str) -> list[dict[str, Any]]:

@@ -1,13 +1,10 @@
 """Choosing a VF for a container, race-free, and recording the choice.
 
-A VF is *free* when the store holds no allocation for it and it is usable:
-its netdev sits in the host network namespace, or it is bound to a DPDK
-driver.  An allocation whose network namespace is gone is *stale*: the
-container died without a DEL, so the VF may be reclaimed after it is put
-back the way it was.
+A free VF is taken first; a stale one (see :mod:`sriov_cni.vfstate`) may
+be reclaimed after it is put back the way it was.
 
 What makes the choice race-free is the VF's claim (see
-:mod:`sriov_cni.plugin.store`): a VF is recorded only under its claim, and
+:mod:`sriov_cni.vfstore`): a VF is recorded only under its claim, and
 under it the VF is checked again.  VFs are judged without their claims
 (from the list of recorded VFs and sysfs; a stale one from its record), so
 by the time a call has a VF's claim, the call that held it before may have
@@ -20,124 +17,14 @@ nothing held), and ADDs of different VFs never wait for each other.
 
 from __future__ import annotations
 
-import enum
-import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 
-from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
-from sriov_cni.kernel import netns, sysfs
+from sriov_cni.cni import CNIError, Code
+from sriov_cni.kernel import sysfs
 from sriov_cni.plugin.lease import Lease
-from sriov_cni.plugin.store import Allocation, Store
-
-
-class VfState(enum.Enum):
-    FREE = "free"
-    ALLOCATED = "allocated"
-    STALE = "stale"
-    # Not ours and not usable: its netdev is in some other namespace, or it
-    # has no driver.
-    IN_USE = "in use"
-
-
-@dataclass(frozen=True)
-class PoolEntry:
-    """One ``pfNames`` entry: a PF (netdev name or PCI address) and optional VF indexes."""
-
-    pf: str
-    indexes: tuple[int, ...] | None  # None: every VF of the PF
-
-    def __str__(self) -> str:
-        if self.indexes is None:
-            return self.pf
-        # Runs as ranges: the entry as written, not thousands of numbers.
-        runs: list[list[int]] = []
-        for i in self.indexes:
-            if runs and runs[-1][1] == i - 1:
-                runs[-1][1] = i
-            else:
-                runs.append([i, i])
-        return f"{self.pf}#{','.join(str(a) if a == b else f'{a}-{b}' for a, b in runs)}"
-
-
-_RANGE = re.compile(r"([0-9]{1,6})(?:-([0-9]{1,6}))?")
-# SR-IOV's TotalVFs is a 16-bit field: no PF has a VF index above this.
-# Checked before expanding a range, so "#0-30000000" costs nothing.
-MAX_VF_INDEX = 0xFFFF
-
-
-def parse_pool_entry(entry: str) -> PoolEntry:
-    """Parse ``"ens1f0"``, ``"ens1f0#0-3"`` or ``"0000:af:00.0#0-3,7"``."""
-    pf, sep, spec = entry.partition("#")
-    if not pf:
-        raise ValueError(f"{short_repr(entry)} names no PF")
-    if not sysfs.is_pci_address(pf) and validate_ifname(pf) is not None:
-        raise ValueError(f"{short_repr(pf)} is neither a PF netdev name nor a PCI address: it {validate_ifname(pf)}")
-    if not sep:
-        return PoolEntry(pf, None)
-    indexes: list[int] = []
-    for part in spec.split(","):
-        m = _RANGE.fullmatch(part.strip())
-        if not m:
-            raise ValueError(f"{short_repr(entry)}: {short_repr(part)} is not a VF index or range like 0-3")
-        first = int(m.group(1))
-        last = int(m.group(2)) if m.group(2) is not None else first
-        if last < first:
-            raise ValueError(f"{short_repr(entry)}: range {part!r} ends before it starts")
-        if last > MAX_VF_INDEX:
-            raise ValueError(f"{short_repr(entry)}: VF index {last} is above {MAX_VF_INDEX}, the most SR-IOV allows")
-        indexes.extend(range(first, last + 1))
-    return PoolEntry(pf, tuple(sorted(set(indexes))))
-
-
-def netns_alive(alloc: Allocation) -> bool:
-    """Whether the allocation's network namespace still exists (and is the same one)."""
-    inode = netns.netns_inode(alloc.netns)
-    if inode is None:
-        return False
-    return alloc.netns_inode is None or inode == alloc.netns_inode
-
-
-def vf_state(vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
-    """Classify one VF; ``in_host`` says whether a netdev name exists in the host namespace."""
-    if alloc is not None:
-        return VfState.ALLOCATED if netns_alive(alloc) else VfState.STALE
-    if sysfs.driver(vf_pci) in sysfs.DPDK_DRIVERS:
-        return VfState.FREE
-    # sysfs lists a VF's netdev only while it is in the host namespace; the
-    # netlink look-up confirms it (and keeps a test tree of sysfs honest).
-    names = sysfs.netdevs(vf_pci)
-    if names and in_host(names[0]):
-        return VfState.FREE
-    return VfState.IN_USE
-
-
-def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
-    """Every VF the pool names, in order, each once; bad entries are config errors."""
-    out: list[sysfs.VF] = []
-    seen: set[str] = set()
-    for entry in entries:
-        try:
-            pf = sysfs.resolve_pf(entry.pf)
-            count = sysfs.numvfs(pf.pci)
-        except sysfs.SysfsError as exc:
-            raise CNIError(Code.INVALID_CONFIG, f"pfNames entry {str(entry)!r}: {exc}") from exc
-        indexes = entry.indexes if entry.indexes is not None else tuple(range(count))
-        if indexes and indexes[-1] >= count:
-            raise CNIError(
-                Code.INVALID_CONFIG,
-                f"pfNames entry {str(entry)!r} asks for VF {indexes[-1]}, but {entry.pf} has sriov_numvfs={count}",
-            )
-        vfs = sysfs.vf_pcis(pf.pci)
-        for index in indexes:
-            pci = vfs.get(index)
-            if pci is None:
-                raise CNIError(Code.INVALID_CONFIG, f"{entry.pf} has no VF {index} in sysfs (virtfn{index} missing)")
-            if pci not in seen:
-                seen.add(pci)
-                out.append(sysfs.VF(pci=pci, index=index, pf=pf))
-    return out
+from sriov_cni.vfstate import VfState, netns_alive, vf_state
+from sriov_cni.vfstore import Allocation, Store
 
 
 def _unrecorded_free(

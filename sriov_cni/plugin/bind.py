@@ -58,7 +58,7 @@ from sriov_cni.cni import CNIError, Code, log
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.kernel.netlink import LinkInfo, Namespace, PfSettings, Rate, VfControl, Vlan
 from sriov_cni.plugin.config import NetConf
-from sriov_cni.plugin.store import Allocation, OriginalState
+from sriov_cni.vfstore import Allocation, OriginalState
 
 # Some drivers (i40e/iavf) apply VF MACs asynchronously and answer EBUSY
 # meanwhile, so MAC changes are read back and retried for up to 2 s.

@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO
 
-from sriov_cni import __version__, attachments
+from sriov_cni import __version__, attachments, vfstate
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch, read_config
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
-from sriov_cni.plugin import allocate, bind, config, delegate, log, tuning
+from sriov_cni.plugin import allocate, bind, config, delegate, log, pool, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
-from sriov_cni.plugin.store import Allocation, FileStore, Store
+from sriov_cni.vfstore import Allocation, FileStore, Store
 
 # How long DEL and GC wait for a VF another call is changing (an ADD still
 # running for the same attachment, typically) before answering "try again":
@@ -103,7 +103,7 @@ def _candidates(conf: NetConf) -> list[sysfs.VF]:
             return [sysfs.resolve_vf(conf.device_id)]
         except sysfs.SysfsError as exc:
             raise CNIError(Code.INVALID_CONFIG, f"deviceID {conf.device_id}: {exc}") from exc
-    return allocate.pool_vfs(conf.pool)
+    return pool.pool_vfs(conf.pool)
 
 
 def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation) -> None:
@@ -475,15 +475,15 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
     _configure_log(conf, "-", "-", "-")
     if conf.pool and conf.device_id is None:
         try:
-            vfs = allocate.pool_vfs(conf.pool)
+            vfs = pool.pool_vfs(conf.pool)
         except CNIError as exc:
             raise CNIError(Code.NOT_AVAILABLE, "the VF pool is unusable", exc.msg) from exc
         store = deps.store(conf.data_dir)
         with netlink.namespace() as host:
             states = [
-                allocate.vf_state(vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None) for vf in vfs
+                vfstate.vf_state(vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None) for vf in vfs
             ]
-        usable = sum(s in (allocate.VfState.FREE, allocate.VfState.STALE) for s in states)
+        usable = sum(s in (vfstate.VfState.FREE, vfstate.VfState.STALE) for s in states)
         if usable == 0:
             raise CNIError(
                 Code.NOT_AVAILABLE,

@@ -19,8 +19,8 @@ from typing import Any
 from sriov_cni import safepath
 from sriov_cni.cni import FIRST_LIST_RESULT, DNS, CmdArgs, CNIError, Code, Result, short_repr, version_at_least
 from sriov_cni.kernel import sysfs, vfsettings
-from sriov_cni.plugin.allocate import PoolEntry, parse_pool_entry
-from sriov_cni.plugin.store import DEFAULT_DATA_DIR
+from sriov_cni.plugin.pool import PoolEntry, parse_pool_entry
+from sriov_cni.vfstore import DEFAULT_DATA_DIR
 
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 

@@ -119,7 +119,7 @@ class IpamCall:
 
     def _wait(self) -> Result | None:
         if self._proc is None:
-            from ipam.main import HANDLERS
+            from sriov_cni.ipam.main import HANDLERS
 
             return HANDLERS[self._command](replace(self._cmd, command=self._command))
         assert self._proc.stdout is not None

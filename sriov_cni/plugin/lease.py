@@ -3,7 +3,7 @@
 ADD gets a lease from :func:`sriov_cni.plugin.allocate.reserve`, which
 took the claim before it recorded the VF; DEL and GC make one from the
 record they found and the claim they took afterwards.  A record changes
-only under its VF's claim (see :mod:`sriov_cni.plugin.store`), so while a
+only under its VF's claim (see :mod:`sriov_cni.vfstore`), so while a
 lease's holder keeps the claim nobody else can change the record: writes
 through the lease need no lock and no check.
 
@@ -17,7 +17,7 @@ then.
 
 from __future__ import annotations
 
-from sriov_cni.plugin.store import Allocation, Claim, Store
+from sriov_cni.vfstore import Allocation, Claim, Store
 
 
 class Lease:

@@ -58,14 +58,14 @@ def apply_vf_tuning(vf_pci: str, netns: str, ifname: str) -> list[str]:
         return warnings + [f"VF {vf_pci}: {exc}"]
     warnings += [f"VF {vf_pci} IRQ {p.irq.irq} ({p.irq.name}): {p.detail}" for p in pins if p.result == "failed"]
     if policy.rps_cpus or policy.xps:
-        xps = tx_cpus(pins)
+        xps = tx_cpus(pins) if policy.xps else None
 
         def in_pod() -> None:
-            apply_queues(ifname, policy, xps)
+            apply_queues(ifname, policy.rps_cpus, policy.rfs_flow_entries, xps)
 
         try:
             run_in_netns(netns, in_pod, own_sysfs=True)
-        except (NetlinkError, TuningError, sysfs.SysfsError) as exc:
+        except (NetlinkError, sysfs.SysfsError) as exc:
             warnings.append(f"VF {vf_pci} RPS/XPS on {ifname}: {exc}")
     return warnings
 
@@ -109,5 +109,5 @@ def release_vf_tuning(vf_pci: str, netns: str | None = None, ifname: str | None 
     for name in sysfs.netdevs(vf_pci):
         try:
             clear_queues(name)
-        except (TuningError, sysfs.SysfsError, cpulist.CpuListError):
+        except (sysfs.SysfsError, cpulist.CpuListError):
             continue

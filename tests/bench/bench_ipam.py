@@ -36,7 +36,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ipam.main import HANDLERS  # noqa: E402  (needs the path set above)
+from sriov_cni.ipam.main import HANDLERS  # noqa: E402  (needs the path set above)
 from sriov_cni.cni import dispatch  # noqa: E402
 
 OURS = REPO / "bin" / "sriov-ipam"

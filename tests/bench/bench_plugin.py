@@ -374,8 +374,8 @@ def scale(work: Path) -> list[str]:
     from nodetree import FakeHost, Tree
 
     from sriov_cni.kernel import sysfs
-    from sriov_cni.plugin import allocate
-    from sriov_cni.plugin.store import Allocation, MemoryStore
+    from sriov_cni.plugin import allocate, pool
+    from sriov_cni.vfstore import Allocation, MemoryStore
 
     saved = sysfs.SYS
     netns = "/proc/self/ns/net"
@@ -391,7 +391,7 @@ def scale(work: Path) -> list[str]:
     def fill(size: int) -> None:
         sysfs.SYS = trees[size].sys
         t0 = time.perf_counter()
-        candidates = allocate.pool_vfs([allocate.parse_pool_entry("pf0")])
+        candidates = pool.pool_vfs([pool.parse_pool_entry("pf0")])
         resolve[size].append(time.perf_counter() - t0)
         store = MemoryStore()
         for _ in range(size):

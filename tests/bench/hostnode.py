@@ -36,7 +36,7 @@ from pluginlib import FakeVfControl, Node  # noqa: E402
 from sriov_cni.daemon import server  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
-from sriov_cni.plugin.store import FileStore  # noqa: E402
+from sriov_cni.vfstore import FileStore  # noqa: E402
 
 
 class HostNode:

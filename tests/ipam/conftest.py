@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol
 
 import pytest
 
-from ipam.main import HANDLERS
+from sriov_cni.ipam.main import HANDLERS
 from sriov_cni.cni import dispatch
 
 REPO = Path(__file__).resolve().parents[2]

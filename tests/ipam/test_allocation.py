@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ipam import allocator, config, store
+from sriov_cni.ipam import allocator, config, store
 from sriov_cni.cni import CNIError, Code
 
 from conftest import Invoke, MakeConf, Stored

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ipam.store import DiskStore
+from sriov_cni.ipam.store import DiskStore
 
 from sriov_cni.cni import Code
 

@@ -10,8 +10,8 @@ from typing import Collection
 
 import pytest
 
-from ipam import allocator, config
-from ipam.store import DiskStore, MemoryStore, Owner, Store
+from sriov_cni.ipam import allocator, config
+from sriov_cni.ipam.store import DiskStore, MemoryStore, Owner, Store
 from sriov_cni.cni import IPAddress
 
 A = Owner("a", "eth0")

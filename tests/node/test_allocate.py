@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 
 from nodetree import FakeHost, Tree
+from sriov_cni import vfstate
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import allocate
 from sriov_cni.plugin.lease import Lease
-from sriov_cni.plugin.store import Allocation, Claim, FileStore, MemoryStore, OriginalState, Store
+from sriov_cni.plugin.pool import parse_pool_entry, pool_vfs
+from sriov_cni.vfstore import Allocation, Claim, FileStore, MemoryStore, OriginalState, Store
 
 
 def make(vf: sysfs.VF, container: str = "ours") -> Allocation:
@@ -76,7 +78,7 @@ def fresh(kind: str, tmp_path: Path) -> Store:
 
 def pool(tree: Tree, vfs: int) -> list[sysfs.VF]:
     tree.igb(vfs=vfs)
-    return allocate.pool_vfs([allocate.parse_pool_entry("eth0")])
+    return pool_vfs([parse_pool_entry("eth0")])
 
 
 def reserve(store: Store, candidates: list[sysfs.VF]) -> Allocation:
@@ -147,20 +149,20 @@ def test_the_pool_fills_in_order_then_runs_dry(tree: Tree, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("entry", ["eth0", "eth0#3", "eth0#0-3", "0000:01:00.0#0-3,5,7-9"])
 def test_a_pool_entry_prints_as_written(entry: str) -> None:
-    assert str(allocate.parse_pool_entry(entry)) == entry
+    assert str(parse_pool_entry(entry)) == entry
 
 
 def test_a_pool_entry_is_sorted_deduplicated_and_printed_as_runs() -> None:
-    entry = allocate.parse_pool_entry("eth0# 9 ,3-3,0-1,2,1")
+    entry = parse_pool_entry("eth0# 9 ,3-3,0-1,2,1")
     assert entry.indexes == (0, 1, 2, 3, 9)
     assert str(entry) == "eth0#0-3,9"
 
 
 def test_the_highest_sriov_vf_index_is_accepted_and_one_more_is_not() -> None:
-    assert allocate.parse_pool_entry("eth0#65535").indexes == (65535,)
+    assert parse_pool_entry("eth0#65535").indexes == (65535,)
     for entry in ("eth0#65536", "eth0#65530-65536"):
         with pytest.raises(ValueError, match="above 65535"):
-            allocate.parse_pool_entry(entry)
+            parse_pool_entry(entry)
 
 
 @pytest.mark.parametrize(("entry", "words"), [
@@ -172,13 +174,13 @@ def test_the_highest_sriov_vf_index_is_accepted_and_one_more_is_not() -> None:
 ])
 def test_a_bad_pool_entry_is_refused_saying_why(entry: str, words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        allocate.parse_pool_entry(entry)
+        parse_pool_entry(entry)
 
 
 def test_overlapping_pool_entries_name_each_vf_once_in_order(tree: Tree) -> None:
     vfs = tree.igb(vfs=4)
-    entries = [allocate.parse_pool_entry(e) for e in ("eth0#2,1", "eth0#1-3", "0000:01:00.0#0")]
-    got = allocate.pool_vfs(entries)
+    entries = [parse_pool_entry(e) for e in ("eth0#2,1", "eth0#1-3", "0000:01:00.0#0")]
+    got = pool_vfs(entries)
     assert [(vf.index, vf.pci, vf.pf.pci) for vf in got] == [
         (1, vfs[1], "0000:01:00.0"), (2, vfs[2], "0000:01:00.0"), (3, vfs[3], "0000:01:00.0"),
         (0, vfs[0], "0000:01:00.0"),
@@ -193,7 +195,7 @@ def test_overlapping_pool_entries_name_each_vf_once_in_order(tree: Tree) -> None
 def test_a_pool_entry_beyond_the_pf_is_a_config_error(tree: Tree, entry: str, words: str) -> None:
     tree.igb(vfs=3)
     with pytest.raises(CNIError) as err:
-        allocate.pool_vfs([allocate.parse_pool_entry(entry)])
+        pool_vfs([parse_pool_entry(entry)])
     assert err.value.code == Code.INVALID_CONFIG and words in err.value.msg, err.value.msg
 
 
@@ -201,7 +203,7 @@ def test_a_vf_sysfs_does_not_list_is_a_config_error(tree: Tree) -> None:
     tree.igb(vfs=3)
     (tree.devices / "0000:01:00.0" / "virtfn1").unlink()
     with pytest.raises(CNIError) as err:
-        allocate.pool_vfs([allocate.parse_pool_entry("eth0")])
+        pool_vfs([parse_pool_entry("eth0")])
     assert err.value.code == Code.INVALID_CONFIG and "eth0 has no VF 1 in sysfs" in err.value.msg
 
 
@@ -211,24 +213,24 @@ def test_vf_states(tree: Tree, tmp_path: Path) -> None:
     tree.vf("0000:01:00.0", 2, "0000:01:10.2", None)
     host = {"eth0v0"}
     vf0 = "0000:01:10.0"
-    free = allocate.vf_state(vf0, None, host.__contains__)
-    elsewhere = allocate.vf_state(vf0, None, lambda name: False)
-    dpdk = allocate.vf_state("0000:01:10.1", None, lambda name: False)
-    no_netdev = allocate.vf_state("0000:01:10.2", None, host.__contains__)
+    free = vfstate.vf_state(vf0, None, host.__contains__)
+    elsewhere = vfstate.vf_state(vf0, None, lambda name: False)
+    dpdk = vfstate.vf_state("0000:01:10.1", None, lambda name: False)
+    no_netdev = vfstate.vf_state("0000:01:10.2", None, host.__contains__)
     assert (free, elsewhere, dpdk, no_netdev) == (
-        allocate.VfState.FREE, allocate.VfState.IN_USE, allocate.VfState.FREE, allocate.VfState.IN_USE)
+        vfstate.VfState.FREE, vfstate.VfState.IN_USE, vfstate.VfState.FREE, vfstate.VfState.IN_USE)
 
     own = os.stat("/proc/self/ns/net").st_ino
     alloc = make(sysfs.VF(vf0, 0, sysfs.resolve_pf("eth0")))
     # A record is judged by its namespace alone, whatever sysfs shows.
     for path, inode, state in [
-        ("/proc/self/ns/net", None, allocate.VfState.ALLOCATED),
-        ("/proc/self/ns/net", own, allocate.VfState.ALLOCATED),
-        ("/proc/self/ns/net", own + 1, allocate.VfState.STALE),  # the path now names another namespace
-        (str(tmp_path / "gone"), None, allocate.VfState.STALE),
+        ("/proc/self/ns/net", None, vfstate.VfState.ALLOCATED),
+        ("/proc/self/ns/net", own, vfstate.VfState.ALLOCATED),
+        ("/proc/self/ns/net", own + 1, vfstate.VfState.STALE),  # the path now names another namespace
+        (str(tmp_path / "gone"), None, vfstate.VfState.STALE),
     ]:
         alloc.netns, alloc.netns_inode = path, inode
-        assert allocate.vf_state(vf0, alloc, host.__contains__) is state, (path, inode)
+        assert vfstate.vf_state(vf0, alloc, host.__contains__) is state, (path, inode)
 
 
 def record(store: Store, vf: sysfs.VF, container: str, netns: str) -> Allocation:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from nodetree import Tree
 from sriov_cni.cli import main
 from sriov_cni.node import setup as node_setup
-from sriov_cni.plugin.store import Allocation, FileStore
+from sriov_cni.vfstore import Allocation, FileStore
 
 REPO = Path(__file__).resolve().parents[2]
 

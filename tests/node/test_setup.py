@@ -9,7 +9,7 @@ import pytest
 from nodetree import FakeLinks, Tree
 from sriov_cni.kernel import sysfs
 from sriov_cni.node import config as node_config, setup as node_setup
-from sriov_cni.plugin.store import Allocation, FileStore
+from sriov_cni.vfstore import Allocation, FileStore
 
 CONFIG = """
 pfs:

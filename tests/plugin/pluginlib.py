@@ -38,7 +38,7 @@ import pytest
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import commands
-from sriov_cni.plugin.store import FileStore
+from sriov_cni.vfstore import FileStore
 
 REPO = Path(__file__).resolve().parents[2]
 SRIOV_BIN = REPO / "bin" / "sriov"

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from sriov_cni.plugin.store import FileStore
+from sriov_cni.vfstore import FileStore
 
 from pluginlib import Node, addresses, ipam_reservations, link, link_names
 

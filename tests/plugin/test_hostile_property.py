@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ipam.main import HANDLERS as IPAM_HANDLERS
+from sriov_cni.ipam.main import HANDLERS as IPAM_HANDLERS
 from sriov_cni.cni import Code, dispatch
 from sriov_cni.plugin import commands
 

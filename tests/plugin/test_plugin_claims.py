@@ -1,4 +1,4 @@
-"""VF claims: one CNI call at a time changes a VF (see sriov_cni/plugin/store.py).
+"""VF claims: one CNI call at a time changes a VF (see sriov_cni/vfstore.py).
 
 The race they close: a pod's netns is gone, so its record is stale; the
 runtime's DEL for that pod and another pod's ADD, reclaiming the stale VF,
@@ -19,7 +19,7 @@ import pytest
 
 from sriov_cni.kernel.vfsettings import PfSettings, Vlan
 from sriov_cni.plugin import commands
-from sriov_cni.plugin.store import Allocation, FileStore, MemoryStore, Store
+from sriov_cni.vfstore import Allocation, FileStore, MemoryStore, Store
 
 from pluginlib import Node
 from test_plugin_del_gc import ok, stale_record

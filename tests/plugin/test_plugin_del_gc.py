@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
-from sriov_cni.plugin.store import Allocation, FileStore, OriginalState
+from sriov_cni.vfstore import Allocation, FileStore, OriginalState
 
 from pluginlib import DEBIAN_CNI_DIR, VF, Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
 

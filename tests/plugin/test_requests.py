@@ -9,11 +9,14 @@ buffer, a request abandoned half-way through its answer.
 
 from __future__ import annotations
 
+import ast
 import copy
 import errno
 import ipaddress
 import os
+import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -198,14 +201,22 @@ def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> N
 
 
 def _as_pyroute2_encodes_it(msg: rtnl.Message, msg_type: int, flags: int, seq: int) -> bytes:
-    body = msg.cls()
-    for key, value in msg.fields.items():
-        body[key] = value
-    body["attrs"] = copy.deepcopy(msg.attrs)  # pyroute2 rewrites the dicts it encodes
-    header = body["header"]
-    header["type"], header["flags"], header["sequence_number"], header["pid"] = msg_type, flags, seq, 0
-    body.encode()
-    return bytes(body.data)
+    """pyroute2's bytes for ``msg``, its tables given the struct sizes the message corrects, for this encoding only."""
+    tables = {cls: cls.fields for cls in msg.structs}
+    try:
+        for cls, fields in msg.structs.items():
+            cls.fields = fields
+        body = msg.cls()
+        for key, value in msg.fields.items():
+            body[key] = value
+        body["attrs"] = copy.deepcopy(msg.attrs)  # pyroute2 rewrites the dicts it encodes
+        header = body["header"]
+        header["type"], header["flags"], header["sequence_number"], header["pid"] = msg_type, flags, seq, 0
+        body.encode()
+        return bytes(body.data)
+    finally:
+        for cls, fields in tables.items():
+            cls.fields = fields
 
 
 @pytest.fixture
@@ -278,6 +289,51 @@ def test_every_vf_request_is_encoded_as_pyroute2_would(
     assert len(encodings) == 8
     for kind, data, theirs in encodings:
         assert data == theirs, kind
+
+
+def _vlan_info(request: bytes) -> bytes:
+    """The IFLA_VF_VLAN_INFO payload in a VF's VLAN list request."""
+    vflist, vfinfo, vlist = ifinfmsg.vflist, ifinfmsg.vflist.vfinfo, ifinfmsg.vflist.vfinfo.vf_vlist
+    [infos] = rtnl.attributes(request)[rtnl.numbers(ifinfmsg)["IFLA_VFINFO_LIST"]]
+    [info] = rtnl.attributes(infos, 0)[rtnl.numbers(vflist)["IFLA_VF_INFO"]]
+    [vlans] = rtnl.attributes(info, 0)[rtnl.numbers(vfinfo)["IFLA_VF_VLAN_LIST"]]
+    [payload] = rtnl.attributes(vlans, 0)[rtnl.numbers(vlist)["IFLA_VF_VLAN_INFO"]]
+    return bytes(payload)
+
+
+def test_the_8021ad_vlan_is_sent_at_the_kernels_size_and_pyroute2_is_left_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The table as pyroute2 ships it, from a process that never loaded our modules.
+    shipped = ast.literal_eval(subprocess.run(
+        [sys.executable, "-c", "from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg\n"
+         "print(repr(ifinfmsg.vflist.vfinfo.vf_vlist.ivvi.fields))"],
+        capture_output=True, text=True, check=True).stdout)
+    sent: list[bytes] = []
+
+    def request(self: rtnl.Rtnl, msg_type: int, msg: rtnl.Message, flags: int = 0) -> list[bytes]:
+        sent.append(rtnl.encode(msg, msg_type, flags, 1))
+        return []
+
+    monkeypatch.setattr(rtnl.Rtnl, "request", request)
+    vfc = KernelVfControl()
+    try:
+        vfc.set_vlan("pf0", 3, 100, 5, 0x88A8)
+    finally:
+        vfc.close()
+    # struct ifla_vf_vlan_info: vf, vlan, qos, __be16 vlan_proto, two bytes of tail padding.
+    assert _vlan_info(sent[0]) == struct.pack("=III", 3, 100, 5) + struct.pack("!H", 0x88A8) + bytes(2)
+    # Another user of pyroute2 in this process still encodes by pyroute2's own table.
+    ivvi = ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
+    assert ivvi.fields == shipped
+    theirs = ifinfmsg()
+    theirs["attrs"] = [("IFLA_IFNAME", "pf0"), ("IFLA_VFINFO_LIST", {"attrs": [("IFLA_VF_INFO", {"attrs": [
+        ("IFLA_VF_VLAN_LIST", {"attrs": [("IFLA_VF_VLAN_INFO", {"vf": 3, "vlan": 100, "qos": 5, "proto": 0x88A8})]}),
+    ]})]})]
+    theirs["header"]["type"] = RTM_NEWLINK
+    theirs.encode()
+    shipped_size = sum(struct.calcsize(f if f[0] in "<>!" else "=" + f) for _, f in shipped)
+    assert len(_vlan_info(bytes(theirs.data))) == shipped_size
 
 
 def test_an_unknown_pf_is_named_as_not_found() -> None:

@@ -20,8 +20,8 @@ import pytest
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
-from sriov_cni.plugin import store as store_module
-from sriov_cni.plugin.store import MAX_RECORD, Allocation, FileStore, MemoryStore, OriginalState, Store
+from sriov_cni import vfstore as store_module
+from sriov_cni.vfstore import MAX_RECORD, Allocation, FileStore, MemoryStore, OriginalState, Store
 
 PCI_A = "0000:3b:10.0"
 PCI_B = "0000:3b:10.1"

@@ -70,7 +70,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "plugin"), str(REPO / "tests" / 
 
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
-from sriov_cni.plugin.store import FileStore  # noqa: E402
+from sriov_cni.vfstore import FileStore  # noqa: E402
 
 if TYPE_CHECKING:
     from pluginlib import FakeVfControl

@@ -7,6 +7,7 @@ pass, or stall as a guest does (the kernel's stall report, or silence).
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import subprocess
@@ -320,3 +321,12 @@ def test_guest_script_adds_the_plugin_only_to_pytest(tmp_path: Path) -> None:
     assert "--rig-progress /share/progress tests" in first and "--rig-skip" not in first
     other = rig._guest_script(["sh", "-c", "true"], "/src", "/share", rerun=True)
     assert "rigplugin" not in other and "sh -c true" in other
+
+
+def test_run_sh_gives_the_guest_every_guest_directory() -> None:
+    spec = importlib.util.spec_from_file_location("suite_conftest", HERE.parent / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    run_sh = (HERE.parent / "run.sh").read_text()
+    assert f"-m sriov_vm {' '.join(suite.GUEST_DIRS)} ||" in run_sh

@@ -20,7 +20,7 @@ import pytest
 from vmlib import SYS_NET, Sriov, numvfs, vf_pci_dirs
 
 from sriov_cni.plugin import tuning
-from sriov_cni.plugin.store import Allocation, FileStore
+from sriov_cni.vfstore import Allocation, FileStore
 
 pytestmark = pytest.mark.sriov_vm
 

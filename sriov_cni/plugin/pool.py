@@ -1,0 +1,87 @@
+"""The pool a network takes its VFs from: ``pfNames`` entries and the VFs they name."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
+from sriov_cni.kernel import sysfs
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """One ``pfNames`` entry: a PF (netdev name or PCI address) and optional VF indexes."""
+
+    pf: str
+    indexes: tuple[int, ...] | None  # None: every VF of the PF
+
+    def __str__(self) -> str:
+        if self.indexes is None:
+            return self.pf
+        # Runs as ranges: the entry as written, not thousands of numbers.
+        runs: list[list[int]] = []
+        for i in self.indexes:
+            if runs and runs[-1][1] == i - 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        return f"{self.pf}#{','.join(str(a) if a == b else f'{a}-{b}' for a, b in runs)}"
+
+
+_RANGE = re.compile(r"([0-9]{1,6})(?:-([0-9]{1,6}))?")
+# SR-IOV's TotalVFs is a 16-bit field: no PF has a VF index above this.
+# Checked before expanding a range, so "#0-30000000" costs nothing.
+MAX_VF_INDEX = 0xFFFF
+
+
+def parse_pool_entry(entry: str) -> PoolEntry:
+    """Parse ``"ens1f0"``, ``"ens1f0#0-3"`` or ``"0000:af:00.0#0-3,7"``."""
+    pf, sep, spec = entry.partition("#")
+    if not pf:
+        raise ValueError(f"{short_repr(entry)} names no PF")
+    if not sysfs.is_pci_address(pf) and validate_ifname(pf) is not None:
+        raise ValueError(f"{short_repr(pf)} is neither a PF netdev name nor a PCI address: it {validate_ifname(pf)}")
+    if not sep:
+        return PoolEntry(pf, None)
+    indexes: list[int] = []
+    for part in spec.split(","):
+        m = _RANGE.fullmatch(part.strip())
+        if not m:
+            raise ValueError(f"{short_repr(entry)}: {short_repr(part)} is not a VF index or range like 0-3")
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) is not None else first
+        if last < first:
+            raise ValueError(f"{short_repr(entry)}: range {part!r} ends before it starts")
+        if last > MAX_VF_INDEX:
+            raise ValueError(f"{short_repr(entry)}: VF index {last} is above {MAX_VF_INDEX}, the most SR-IOV allows")
+        indexes.extend(range(first, last + 1))
+    return PoolEntry(pf, tuple(sorted(set(indexes))))
+
+
+def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
+    """Every VF the pool names, in order, each once; bad entries are config errors."""
+    out: list[sysfs.VF] = []
+    seen: set[str] = set()
+    for entry in entries:
+        try:
+            pf = sysfs.resolve_pf(entry.pf)
+            count = sysfs.numvfs(pf.pci)
+        except sysfs.SysfsError as exc:
+            raise CNIError(Code.INVALID_CONFIG, f"pfNames entry {str(entry)!r}: {exc}") from exc
+        indexes = entry.indexes if entry.indexes is not None else tuple(range(count))
+        if indexes and indexes[-1] >= count:
+            raise CNIError(
+                Code.INVALID_CONFIG,
+                f"pfNames entry {str(entry)!r} asks for VF {indexes[-1]}, but {entry.pf} has sriov_numvfs={count}",
+            )
+        vfs = sysfs.vf_pcis(pf.pci)
+        for index in indexes:
+            pci = vfs.get(index)
+            if pci is None:
+                raise CNIError(Code.INVALID_CONFIG, f"{entry.pf} has no VF {index} in sysfs (virtfn{index} missing)")
+            if pci not in seen:
+                seen.add(pci)
+                out.append(sysfs.VF(pci=pci, index=index, pf=pf))
+    return out

@@ -1,0 +1,48 @@
+"""What a VF is to us now: free, allocated, stale or in use by someone else.
+
+Judged from the VF store's record and the kernel's view of the VF, by the
+plugin choosing a VF (:mod:`sriov_cni.plugin.allocate`, its STATUS) and by
+``sriov-cni status``.  A VF is *free* when the store holds no allocation for
+it and it is usable: its netdev sits in the host network namespace, or it is
+bound to a DPDK driver.  An allocation whose network namespace is gone is
+*stale*: the container died without a DEL.  Any other VF is *in use*.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from sriov_cni.kernel import netns, sysfs
+from sriov_cni.vfstore import Allocation
+
+
+class VfState(enum.Enum):
+    FREE = "free"
+    ALLOCATED = "allocated"
+    STALE = "stale"
+    # Not ours and not usable: its netdev is in some other namespace, or it
+    # has no driver.
+    IN_USE = "in use"
+
+
+def netns_alive(alloc: Allocation) -> bool:
+    """Whether the allocation's network namespace still exists (and is the same one)."""
+    inode = netns.netns_inode(alloc.netns)
+    if inode is None:
+        return False
+    return alloc.netns_inode is None or inode == alloc.netns_inode
+
+
+def vf_state(vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
+    """Classify one VF; ``in_host`` says whether a netdev name exists in the host namespace."""
+    if alloc is not None:
+        return VfState.ALLOCATED if netns_alive(alloc) else VfState.STALE
+    if sysfs.driver(vf_pci) in sysfs.DPDK_DRIVERS:
+        return VfState.FREE
+    # sysfs lists a VF's netdev only while it is in the host namespace; the
+    # netlink look-up confirms it (and keeps a test tree of sysfs honest).
+    names = sysfs.netdevs(vf_pci)
+    if names and in_host(names[0]):
+        return VfState.FREE
+    return VfState.IN_USE
