@@ -31,8 +31,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(HERE)]
+sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests" / "daemon")]
 
+from daemonlib import exporter_of  # noqa: E402
 from hostnode import HostNode  # noqa: E402
 
 from sriov_cni.daemon import client  # noqa: E402
@@ -59,20 +60,6 @@ while True:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def exporter_of(daemon: int) -> int:
-    """The exporter: a process with the daemon's command line that is not its child."""
-    cmdline = Path(f"/proc/{daemon}/cmdline").read_bytes()
-    children = set(Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split())
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != daemon and entry.name not in children:
-            try:
-                if (entry / "cmdline").read_bytes() == cmdline:
-                    return int(entry.name)
-            except OSError:
-                continue
-    raise LookupError("no exporter process found")
 
 
 def main() -> None:

@@ -55,6 +55,20 @@ class Daemon:
         self.proc.stderr.close()
 
 
+def exporter_of(daemon: int) -> int:
+    """The daemon's metrics exporter: in its process group, with its command line, and not its child."""
+    cmdline = Path(f"/proc/{daemon}/cmdline").read_bytes()
+    children = set(Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split())
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != daemon and entry.name not in children:
+            try:
+                if (entry / "cmdline").read_bytes() == cmdline and _group_of(int(entry.name)) == _group_of(daemon):
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise LookupError("no exporter process found")
+
+
 def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, name: str = "sriov",
          env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     """Run the shim as ``name`` (a symlink, as install-cni's copies are named)."""

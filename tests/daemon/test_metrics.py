@@ -28,7 +28,7 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemonlib import REPO, SHIM, wait_for
+from daemonlib import REPO, SHIM, exporter_of, wait_for
 
 sys.path[:0] = [str(REPO / "tests" / "bench")]
 
@@ -254,6 +254,17 @@ def test_the_pool_gauges_equal_status_json_before_and_after_adds_and_dels(rig: R
     assert end[key("sriov_cni_vfs", **pf0, state="free")] == 2
     assert key("sriov_cni_allocations", **pf0, network="net-a", state="allocated") not in end
     assert end[key("sriov_cni_allocations", **pf0, network="net-b", state="stale")] == 1
+
+
+def test_the_daemon_serves_on_when_its_exporter_dies(rig: Rig) -> None:
+    os.kill(exporter_of(rig.proc.pid), signal.SIGKILL)
+    assert rig.proc.stderr is not None
+    said = " "
+    while said and "metrics exporter" not in said:  # after the daemon's warnings, if any
+        said = rig.proc.stderr.readline()
+    assert f"the metrics exporter on {rig.address} ended" in said, said
+    rc, out = rig.call("ADD", 0, rig.conf())
+    assert rc == 0, out
 
 
 def test_the_exporter_ends_with_the_daemon(rig: Rig) -> None:
