@@ -62,7 +62,7 @@ from prometheus_client.registry import Collector
 from sriov_cni import __version__, vfstore
 from sriov_cni.cni import Code
 from sriov_cni.daemon import wire
-from sriov_cni.kernel import sysfs
+from sriov_cni.kernel import lifetime, sysfs
 from sriov_cni.node import status
 from sriov_cni.vfstate import VfState
 
@@ -445,13 +445,7 @@ def pool(data_dir: Path) -> Iterator[Metric]:
 
 def _exporter(daemon: socket.socket, alive: int, address: tuple[str, int],
               data_dir: Path) -> None:  # pragma: no cover - runs in the exporter
-    keep = {0, 1, 2, daemon.fileno(), alive}
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) not in keep:
-            try:
-                os.close(int(name))
-            except OSError:
-                pass  # the directory's own descriptor, closed by now
+    lifetime.close_all_but({0, 1, 2, daemon.fileno(), alive})
     registry = CollectorRegistry()
     registry.register(_Scrape(daemon, data_dir))
     # A restarted daemon's predecessor's exporter may hold the port for a

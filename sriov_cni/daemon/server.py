@@ -410,13 +410,7 @@ class _Children:
         """
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        keep = {0, 1, 2, channel.fileno(), self.messages_w}
-        for name in os.listdir("/proc/self/fd"):
-            if int(name) not in keep:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass  # the directory's own descriptor, closed by now
+        lifetime.close_all_but({0, 1, 2, channel.fileno(), self.messages_w})
 
     def hand(self, call: intake.Call) -> bool:
         """Give ``call`` to a waiting child; False when none could take it."""

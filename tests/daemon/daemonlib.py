@@ -49,10 +49,16 @@ class Daemon:
         return [pid for pid in self.all_children() if pid == _group_of(pid)]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
+        stop(self.proc)
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """End a daemon started with its stderr piped, unless it ended already."""
+    if proc.poll() is None:
+        proc.terminate()
+    proc.wait(timeout=30)
+    assert proc.stderr is not None
+    proc.stderr.close()
 
 
 def exporter_of(daemon: int) -> int:

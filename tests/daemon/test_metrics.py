@@ -28,7 +28,7 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemonlib import REPO, SHIM, exporter_of, wait_for
+from daemonlib import REPO, SHIM, exporter_of, stop, wait_for
 
 sys.path[:0] = [str(REPO / "tests" / "bench")]
 
@@ -96,11 +96,7 @@ class Rig:
         return [pid for pid in pids if _group_of(pid) == pid]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        self.proc.wait(timeout=30)
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
+        stop(self.proc)
         self.node.close()
 
 
