@@ -4,13 +4,13 @@ Counting calls.  Every call runs in a forked child of the daemon that serves
 up to ``--calls-per-child`` calls in turn and may be SIGKILLed at any point
 (by its watchdog when its caller hangs up, or by the OOM killer, which
 takes children first).  So the child counts nothing itself: after
-answering, it sends a :class:`Report` of the call (executable, CNI command,
-the CNI error code its caller read, the seconds from taking the call to the
-answer, the VF claims it found held) on its channel to the daemon, which
-owns the one registry.  The daemon knows which child holds which call, since
-it handed it over (:func:`handed`): a child that ends without having reported
-its call is counted there, as what its caller got, code 11 "ended without an
-answer" (:func:`ended`).  prometheus_client's multiprocess mode, the other
+answering, it sends a :class:`Report` of the call (the CNI error code its
+caller read, the seconds from taking the call to the answer, the VF claims
+it found held) on its channel to the daemon, which owns the one registry.
+The daemon handed the call over (:func:`handed`), so it knows the call's
+executable and CNI command, and which child holds it: a child that ends
+without having reported its call is counted there, as what its caller got,
+code 11 "ended without an answer" (:func:`ended`).  prometheus_client's multiprocess mode, the other
 pattern for forked workers, fits neither half: each child would write its
 own files into a shared directory, kept after it ends so that its counts
 survive, so a daemon with ``--calls-per-child 1`` would leave one set per
@@ -48,7 +48,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -240,14 +240,19 @@ class Report:
 
 
 class _Children(Protocol):
-    max: int
-    starting: set[int]
-    waiting: dict[int, float]
+    @property
+    def max(self) -> int: ...
+    @property
+    def starting(self) -> Sized: ...
+    @property
+    def waiting(self) -> Sized: ...
 
 
 class _Intake(Protocol):
-    reading: dict[int, Any]
-    ready: Any
+    @property
+    def reading(self) -> Sized: ...
+    @property
+    def ready(self) -> Sized: ...
 
 
 class _Health(Collector):
