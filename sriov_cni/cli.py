@@ -9,7 +9,7 @@ import click
 
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
-from sriov_cni.daemon import budget, client, install, server
+from sriov_cni.daemon import budget, client, install, metrics, server
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
 from sriov_cni import vfstore as store
@@ -80,8 +80,7 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
 def status(as_json: bool, data_dir: Path) -> None:
     """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins, irqbalance."""
     try:
-        with netlink.namespace() as host:
-            pfs = node_status.gather(data_dir, lambda name: host.find(name) is not None)
+        pfs = node_status.current(data_dir)
     except _EXPECTED as exc:
         raise CommandError(str(exc)) from exc
     if as_json:
@@ -106,15 +105,26 @@ def status(as_json: bool, data_dir: Path) -> None:
 @click.option("--memory-budget", metavar="SIZE",
               help="Memory the daemon and its calls may use (e.g. 160Mi); default: its cgroup's limit. "
                    "Calls run at once are as many as fit, at most --max-children.")
+@click.option("--metrics-address", metavar="HOST:PORT",
+              help="Serve Prometheus metrics of the calls and the VF pool at http://HOST:PORT/metrics "
+                   "(e.g. 127.0.0.1:9731); default: not served. Any host that can reach HOST can read them.")
+@click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store, for the metrics' pool.")
 def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float,
-           calls_per_child: int, memory_budget: str | None) -> None:
+           calls_per_child: int, memory_budget: str | None, metrics_address: str | None, data_dir: Path) -> None:
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until stopped)."""
     try:
         size = None if memory_budget is None else budget.parse_size(memory_budget)
     except budget.BudgetError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from exc
     try:
-        server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size)
+        address = None if metrics_address is None else metrics.parse_address(metrics_address)
+    except metrics.MetricsError as exc:
+        raise click.BadParameter(str(exc), param_hint="--metrics-address") from exc
+    try:
+        server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size, address, data_dir)
+    except metrics.MetricsError as exc:
+        raise CommandError(f"cannot serve metrics: {exc}") from exc
     except (CNIError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
 

@@ -14,7 +14,7 @@ def all_children(daemon: int) -> list[int]:
         return [int(pid) for pid in f.read().split()]
 
 
-def _group_of(pid: int) -> int | None:
+def group_of(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
     except ProcessLookupError:  # ended meanwhile
@@ -23,4 +23,4 @@ def _group_of(pid: int) -> int | None:
 
 def running_calls(daemon: int) -> list[int]:
     """The children running a call: each leads its own process group (waiting ones do not)."""
-    return [pid for pid in all_children(daemon) if pid == _group_of(pid)]
+    return [pid for pid in all_children(daemon) if pid == group_of(pid)]

@@ -48,30 +48,39 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get install "${apt_opts[@]}" "${missing[@]}" >/dev/null
 fi
 
-# Debian's irqbalance, which tests/vm/test_irqbalance_igb.py runs in the
-# guest (the guest sees this machine's root). It must not balance this
-# machine's own IRQs: its start at install is denied through policy-rc.d (a
+# Install a package that ships a service without starting it, on this
+# machine or later: its start at install is denied through policy-rc.d (a
 # temporary one unless the machine has its own) and, under systemd, its unit
 # is disabled.
-if ! dpkg-query -W -f='${Status}' irqbalance 2>/dev/null | grep -q 'install ok installed'; then
+install_not_started() {
+    local pkg=$1 guard=""
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' && return 0
     apt_update_once
-    guard=""
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod 755 /usr/sbin/policy-rc.d
         guard=/usr/sbin/policy-rc.d
-        trap 'rm -f "$guard"' EXIT
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
     fi
-    log "installing irqbalance (not started)"
-    apt-get install "${apt_opts[@]}" irqbalance >/dev/null
+    log "installing $pkg (not started)"
+    apt-get install "${apt_opts[@]}" "$pkg" >/dev/null
     if [ -n "$guard" ]; then
         rm -f "$guard"
         trap - EXIT
     fi
     if [ -d /run/systemd/system ]; then
-        systemctl disable --now irqbalance.service >/dev/null 2>&1 || true
+        systemctl disable --now "$pkg.service" >/dev/null 2>&1 || true
     fi
-fi
+}
+
+# Debian's irqbalance, which tests/vm/test_irqbalance_igb.py runs in the
+# guest (the guest sees this machine's root). It must not balance this
+# machine's own IRQs.
+install_not_started irqbalance
+# Debian's Prometheus, the real scraper of tests/daemon/test_metrics.py, and
+# its promtool, which checks the README's alert rules. The test starts its
+# own on loopback; the packaged one would scrape and store for nothing.
+install_not_started prometheus
 
 qemu_has_igb() {
     command -v qemu-system-x86_64 >/dev/null \

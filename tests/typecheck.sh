@@ -24,7 +24,7 @@ for dir in tests/*/; do
     name=${dir#tests/}
     # The sibling directories a directory's modules add to sys.path.
     case $name in
-        bench)  extra=tests/plugin:tests/node:tests ;;
+        bench)  extra=tests/plugin:tests/node:tests/daemon:tests ;;
         stress) extra=tests/plugin:tests/vm ;;
         daemon) extra=tests:tests/bench:tests/plugin ;;
         plugin) extra=tests ;;

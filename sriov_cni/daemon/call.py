@@ -17,13 +17,13 @@ import sys
 import time
 
 from sriov_cni.cni import MAX_CONFIG, CNIError, Code
-from sriov_cni.daemon import intake, wire
-from sriov_cni.daemon.measure import Measure, run_measured
+from sriov_cni.daemon import intake, metrics, wire
+from sriov_cni.daemon.measure import Measure, run_measured, timed_claims
 from sriov_cni.daemon.programs import PROGRAMS, Program
 from sriov_cni.daemon.watchdog import Watchdog
 
 
-def _become_caller(call: intake.Call) -> tuple[str, Program, dict[str, str]]:
+def _become_caller(call: intake.Call, report: metrics.Report) -> tuple[str, Program, dict[str, str]]:
     """Take over the caller's descriptors, environment and directory."""
     _, program, cwd, env = wire.decode_request(call.body)
     run = PROGRAMS[program]  # intake.check_request made sure
@@ -41,7 +41,7 @@ def _become_caller(call: intake.Call) -> tuple[str, Program, dict[str, str]]:
     # does for a plugin run directly, but the C library cannot set it.
     os.environ.update({key: value for key, value in env.items() if key})
     sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = open(1, "w", closefd=False)
+    sys.stdout = report.stdout()
     sys.stderr = open(2, "w", closefd=False)
     return program, run, env
 
@@ -72,13 +72,13 @@ def _read_stdin(timeout: float) -> bytes:
 
 
 def serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, null: int,
-              measure: Measure | None, name: str) -> bool:
+              measure: Measure | None, name: str, report: metrics.Report) -> bool:
     """Runs in a child, from the call handed over to the answer.
 
     Whether the child may serve another call: not after a refusal.
     """
     conn = call.conn
-    program, run, env = _become_caller(call)
+    program, run, env = _become_caller(call, report)
 
     def reply(code: int) -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -87,6 +87,7 @@ def serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, nul
             except OSError:
                 pass  # the caller closed its end: the call ran all the same
         watchdog.answered.set()
+        report.exited(code)
         try:
             conn.sendall(wire.exited(code))
             # The end of the answer, now: the watchdog's poll holds the
@@ -111,14 +112,17 @@ def serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, nul
     except CNIError as exc:
         refusal = exc
     else:
-        if measure is None:
-            reply(run(env, stdin, sys.stdout, sys.stderr))
-        else:
-            run_measured(program, run, env, stdin, measure, name, reply)
+        with timed_claims() as claims:
+            if measure is None:
+                reply(run(env, stdin, sys.stdout, sys.stderr))
+            else:
+                run_measured(program, run, env, stdin, measure, name, reply, claims)
+        report.claimed(claims)
         return True
     # Nothing has run: the shim prints the reason, the Python client runs
     # the call itself.
     watchdog.answered.set()
+    report.refused(refusal.code)
     conn.settimeout(request_timeout)
     conn.sendall(intake.refusal_frame(refusal))
     return False

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon import budget, intake
+from sriov_cni.daemon import budget, intake, metrics
 from sriov_cni.daemon.call import serve_one
 from sriov_cni.daemon.measure import Measure
 from sriov_cni.daemon.watchdog import Watchdog
@@ -64,9 +64,14 @@ def spare(channel: socket.socket, daemon: int, messages: int, request_timeout: f
         # The call's group: what it starts (delegated IPAM, helpers in a pod's
         # namespace) ends with it (Watchdog).
         os.setpgid(0, 0)
+        report = metrics.Report()
         with call.conn:
-            if not serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}"):
-                return
+            more = serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}", report)
+        # After the answer, and before this child waits again: the daemon
+        # reads it when told so (metrics.drain).
+        report.send(channel)
+        if not more:
+            return
 
 
 class Children:
@@ -113,6 +118,7 @@ class Children:
         theirs.close()
         self.channels[pid] = ours
         self.starting.add(pid)
+        metrics.forked()
 
     def _in_child(self, channel: socket.socket) -> None:
         """Keep nothing of the daemon's loop but this child's channel and the messages pipe.
@@ -123,13 +129,7 @@ class Children:
         """
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        keep = {0, 1, 2, channel.fileno(), self.messages_w}
-        for name in os.listdir("/proc/self/fd"):
-            if int(name) not in keep:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass  # the directory's own descriptor, closed by now
+        lifetime.close_all_but({0, 1, 2, channel.fileno(), self.messages_w})
 
     def hand(self, call: intake.Call) -> bool:
         """Give ``call`` to a waiting child; False when none could take it."""
@@ -143,6 +143,7 @@ class Children:
             except OSError:
                 continue  # it ended meanwhile; reaped with the next SIGCHLD
             self.served.add(pid)
+            metrics.handed(pid, call.body)
             return True
         return False
 
@@ -152,6 +153,7 @@ class Children:
         for (pid,) in struct.iter_unpack("=i", data):
             # A pid not found was reaped already.
             if pid in self.channels:
+                metrics.drain(pid, self.channels[pid])
                 if pid in self.starting:
                     self.starting.remove(pid)
                     self.failures = 0
@@ -175,6 +177,7 @@ class Children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
+            metrics.ended(pid, self.channels[pid], pid in self.starting)
             self.channels.pop(pid).close()
             if pid in self.starting:
                 self.starting.remove(pid)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from sriov_cni import __version__
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon import wire
+from sriov_cni.daemon import metrics, wire
 
 # Requests being read at once may hold this many bytes (by their announced
 # lengths); an honest request is a few KiB.
@@ -215,6 +215,7 @@ class Intake:
         is followed by the end of the stream, and what the caller still
         sends is read and dropped until it closes (or the request timeout).
         """
+        metrics.refused(refusal.code)
         for fd in fds:
             os.close(fd)
         try:

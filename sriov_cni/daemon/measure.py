@@ -46,8 +46,9 @@ def timed_claims() -> Iterator[list[tuple[float, bool]]]:
 
     How long calls wait for each other's VFs, and how often an ADD passes a
     VF over because another call holds it, can so be checked on a node.
-    The store's claim is wrapped only while a measured call runs: the store
-    itself knows nothing of measuring.  A call's first claim also counts the
+    The store's claim is wrapped while a daemon child runs a call (the
+    refused claims are a metric; a measured call keeps the times too): the
+    store itself knows nothing of measuring.  A call's first claim also counts the
     check of the store's directories.
     """
     from sriov_cni.vfstore import Claim, FileStore
@@ -79,18 +80,18 @@ def _private_kib() -> int:
 
 
 def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure, name: str,
-                 reply: Callable[[int], None]) -> None:
+                 reply: Callable[[int], None], claims: list[tuple[float, bool]]) -> None:
+    """Run the call as :func:`call.serve_one` does, and write what it cost; ``claims`` fills as it runs."""
     import cProfile
     import resource
 
     profiler = cProfile.Profile() if measure.profile else None
-    with timed_claims() as claims:
-        start, cpu_start = time.perf_counter(), time.process_time()
-        if profiler is not None:
-            code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr)
-        else:
-            code = run(env, stdin, sys.stdout, sys.stderr)
-        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    start, cpu_start = time.perf_counter(), time.process_time()
+    if profiler is not None:
+        code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr)
+    else:
+        code = run(env, stdin, sys.stdout, sys.stderr)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     reply(code)  # closes the caller's stdout before the statistics are gathered
     base = os.path.join(measure.directory, name)
     if profiler is not None:

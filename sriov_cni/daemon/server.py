@@ -34,9 +34,10 @@ import selectors
 import socket
 import sys
 import time
+from pathlib import Path
 
-from sriov_cni import __version__, safepath
-from sriov_cni.daemon import budget, childpool, intake
+from sriov_cni import __version__, safepath, vfstore
+from sriov_cni.daemon import budget, childpool, intake, metrics
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.daemon.measure import Measure
 from sriov_cni.daemon.programs import PROGRAMS
@@ -82,11 +83,13 @@ def _warm_netlink() -> None:
 
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
-          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None) -> None:
+          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
+          metrics_address: tuple[str, int] | None = None, data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR)) -> None:
     """Listen on ``path`` until terminated.
 
     ``memory_budget``: bytes the daemon and its children may hold, instead
-    of its cgroup's limit.
+    of its cgroup's limit.  ``metrics_address``: where to serve Prometheus
+    metrics, with the pool of the store in ``data_dir`` (:mod:`metrics`).
     """
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
@@ -103,6 +106,9 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if measure is not None:
         import cProfile  # noqa: F401  imported once here, not in every measured call
         import resource  # noqa: F401
+    # Before the daemon exempts itself from the OOM killer: the exporter
+    # need not be.
+    exporter = None if metrics_address is None else metrics.start(metrics_address, data_dir)
     admitted = budget.admission(max_children, memory_budget)
     unprotected = budget.protect_daemon()
     # Private when the directory is ours; an existing one holding others'
@@ -127,12 +133,16 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
+    metrics.watch(children, calls)
+    if exporter is not None:
+        exporter.serve_in(selector)
     daemon = os.getpid()
 
     def spare(channel: socket.socket) -> None:
         childpool.spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
 
-    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}\n")
+    served = "" if exporter is None else f", metrics on http://{exporter.address}/metrics"
+    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}{served}\n")
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()

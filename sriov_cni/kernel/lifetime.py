@@ -1,4 +1,4 @@
-"""Tying a process's life to its parent's (PR_SET_PDEATHSIG)."""
+"""A forked process: its life tied to its parent's (PR_SET_PDEATHSIG), and what it keeps of the parent's."""
 
 from __future__ import annotations
 
@@ -30,3 +30,13 @@ def die_with_parent(parent: int) -> None:
 def outlive_parent() -> None:
     """Undo :func:`die_with_parent`."""
     _libc().prctl(_PR_SET_PDEATHSIG, 0)
+
+
+def close_all_but(keep: set[int]) -> None:
+    """Close every descriptor of this process but ``keep``."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass  # the directory's own descriptor, closed by now

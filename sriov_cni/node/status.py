@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sriov_cni.kernel import cpulist, irqs, sysfs
+from sriov_cni.kernel import cpulist, irqs, netlink, sysfs
 from sriov_cni.node import irqbalance
 from sriov_cni.vfstate import VfState, vf_state
 from sriov_cni.vfstore import Allocation, read_allocations
@@ -99,6 +99,12 @@ def gather(data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any
             }
         )
     return out
+
+
+def current(data_dir: Path) -> list[dict[str, Any]]:
+    """:func:`gather`, with the host's network namespace saying which VF netdevs are in it."""
+    with netlink.namespace() as host:
+        return gather(data_dir, lambda name: host.find(name) is not None)
 
 
 def _pins(irqs: list[dict[str, Any]]) -> str:

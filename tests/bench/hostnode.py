@@ -8,9 +8,11 @@ cannot stand in for) kept in memory by ``FakeVfControl``.  Every child of
 the daemon starts from the daemon's copy of it, which holds as long as the
 benchmark's configurations ask for no PF-side settings.
 
-    [SRIOV_BENCH_CODE=DIR] python3 tests/bench/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ... [calls=N]
+    [SRIOV_BENCH_CODE=DIR] python3 tests/bench/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ... \
+        [calls=N] [metrics=HOST:PORT data=DIR]
 
-``calls=N`` is the daemon's ``--calls-per-child``.
+``calls=N`` is the daemon's ``--calls-per-child``, ``metrics`` and ``data``
+its ``--metrics-address`` and ``--data-dir``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -51,9 +53,10 @@ class HostNode:
         for _ in range(pfs):
             self.node.add_pf(vfs_per_pf, total=vfs_per_pf)
 
-    def daemon_command(self, socket_path: str) -> list[str]:
+    def daemon_command(self, socket_path: str, *options: str) -> list[str]:
+        """``options``: the daemon's, as ``calls=N`` and the like (see main)."""
         pfs = [f"{pf.name}:{len(pf.vfs)}" for pf in self.node.pfs]
-        return [sys.executable, str(Path(__file__).resolve()), str(self.node.sys), socket_path, *pfs]
+        return [sys.executable, str(Path(__file__).resolve()), str(self.node.sys), socket_path, *pfs, *options]
 
     def close(self) -> None:
         self.node.cleanup()
@@ -62,9 +65,9 @@ class HostNode:
 
 def main() -> None:
     sys_root, socket_path, *pfs = sys.argv[1:]
-    # The daemon's --calls-per-child, as "calls=N" among the PFs.
-    calls = [int(arg.partition("=")[2]) for arg in pfs if arg.startswith("calls=")]
-    pfs = [arg for arg in pfs if not arg.startswith("calls=")]
+    # The daemon's options, as "calls=N" and the like among the PFs.
+    options = dict(arg.split("=", 1) for arg in pfs if "=" in arg)
+    pfs = [arg for arg in pfs if "=" not in arg]
     sysfs.SYS = Path(sys_root)
     fake = FakeVfControl()
     for spec in pfs:
@@ -77,10 +80,16 @@ def main() -> None:
         return commands.run(env, stdin, stdout, stderr, deps)
 
     PROGRAMS["sriov"] = run_sriov
-    if calls:
-        server.serve(socket_path, calls_per_child=calls[-1])
-    else:  # also what a baseline revision's daemon, without the option, is given
-        server.serve(socket_path)
+    # Only the options given: a baseline revision's daemon may not have them.
+    kwargs: dict[str, Any] = {}
+    if "calls" in options:
+        kwargs["calls_per_child"] = int(options["calls"])
+    if "metrics" in options:
+        from sriov_cni.daemon import metrics
+
+        kwargs["metrics_address"] = metrics.parse_address(options["metrics"])
+        kwargs["data_dir"] = Path(options["data"])
+    server.serve(socket_path, **kwargs)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,30 @@ class Daemon:
         return daemonprocs.running_calls(self.proc.pid)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
+        stop(self.proc)
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """End a daemon started with its stderr piped, unless it ended already."""
+    if proc.poll() is None:
+        proc.terminate()
+    proc.wait(timeout=30)
+    assert proc.stderr is not None
+    proc.stderr.close()
+
+
+def exporter_of(daemon: int) -> int:
+    """The daemon's metrics exporter: in its process group, with its command line, and not its child."""
+    cmdline = Path(f"/proc/{daemon}/cmdline").read_bytes()
+    children = set(Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split())
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != daemon and entry.name not in children:
+            try:
+                if (entry / "cmdline").read_bytes() == cmdline and daemonprocs.group_of(int(entry.name)) == daemonprocs.group_of(daemon):
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise LookupError("no exporter process found")
 
 
 def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, name: str = "sriov",

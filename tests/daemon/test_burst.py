@@ -22,6 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests" / "bench")]
 
+from daemonlib import stop  # noqa: E402
 from hostnode import HostNode  # noqa: E402
 from memcg import MemoryCgroup  # noqa: E402
 from pluginlib import DEBIAN_CNI_DIR, link  # noqa: E402
@@ -83,11 +84,7 @@ class Rig:
         return sorted(p.name for p in vfs.iterdir()) if vfs.is_dir() else []
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        self.proc.wait(timeout=30)
-        assert self.proc.stderr is not None
-        self.proc.stderr.close()
+        stop(self.proc)
         self.cgroup.remove()
         self.node.close()
 

@@ -40,8 +40,9 @@ MAY_IMPORT = {
     # sriov-ipam runs in process, as the IPAM plugin of a network.
     "plugin": {"shared", "kernel", "ipam"},
     "node": {"shared", "kernel"},
-    # The daemon runs the sriov and sriov-ipam calls in its children.
-    "daemon": {"shared", "kernel", "plugin", "ipam"},
+    # The daemon runs the sriov and sriov-ipam calls in its children, and
+    # its metrics read the pool with status' code.
+    "daemon": {"shared", "kernel", "plugin", "ipam", "node"},
     "cli": {"shared", "kernel", "node", "daemon"},
 }
 

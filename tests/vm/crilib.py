@@ -41,7 +41,12 @@ POLL = 0.5
 # message it writes into the pod's status), not what kubelet asks of the
 # runtime.
 POD_FIELDS_NOT_FOR_CRI = {"nodeSelector", "tolerations", "priorityClassName"}
-CONTAINER_FIELDS_NOT_FOR_CRI = {"name", "terminationMessagePolicy"}
+# ports: kubelet makes them the sandbox's port mappings, which a hostNetwork
+# pod does not use (its ports are the node's).
+CONTAINER_FIELDS_NOT_FOR_CRI = {"name", "terminationMessagePolicy", "ports"}
+# status.podIP of a hostNetwork pod is the node's address; this node has no
+# Node object to take one from, and its loopback stands in.
+NODE_ADDRESS = "127.0.0.1"
 PROPAGATION = {
     None: pb.PROPAGATION_PRIVATE,
     "None": pb.PROPAGATION_PRIVATE,
@@ -223,6 +228,23 @@ def quantity(text: str) -> int:
     return int(text)
 
 
+def _env_value(entry: Mapping[str, Any]) -> str:
+    """A container's environment variable as kubelet sets it: a value, or the pod's IP."""
+    _refuse_unknown(f"env {entry['name']}", entry, {"name", "value", "valueFrom"})
+    if "value" in entry:
+        return str(entry["value"])
+    if entry["valueFrom"] != {"fieldRef": {"fieldPath": "status.podIP"}}:
+        pytest.fail(f"env {entry['name']}: only status.podIP is realised here; teach tests/vm/crilib.py")
+    return NODE_ADDRESS
+
+
+def _expand(word: str, env: Mapping[str, str]) -> str:
+    """kubelet's expansion of $(NAME) in a container's command and args (before the runtime sees them)."""
+    for name, value in env.items():
+        word = word.replace(f"$({name})", value)
+    return word
+
+
 def _refuse_unknown(what: str, spec: Mapping[str, Any], known: set[str]) -> None:
     unknown = set(spec) - known
     if unknown:
@@ -322,7 +344,8 @@ class PodTemplate:
     def container_config(self, container: Mapping[str, Any], pod: pb.PodSandboxConfig,
                          image: str | None = None, attempt: int = 0) -> pb.ContainerConfig:
         _refuse_unknown(f"container {container['name']}", container, CONTAINER_FIELDS_NOT_FOR_CRI | {
-            "image", "imagePullPolicy", "command", "args", "securityContext", "resources", "volumeMounts"})
+            "image", "imagePullPolicy", "command", "args", "env", "securityContext", "resources", "volumeMounts"})
+        env = {e["name"]: _env_value(e) for e in container.get("env", [])}
         mounts = []
         for m in container.get("volumeMounts", []):
             _refuse_unknown(f"a mount of {container['name']}", m, {"name", "mountPath", "readOnly", "mountPropagation"})
@@ -353,8 +376,9 @@ class PodTemplate:
         return pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=attempt),
             image=pb.ImageSpec(image=image or container["image"]),
-            command=container.get("command", []), args=container.get("args", []),
-            mounts=mounts, log_path=f"{name}/{attempt}.log",
+            command=[_expand(word, env) for word in container.get("command", [])],
+            args=[_expand(word, env) for word in container.get("args", [])],
+            envs=[pb.KeyValue(key=k, value=v) for k, v in env.items()], mounts=mounts, log_path=f"{name}/{attempt}.log",
             linux=pb.LinuxContainerConfig(resources=resources, security_context=security))
 
     @staticmethod
