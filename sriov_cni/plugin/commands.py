@@ -237,7 +237,7 @@ def _set_up(
     """ADD's phases on the VF it holds, in order; whatever they changed, :func:`_roll_back` undoes from the record."""
     if lease.stale is not None:
         _reclaim_stale(cmd, conf, vfc, lease.stale, ipam)
-    _record_changes(vfc, host, lease, bind.wanted_pf_settings(conf))
+    _record_changes(vfc, host, lease, conf.pf_settings)
     bind.apply_pf_settings(vfc, lease.alloc)
     if lease.alloc.dpdk:
         iface, index = _dpdk_interface(cmd, conf, lease.alloc), None
@@ -278,7 +278,7 @@ def _dpdk_interface(cmd: CmdArgs, conf: NetConf, alloc: Allocation) -> Interface
     """A VF on a DPDK driver has no netdev: the pod gets its PCI address."""
     assert alloc.original is not None
     admin = alloc.original.pf.mac
-    mac = conf.mac or (admin if admin and admin != bind.ZERO_MAC else "")
+    mac = conf.pf_settings.mac or (admin if admin and admin != bind.ZERO_MAC else "")
     return Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
 
 
@@ -289,7 +289,7 @@ def _attach(cmd: CmdArgs, conf: NetConf, lease: Lease) -> tuple[Interface, int]:
     # interface out of the pod's namespace.
     alloc.in_pod = True
     lease.save()
-    link = bind.attach(alloc, conf, cmd.netns, cmd.ifname)
+    link = bind.attach(alloc, conf.pf_settings.mac, cmd.netns, cmd.ifname)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
     for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
