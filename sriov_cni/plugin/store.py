@@ -335,29 +335,15 @@ class FileStore:
     def put(self, alloc: Allocation) -> None:
         self._prepare()
         path = self._path(alloc.vf_pci)
-        tmp = self.vfs_dir / f".{alloc.vf_pci}.{os.getpid()}.tmp"
-        data = alloc.to_json().encode()
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            # The record's data was synced before the rename, so no crash can
+            # The record's data is synced before the rename, so no crash can
             # leave it torn or empty.  The directory is not synced: a rename
             # lost with the page cache (power loss, kernel crash) leaves the
             # previous record whole, and the VFs it describes do not survive
             # a reboot either (the driver recreates them unset, the pods'
             # namespaces are gone).  remove() has never synced it.
-            os.rename(tmp, path)
+            safepath.replace_file(path, alloc.to_json().encode(), 0o600)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass  # never written
             raise _io_error("cannot record allocation in", path, exc) from exc
 
     def remove(self, vf_pci: str) -> None:

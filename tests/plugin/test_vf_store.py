@@ -324,7 +324,7 @@ def test_a_symlink_planted_at_the_temporary_name_is_not_written_through(files: F
     files.put(allocation())
     victim = tmp_path / "victim"
     victim.write_text("untouched\n")
-    (files.vfs_dir / f".{PCI_A}.{os.getpid()}.tmp").symlink_to(victim)
+    (files.vfs_dir / f".{PCI_A}.json.{os.getpid()}.tmp").symlink_to(victim)
     with pytest.raises(CNIError) as err:
         files.put(allocation(container="ctr2"))
     assert err.value.code == Code.IO_FAILURE
