@@ -116,8 +116,6 @@ def install(dest: str, python: str | None = None) -> list[str]:
     process when no daemon answers; ``sriov`` starts it with ``-S``:
     site-packages are loaded only when the call runs in process.
     """
-    import shutil  # not at the top: it costs every call of the executable
-
     if python is None and not os.path.exists(SHIM):
         raise ShimNotBuilt(f"the shim is not built ({SHIM} is missing): run make -C shim")
     # The directory holding the sriov_cni package, first on the scripts'
@@ -135,19 +133,17 @@ def install(dest: str, python: str | None = None) -> list[str]:
     written = []
     for name in EXECUTABLES:
         path = os.path.join(dest, name)
-        # Written beside the target and renamed over it: a runtime calling
-        # the plugin meanwhile runs the old file or the new, never half of one.
-        tmp = f"{path}.tmp{os.getpid()}"
         if python is None:
-            shutil.copyfile(SHIM, tmp)
+            with open(SHIM, "rb") as f:
+                content = f.read()
         else:
             shebang, module = scripts[name]
-            with open(tmp, "w") as f:
-                f.write(
-                    f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
-                    f"from {module} import main\nmain()\n"
-                )
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, path)
+            content = (
+                f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
+                f"from {module} import main\nmain()\n"
+            ).encode()
+        # Replaced, not rewritten: a runtime calling the plugin meanwhile
+        # runs the old file or the new, never half of one.
+        safepath.replace_file(path, content, 0o755)
         written.append(path)
     return written

@@ -211,10 +211,9 @@ def _run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes,
         "private_kib": _private_kib(),
         "claims": store.claim_times,
     }
-    # Renamed into place: a reader sees a whole file or none.
-    with open(base + ".tmp", "w") as f:
-        json.dump(stats, f)
-    os.rename(base + ".tmp", base + ".json")
+    # A reader sees a whole file or none; a measurement, not state, so not
+    # synced: an fsync per call would weigh on the figures it is read for.
+    safepath.replace_file(base + ".json", json.dumps(stats).encode(), 0o644, sync=False)
 
 
 def _serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, null: int,
