@@ -239,15 +239,8 @@ def _set_up(
         _reclaim_stale(cmd, conf, vfc, lease.stale, ipam)
     _record_changes(vfc, host, lease, conf.pf_settings)
     bind.apply_pf_settings(vfc, lease.alloc)
-    if lease.alloc.dpdk:
-        iface, index = _dpdk_interface(cmd, conf, lease.alloc), None
-    else:
-        iface, index = _attach(cmd, conf, lease)
-    ipam_result = None
-    if ipam is not None:
-        ipam_result = _ipam_add(ipam)
-        if index is not None:
-            _configure_ips(cmd.netns, cmd.ifname, index, ipam_result)
+    iface, index = _plug(conf, lease)
+    ipam_result = _address(lease.alloc, index, ipam)
     return _result(conf, iface, ipam_result)
 
 
@@ -274,34 +267,46 @@ def _record_changes(vfc: netlink.VfControl, host: netlink.Namespace, lease: Leas
     lease.save()
 
 
-def _dpdk_interface(cmd: CmdArgs, conf: NetConf, alloc: Allocation) -> Interface:
+def _plug(conf: NetConf, lease: Lease) -> tuple[Interface, int | None]:
+    """The pod's interface, and its link's index in the pod (None for a VF on a DPDK driver)."""
+    if lease.alloc.dpdk:
+        return _dpdk_interface(conf, lease.alloc), None
+    return _attach(conf, lease)
+
+
+def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
     """A VF on a DPDK driver has no netdev: the pod gets its PCI address."""
     assert alloc.original is not None
     admin = alloc.original.pf.mac
     mac = conf.pf_settings.mac or (admin if admin and admin != bind.ZERO_MAC else "")
-    return Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
+    return Interface(name=alloc.ifname, mac=mac, sandbox=alloc.netns, pci_id=alloc.vf_pci)
 
 
-def _attach(cmd: CmdArgs, conf: NetConf, lease: Lease) -> tuple[Interface, int]:
+def _attach(conf: NetConf, lease: Lease) -> tuple[Interface, int]:
     """The VF's netdev into the pod, configured and tuned; with its index there."""
     alloc = lease.alloc
     # Recorded first: only a record that says so lets a restore take an
     # interface out of the pod's namespace.
     alloc.in_pod = True
     lease.save()
-    link = bind.attach(alloc, conf.pf_settings.mac, cmd.netns, cmd.ifname)
+    link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
-    for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
+    for warning in tuning.apply_vf_tuning(alloc.vf_pci, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
-    return Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci), link.index
+    return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index
 
 
-def _ipam_add(ipam: delegate.IpamCall) -> Result:
+def _address(alloc: Allocation, index: int | None, ipam: delegate.IpamCall | None) -> Result | None:
+    """IPAM's answer, its addresses and routes set on the pod's link ``index`` (a DPDK VF has none)."""
+    if ipam is None:
+        return None
     result = ipam.result()
     assert result is not None
     if not result.ips:
         raise CNIError(Code.IPAM, f"IPAM plugin {ipam.ipam_type} returned no IP address")
+    if index is not None:
+        _configure_ips(alloc.netns, alloc.ifname, index, result)
     return result
 
 
