@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,17 +50,7 @@ def replace_file(path: Path, text: str, mode: int) -> None:
     # irqbalance runs the policy script as root): written only into a
     # directory no one else can write.
     safepath.state_dir(os.path.abspath(path.parent), 0o755, "state file directory")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.rename(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    safepath.replace_file(path, text.encode(), mode)
 
 
 def write_state(path: Path, state: dict[str, Any]) -> None:

@@ -12,7 +12,9 @@ place of a file could redirect a root write or hang the call, so:
   writable by nobody else;
 * files are opened ``O_NOFOLLOW | O_NONBLOCK`` (opening a FIFO would block)
   and must be regular files;
-* reads are bounded.
+* reads are bounded;
+* a file readers trust whole is replaced, never rewritten in place
+  (:func:`replace_file`).
 
 Every refusal is a CNIError naming the path.
 """
@@ -163,3 +165,35 @@ def read_file(path: str, limit: int) -> bytes:
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
     return data
+
+
+def replace_file(path: str | os.PathLike[str], data: bytes, mode: int, sync: bool = True) -> None:
+    """Make ``data`` the content of file ``path`` at once: a reader opens the old file or the new, never part of one.
+
+    Written to ``.<name>.<pid>.tmp`` beside it, opened without following a
+    symlink (one planted there is refused, not written through), given
+    ``mode``, synced unless ``sync`` is False, and renamed over ``path``.
+    The temporary file does not outlive a failure.  Raises OSError.
+    """
+    parent, name = os.path.split(os.fspath(path))
+    tmp = os.path.join(parent, f".{name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            # Not through os.open's mode, which the umask narrows and which
+            # a temporary file left by a killed writer would keep.
+            os.fchmod(fd, mode)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass  # never created
+        raise

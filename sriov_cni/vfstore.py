@@ -51,7 +51,7 @@ from typing import Any, Protocol
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan, from_flat, to_flat
+from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan, from_flat
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 
@@ -103,10 +103,10 @@ class Allocation:
         # the record first; and on one line, which json writes with its C
         # encoder (an indented record takes the pure-Python one).
         raw = {name: getattr(self, name) for name in _ALLOCATION_FIELDS}
-        raw["applied"] = dict(self.applied.items())
+        raw["applied"] = _settings_to_json(self.applied)
         if self.original is not None:
             netdev_side = {name: getattr(self.original, name) for name in _NETDEV_SIDE}
-            raw["original"] = {**_snapshot_to_json(self.original.pf), **netdev_side}
+            raw["original"] = {"pf": _settings_to_json(self.original.pf), **netdev_side}
         return json.dumps(raw)
 
     @classmethod
@@ -115,17 +115,10 @@ class Allocation:
         original = raw.pop("original", None)
         applied = raw.pop("applied", {})
         alloc = cls(**{k: v for k, v in raw.items() if k in _ALLOCATION_FIELDS})
-        alloc.applied = PfSettings(
-            vlan=Vlan(*applied["vlan"]) if "vlan" in applied else None,
-            mac=applied.get("mac"),
-            rate=Rate(*applied["rate"]) if "rate" in applied else None,
-            spoofchk=applied.get("spoofchk"),
-            trust=applied.get("trust"),
-            link_state=applied.get("link_state"),
-        )
+        alloc.applied = _settings_from_json(applied)
         if original is not None:
             alloc.original = OriginalState(
-                pf=_snapshot_from_json(original),
+                pf=_settings_from_json(original["pf"]) if "pf" in original else _flat_snapshot(original),
                 **{k: v for k, v in original.items() if k in _NETDEV_SIDE},
             )
         return alloc
@@ -136,16 +129,24 @@ _ALLOCATION_FIELDS = tuple(f.name for f in fields(Allocation))
 _NETDEV_SIDE = tuple(f.name for f in fields(OriginalState) if f.name != "pf")
 
 
-# A record keeps the snapshot's PF-side settings flat, the admin MAC under
-# "admin_mac" ("mac" is the netdev's), as the first releases wrote them, so
-# records survive an upgrade or a downgrade of the plugin.
-def _snapshot_to_json(pf: PfSettings) -> dict[str, Any]:
-    flat = to_flat(pf)
-    flat["admin_mac"] = flat.pop("mac")
-    return flat
+def _settings_to_json(pf: PfSettings) -> dict[str, Any]:
+    """PF-side settings in a record, the snapshot's as the applied ones: only those in the value."""
+    return dict(pf.items())
 
 
-def _snapshot_from_json(raw: dict[str, Any]) -> PfSettings:
+def _settings_from_json(raw: dict[str, Any]) -> PfSettings:
+    return PfSettings(
+        vlan=Vlan(*raw["vlan"]) if "vlan" in raw else None,
+        mac=raw.get("mac"),
+        rate=Rate(*raw["rate"]) if "rate" in raw else None,
+        spoofchk=raw.get("spoofchk"),
+        trust=raw.get("trust"),
+        link_state=raw.get("link_state"),
+    )
+
+
+def _flat_snapshot(raw: dict[str, Any]) -> PfSettings:
+    """The snapshot as releases before the "pf" key wrote it: flat beside the netdev side, its MAC as admin_mac."""
     return from_flat({**raw, "mac": raw["admin_mac"]})
 
 
@@ -324,29 +325,15 @@ class FileStore:
     def put(self, alloc: Allocation) -> None:
         self._prepare()
         path = self._path(alloc.vf_pci)
-        tmp = self.vfs_dir / f".{alloc.vf_pci}.{os.getpid()}.tmp"
-        data = alloc.to_json().encode()
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            # The record's data was synced before the rename, so no crash can
+            # The record's data is synced before the rename, so no crash can
             # leave it torn or empty.  The directory is not synced: a rename
             # lost with the page cache (power loss, kernel crash) leaves the
             # previous record whole, and the VFs it describes do not survive
             # a reboot either (the driver recreates them unset, the pods'
             # namespaces are gone).  remove() has never synced it.
-            os.rename(tmp, path)
+            safepath.replace_file(path, alloc.to_json().encode(), 0o600)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass  # never written
             raise _io_error("cannot record allocation in", path, exc) from exc
 
     def remove(self, vf_pci: str) -> None:

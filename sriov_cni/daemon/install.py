@@ -8,7 +8,6 @@ scripts that run this installation's Python :mod:`client` and ``sriov-ipam``.
 from __future__ import annotations
 
 import os
-import shutil
 
 import sriov_cni
 from sriov_cni import safepath
@@ -46,19 +45,17 @@ def install(dest: str, python: str | None = None) -> list[str]:
     written = []
     for name in EXECUTABLES:
         path = os.path.join(dest, name)
-        # Written beside the target and renamed over it: a runtime calling
-        # the plugin meanwhile runs the old file or the new, never half of one.
-        tmp = f"{path}.tmp{os.getpid()}"
         if python is None:
-            shutil.copyfile(SHIM, tmp)
+            with open(SHIM, "rb") as f:
+                content = f.read()
         else:
             shebang, module = scripts[name]
-            with open(tmp, "w") as f:
-                f.write(
-                    f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
-                    f"from {module} import main\nmain()\n"
-                )
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, path)
+            content = (
+                f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
+                f"from {module} import main\nmain()\n"
+            ).encode()
+        # Replaced, not rewritten: a runtime calling the plugin meanwhile
+        # runs the old file or the new, never half of one.
+        safepath.replace_file(path, content, 0o755)
         written.append(path)
     return written

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from sriov_cni import safepath
 from sriov_cni.daemon.programs import Program
 
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
@@ -107,8 +108,7 @@ def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, 
         "private_kib": _private_kib(),
         "claims": claims,
     }
-    # Renamed into place: a reader sees a whole file or none.
-    with open(base + ".tmp", "w") as f:
-        json.dump(stats, f)
-    os.rename(base + ".tmp", base + ".json")
+    # A reader sees a whole file or none; a measurement, not state, so not
+    # synced: an fsync per call would weigh on the figures it is read for.
+    safepath.replace_file(base + ".json", json.dumps(stats).encode(), 0o644, sync=False)
 

@@ -73,7 +73,8 @@ def from_flat(flat: Mapping[str, Any]) -> PfSettings:
     """From the flat layout of the PF's per-VF attributes, one key per number.
 
     Keys: mac, vlan, qos, vlan_proto, spoofchk, trust, link_state,
-    min_tx_rate, max_tx_rate; the store keeps snapshots this way.
+    min_tx_rate, max_tx_rate; records of earlier releases keep snapshots
+    this way.
     """
     return PfSettings(
         vlan=Vlan(flat["vlan"], flat["qos"], flat["vlan_proto"]),
@@ -83,23 +84,6 @@ def from_flat(flat: Mapping[str, Any]) -> PfSettings:
         trust=flat["trust"],
         link_state=flat["link_state"],
     )
-
-
-def to_flat(pf: PfSettings) -> dict[str, Any]:
-    """The flat layout of :func:`from_flat`; a reading always has mac, VLAN and rate."""
-    vlan = pf.vlan or Vlan(0, 0, VLAN_PROTO_8021Q)
-    rate = pf.rate or Rate(0, 0)
-    return {
-        "mac": pf.mac or "",
-        "vlan": vlan.id,
-        "qos": vlan.qos,
-        "vlan_proto": vlan.proto,
-        "spoofchk": pf.spoofchk,
-        "trust": pf.trust,
-        "link_state": pf.link_state,
-        "min_tx_rate": rate.min_tx,
-        "max_tx_rate": rate.max_tx,
-    }
 
 
 class VfControl(Protocol):

@@ -9,6 +9,7 @@ executes.  A step with nothing to do is reported as unchanged and has no
 from __future__ import annotations
 
 import errno
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,67 +149,102 @@ def _driver_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allo
     return Step(target, f"VFs on {spec.vf_driver}", rebind if pending else None)
 
 
-def _pf_steps(index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], links: Links) -> tuple[list[Step], dict[str, Any]]:
-    where = f"pfs[{index}]"
-    target = f"{pf.netdev or spec.pf} ({pf.pci})"
+def _check_pf(where: str, spec: PfSpec, pf: sysfs.PF) -> None:
     if sysfs.driver(pf.pci) is None:
         raise SetupError(f"{where}.pf: {spec.pf} has no driver bound: {vfs.explain(errno.ENOENT)}")
     total = sysfs.totalvfs(pf.pci)
     if spec.num_vfs > total:
         raise SetupError(f"{where}.numVfs: {spec.num_vfs} is more than {spec.pf} supports (sriov_totalvfs {total})")
-    current = sysfs.numvfs(pf.pci)
-    steps: list[Step] = []
+
+
+def _numvfs_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], current: int) -> Step:
     if current == spec.num_vfs:
-        steps.append(Step(target, f"sriov_numvfs {current}"))
-    else:
-        owners = [a for a in allocations if a.pf_pci == pf.pci]
-        if current and owners:
-            who = "; ".join(f"VF {a.vf_index} ({a.network}, container {a.container_id}, {a.ifname})" for a in owners)
-            raise SetupError(
-                f"refusing to change {spec.pf} from {current} to {spec.num_vfs} VFs: the change goes through 0 "
-                f"and would destroy allocated VFs: {who}"
-            )
-        want_netdevs = spec.vf_driver == "kernel"
+        return Step(target, f"sriov_numvfs {current}")
+    owners = [a for a in allocations if a.pf_pci == pf.pci]
+    if current and owners:
+        who = "; ".join(f"VF {a.vf_index} ({a.network}, container {a.container_id}, {a.ifname})" for a in owners)
+        raise SetupError(
+            f"refusing to change {spec.pf} from {current} to {spec.num_vfs} VFs: the change goes through 0 "
+            f"and would destroy allocated VFs: {who}"
+        )
+    return Step(target, f"sriov_numvfs {current} -> {spec.num_vfs}", functools.partial(_create_vfs, spec, pf))
 
-        def create() -> str:
-            try:
-                enabled = vfs.set_numvfs(pf.pci, spec.num_vfs, want_netdevs)
-            except vfs.VfError as exc:
-                raise SetupError(str(exc)) from exc
-            if enabled != spec.num_vfs:
-                raise SetupError(f"{spec.pf}: asked for {spec.num_vfs} VFs, the driver enabled {enabled}")
-            return "done"
 
-        steps.append(Step(target, f"sriov_numvfs {current} -> {spec.num_vfs}", create))
-    driver_step = _driver_step(target, spec, pf, allocations, fresh=current != spec.num_vfs)
-    if driver_step is not None:
-        steps.append(driver_step)
+def _create_vfs(spec: PfSpec, pf: sysfs.PF) -> str:
+    try:
+        enabled = vfs.set_numvfs(pf.pci, spec.num_vfs, spec.vf_driver == "kernel")
+    except vfs.VfError as exc:
+        raise SetupError(str(exc)) from exc
+    if enabled != spec.num_vfs:
+        raise SetupError(f"{spec.pf}: asked for {spec.num_vfs} VFs, the driver enabled {enabled}")
+    return "done"
+
+
+def _link_steps(where: str, target: str, spec: PfSpec, pf: sysfs.PF, links: Links) -> list[Step]:
+    """The PF netdev's MTU raised to the config's, and its link up."""
     if pf.netdev is None:
         if spec.mtu is not None or spec.tuning is not None:
             raise SetupError(f"{where}: {spec.pf} has no netdev, so mtu and tuning cannot apply")
-    else:
-        netdev = pf.netdev
-        mtu, up = sysfs.netdev_link(netdev)
-        if spec.mtu is not None:
-            if mtu >= spec.mtu:
-                steps.append(Step(target, f"MTU {mtu} (>= {spec.mtu})"))
-            else:
-                wanted = spec.mtu
-
-                def raise_mtu() -> str:
-                    links.set_mtu(netdev, wanted)
-                    return "done"
-
-                steps.append(Step(target, f"MTU {mtu} -> {wanted}", raise_mtu))
-        if up:
-            steps.append(Step(target, "link up"))
+        return []
+    steps: list[Step] = []
+    mtu, up = sysfs.netdev_link(pf.netdev)
+    if spec.mtu is not None:
+        if mtu >= spec.mtu:
+            steps.append(Step(target, f"MTU {mtu} (>= {spec.mtu})"))
         else:
+            raise_mtu = functools.partial(_raise_mtu, links, pf.netdev, spec.mtu)
+            steps.append(Step(target, f"MTU {mtu} -> {spec.mtu}", raise_mtu))
+    if up:
+        steps.append(Step(target, "link up"))
+    else:
+        steps.append(Step(target, "link down -> up", functools.partial(_bring_up, links, pf.netdev)))
+    return steps
 
-            def bring_up() -> str:
-                links.set_up(netdev)
-                return "done"
 
-            steps.append(Step(target, "link down -> up", bring_up))
+def _raise_mtu(links: Links, netdev: str, mtu: int) -> str:
+    links.set_mtu(netdev, mtu)
+    return "done"
+
+
+def _bring_up(links: Links, netdev: str) -> str:
+    links.set_up(netdev)
+    return "done"
+
+
+def _tuning_step(
+    where: str, target: str, tuning: TuningSpec, pf: sysfs.PF, pinned: dict[str, int]
+) -> tuple[Step, Policy]:
+    """Pin the PF's queue IRQs (and set its queue maps) by the policy decided now; the pins go into ``pinned``."""
+    try:
+        policy = _policy(pf, tuning)
+    except TuningError as exc:
+        raise SetupError(f"{where}.tuning: {exc}") from exc
+    run = functools.partial(_run_tuning, pf, policy, pinned)
+    return Step(target, _describe(policy), run, functools.partial(_planned_pins, pf, policy)), policy
+
+
+def _planned_pins(pf: sysfs.PF, policy: Policy) -> list[str]:
+    # Pins as the IRQs are now; a VF count change or link up re-requests
+    # them, and the run pins whatever exists at that point.
+    return [
+        f"IRQ {q.irq} ({q.name}) -> CPU {cpu}"
+        for q, cpu in irqs.plan_pins(irqs.queue_irqs(pf.pci), policy.irq_cpus, 0)
+    ]
+
+
+def _pf_steps(
+    index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], links: Links
+) -> tuple[list[Step], dict[str, Any]]:
+    """The steps for one ``pfs`` entry, and what the state file will record of it."""
+    where = f"pfs[{index}]"
+    target = f"{pf.netdev or spec.pf} ({pf.pci})"
+    _check_pf(where, spec, pf)
+    current = sysfs.numvfs(pf.pci)
+    steps = [_numvfs_step(target, spec, pf, allocations, current)]
+    driver_step = _driver_step(target, spec, pf, allocations, fresh=current != spec.num_vfs)
+    if driver_step is not None:
+        steps.append(driver_step)
+    steps += _link_steps(where, target, spec, pf, links)
     record: dict[str, Any] = {
         "netdev": pf.netdev,
         "numVfs": spec.num_vfs,
@@ -217,21 +253,9 @@ def _pf_steps(index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocati
         "pins": {},
     }
     if spec.tuning is not None:
-        try:
-            policy = _policy(pf, spec.tuning)
-        except TuningError as exc:
-            raise SetupError(f"{where}.tuning: {exc}") from exc
+        step, policy = _tuning_step(where, target, spec.tuning, pf, record["pins"])
+        steps.append(step)
         record["tuning"] = nodestate.policy_json(policy)
-        pinned: dict[str, int] = record["pins"]
-        # Pins as the IRQs are now; a VF count change or link up re-requests
-        # them, and the run pins whatever exists at that point.
-        def details() -> list[str]:
-            return [
-                f"IRQ {q.irq} ({q.name}) -> CPU {cpu}"
-                for q, cpu in irqs.plan_pins(irqs.queue_irqs(pf.pci), policy.irq_cpus, 0)
-            ]
-
-        steps.append(Step(target, _describe(policy), lambda: _run_tuning(pf, policy, pinned), details))
     return steps, record
 
 

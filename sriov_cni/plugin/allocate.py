@@ -19,12 +19,43 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Protocol
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstate import VfState, netns_alive, vf_state
 from sriov_cni.vfstore import Allocation, Store
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """The attachment one ADD is for: container, interface, network, and the pod's namespace.
+
+    ``netns_inode`` tells the namespace apart from a later one at the same
+    path, so a record of a dead pod is never taken for a live one.
+    """
+
+    container_id: str
+    ifname: str
+    network: str
+    netns: str
+    netns_inode: int | None
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The VFs an ADD may take, in order; ``named``: the one VF a device plugin chose (deviceID), not a pool."""
+
+    vfs: list[sysfs.VF]
+    named: bool = False
+
+
+class Host(Protocol):
+    """The host network namespace, as far as telling whether a netdev is there goes."""
+
+    def find(self, name: str) -> object | None: ...
 
 
 def _unrecorded_free(
@@ -41,25 +72,22 @@ def _unrecorded_free(
             yield vf
 
 
-def reserve(
-    store: Store,
-    candidates: list[sysfs.VF],
-    make: Callable[[sysfs.VF], Allocation],
-    in_host: Callable[[str], bool],
-    explicit: bool,
-) -> Lease:
-    """Take the first free VF among ``candidates``, claim it and record it.
+def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: Host) -> Lease:
+    """Take the first free VF among ``candidates``, claim it and record it for ``attachment``.
 
     A stale VF (its container died without DEL) is taken only when no VF is
     free; the caller must put it back as it was before using it.  A VF whose
     claim another call holds (an ADD taking it, a DEL giving it back) is
-    passed over.  ``explicit`` means the caller named the VF (deviceID), so
-    failure messages speak of that VF rather than of a pool.
+    passed over.  Failure messages speak of the named VF, or of the pool.
     """
+
+    def in_host(name: str) -> bool:
+        return host.find(name) is not None
+
     # The common case reads no record: the first VF that looks free, whose
     # claim no other call holds and which still has no record, is taken.
-    for vf in _unrecorded_free(candidates, store.ids(), in_host):
-        taken = _take(store, vf, make, None)
+    for vf in _unrecorded_free(candidates.vfs, store.ids(), in_host):
+        taken = _take(store, vf, attachment, None)
         if isinstance(taken, Lease):
             return taken
     # No VF that looked free could be taken.  The records are read, to
@@ -68,11 +96,11 @@ def reserve(
     recorded = store.ids()
     stale: list[tuple[sysfs.VF, Allocation]] = []
     owners: list[str] = []
-    for vf in candidates:
+    for vf in candidates.vfs:
         alloc = store.get(vf.pci) if vf.pci in recorded else None
         state = vf_state(vf.pci, alloc, in_host)
         if state is VfState.FREE:
-            taken = _take(store, vf, make, None)
+            taken = _take(store, vf, attachment, None)
             if isinstance(taken, Lease):
                 return taken
             owners.append(f"{vf.pci} ({taken})")
@@ -83,16 +111,34 @@ def reserve(
         else:
             owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
     for vf, old in stale:
-        taken = _take(store, vf, make, old)
+        taken = _take(store, vf, attachment, old)
         if isinstance(taken, Lease):
             return taken
         owners.append(f"{vf.pci} ({taken})")
-    if explicit:
+    if candidates.named:
         raise CNIError(Code.NO_FREE_VF, f"VF {owners[0]} is not free" if owners else "VF is not free")
     raise CNIError(
         Code.NO_FREE_VF,
-        f"no free VF in the pool ({len(candidates)} VFs, all taken)",
+        f"no free VF in the pool ({len(candidates.vfs)} VFs, all taken)",
         "; ".join(owners),
+    )
+
+
+def _record(vf: sysfs.VF, attachment: Attachment) -> Allocation:
+    """The new record of ``vf`` given to ``attachment``, before anything is changed."""
+    if not vf.pf.netdev:
+        raise CNIError(Code.DEVICE, f"PF {vf.pf.pci} of VF {vf.pci} has no netdev to configure VFs through")
+    return Allocation(
+        vf_pci=vf.pci,
+        pf_pci=vf.pf.pci,
+        pf_netdev=vf.pf.netdev,
+        vf_index=vf.index,
+        network=attachment.network,
+        container_id=attachment.container_id,
+        ifname=attachment.ifname,
+        netns=attachment.netns,
+        netns_inode=attachment.netns_inode,
+        dpdk=sysfs.driver(vf.pci) in sysfs.DPDK_DRIVERS,
     )
 
 
@@ -102,10 +148,8 @@ def _same_attachment(a: Allocation, b: Allocation) -> bool:
         b.container_id, b.ifname, b.network, b.netns, b.netns_inode, b.created)
 
 
-def _take(
-    store: Store, vf: sysfs.VF, make: Callable[[sysfs.VF], Allocation], old: Allocation | None
-) -> Lease | str:
-    """``vf`` claimed and recorded for ``make``'s attachment; or why not, as the "no free VF" error says it.
+def _take(store: Store, vf: sysfs.VF, attachment: Attachment, old: Allocation | None) -> Lease | str:
+    """``vf`` claimed and recorded for ``attachment``; or why not, as the "no free VF" error says it.
 
     ``old`` is the stale record the VF was chosen by, None for a VF chosen
     as free.
@@ -132,7 +176,7 @@ def _take(
             if stale is None or not _same_attachment(stale, old) or netns_alive(stale):
                 claim.release()
                 return "given back or reclaimed by another CNI call meanwhile"
-        new = make(vf)
+        new = _record(vf, attachment)
         if stale is not None:
             # The VF is still dirty from the dead container: its original
             # state is the stale record's, not what we would snapshot now.

@@ -56,8 +56,7 @@ from typing import Any
 
 from sriov_cni.cni import CNIError, Code, log
 from sriov_cni.kernel import netlink, sysfs
-from sriov_cni.kernel.netlink import LinkInfo, Namespace, PfSettings, Rate, VfControl, Vlan
-from sriov_cni.plugin.config import NetConf
+from sriov_cni.kernel.netlink import LinkInfo, Namespace, VfControl
 from sriov_cni.vfstore import Allocation, OriginalState
 
 # Some drivers (i40e/iavf) apply VF MACs asynchronously and answer EBUSY
@@ -117,22 +116,6 @@ def _pf_setters(vfc: VfControl, alloc: Allocation) -> dict[str, Callable[[Any], 
         "trust": lambda v: vfc.set_trust(pf, vf, v),
         "link_state": lambda v: vfc.set_link_state(pf, vf, v),
     }
-
-
-def wanted_pf_settings(conf: NetConf) -> PfSettings:
-    """PF-side settings the config asks for."""
-    vlan = None
-    if conf.vlan is not None:
-        vlan = Vlan(conf.vlan, conf.vlan_qos or 0, conf.vlan_proto or netlink.VLAN_PROTO_8021Q)
-    rate = None
-    if conf.min_tx_rate is not None or conf.max_tx_rate is not None:
-        # One request carries both limits; the one not configured is sent as
-        # 0 (no limit), as the reference does.  The record keeps the VF's
-        # original pair, so DEL restores both.
-        rate = Rate(conf.min_tx_rate or 0, conf.max_tx_rate or 0)
-    return PfSettings(
-        vlan=vlan, mac=conf.mac, rate=rate, spoofchk=conf.spoofchk, trust=conf.trust, link_state=conf.link_state
-    )
 
 
 def apply_pf_settings(vfc: VfControl, alloc: Allocation) -> None:
@@ -279,8 +262,8 @@ def _move(
         return moved
 
 
-def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInfo:
-    """Move the VF netdev into the pod as ``ifname``, set its MAC, bring it up.
+def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str) -> LinkInfo:
+    """Move the VF netdev into the pod as ``ifname``, give it ``mac`` (None: its own), bring it up.
 
     On failure the netdev may be in the pod; :func:`restore` brings it back.
     """
@@ -290,9 +273,8 @@ def attach(alloc: Allocation, conf: NetConf, netns: str, ifname: str) -> LinkInf
         link = pod.find(ifname)
         if link is None:
             raise CNIError(Code.DEVICE, f"{ifname} vanished from {netns} right after the move")
-        if conf.mac is not None:
-            _set_effective_mac(pod, link.index, conf.mac)
-            mac = conf.mac
+        if mac is not None:
+            _set_effective_mac(pod, link.index, mac)
         else:
             mac = _program_own_mac(pod, link)
         pod.set_up(link.index, True)

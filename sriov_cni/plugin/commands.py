@@ -19,6 +19,7 @@ from sriov_cni import __version__, attachments, vfstate
 from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch, read_config
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
+from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import allocate, bind, config, delegate, log, pool, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
@@ -97,13 +98,13 @@ def _result(conf: NetConf, iface: Interface, ipam_result: Result | None) -> Resu
     return result
 
 
-def _candidates(conf: NetConf) -> list[sysfs.VF]:
+def _candidates(conf: NetConf) -> allocate.Candidates:
     if conf.device_id is not None:
         try:
-            return [sysfs.resolve_vf(conf.device_id)]
+            return allocate.Candidates([sysfs.resolve_vf(conf.device_id)], named=True)
         except sysfs.SysfsError as exc:
             raise CNIError(Code.INVALID_CONFIG, f"deviceID {conf.device_id}: {exc}") from exc
-    return pool.pool_vfs(conf.pool)
+    return allocate.Candidates(pool.pool_vfs(conf.pool))
 
 
 def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation) -> None:
@@ -136,6 +137,11 @@ def _load(cmd: CmdArgs) -> NetConf:
     return conf
 
 
+def _attachment(cmd: CmdArgs, conf: NetConf) -> allocate.Attachment:
+    """What this ADD attaches, with the pod namespace's identity; the namespace must exist."""
+    return allocate.Attachment(cmd.container_id, cmd.ifname, conf.name, cmd.netns, _pod_netns(cmd.netns))
+
+
 def _pod_netns(netns: str) -> int:
     """The pod namespace's identity; it must exist."""
     inode = netlink.netns_inode(netns)
@@ -151,32 +157,32 @@ def _not_host(netns: str) -> None:
         raise CNIError(Code.INVALID_NETNS, f"CNI_NETNS {netns} is the host's own network namespace, not a pod's")
 
 
-def _refuse_recorded(cmd: CmdArgs, conf: NetConf, store: Store) -> None:
+def _refuse_recorded(att: allocate.Attachment, store: Store) -> None:
     """An ADD for an attachment that is recorded already is refused."""
-    existing = _find(store, cmd.container_id, cmd.ifname, conf.name)
+    existing = _find(store, att.container_id, att.ifname, att.network)
     if existing is not None:
         raise CNIError(
             Code.INVALID_CONFIG,
-            f"container {cmd.container_id} already has {cmd.ifname} on network {conf.name} (VF {existing.vf_pci})",
+            f"container {att.container_id} already has {att.ifname} on network {att.network} (VF {existing.vf_pci})",
             "DEL it first",
         )
 
 
-def _refuse_taken_name(cmd: CmdArgs, conf: NetConf) -> None:
+def _refuse_taken_name(att: allocate.Attachment, conf: NetConf) -> None:
     """An ADD whose interface name the pod uses already is refused."""
     if not conf.device_id or sysfs.driver(conf.device_id) not in sysfs.DPDK_DRIVERS:
-        with netlink.namespace(cmd.netns) as pod:
-            if pod.find(cmd.ifname) is not None:
-                raise CNIError(Code.INVALID_CONFIG, f"interface {cmd.ifname} already exists in {cmd.netns}")
+        with netlink.namespace(att.netns) as pod:
+            if pod.find(att.ifname) is not None:
+                raise CNIError(Code.INVALID_CONFIG, f"interface {att.ifname} already exists in {att.netns}")
 
 
 def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
     conf = _load(cmd)
-    netns_inode = _pod_netns(cmd.netns)
+    att = _attachment(cmd, conf)
     store = deps.store(conf.data_dir)
-    _refuse_recorded(cmd, conf, store)
+    _refuse_recorded(att, store)
     candidates = _candidates(conf)
-    _not_host(cmd.netns)
+    _not_host(att.netns)
     # IPAM starts once the config has named VFs that exist and this is a new
     # attachment, and runs while the VF is chosen and set up: a Go IPAM
     # plugin takes about as long as all of that.  Not before: a failed ADD
@@ -184,7 +190,7 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
     # not be a live attachment's.
     ipam = delegate.IpamCall("ADD", cmd, conf.ipam_type) if conf.ipam_type else None
     try:
-        return _add(cmd, deps, conf, netns_inode, store, candidates, ipam)
+        return _add(cmd, deps, conf, att, store, candidates, ipam)
     except BaseException:
         # Waits for an IPAM ADD still running, and releases what it reserved.
         if ipam is not None and ipam.succeeded():
@@ -199,99 +205,108 @@ def _add(
     cmd: CmdArgs,
     deps: Deps,
     conf: NetConf,
-    netns_inode: int,
+    att: allocate.Attachment,
     store: Store,
-    candidates: list[sysfs.VF],
+    candidates: allocate.Candidates,
     ipam: delegate.IpamCall | None,
 ) -> Result:
-    _refuse_taken_name(cmd, conf)
+    _refuse_taken_name(att, conf)
     vfc = deps.vf_control()
-
-    def make(vf: sysfs.VF) -> Allocation:
-        if not vf.pf.netdev:
-            raise CNIError(Code.DEVICE, f"PF {vf.pf.pci} of VF {vf.pci} has no netdev to configure VFs through")
-        return Allocation(
-            vf_pci=vf.pci,
-            pf_pci=vf.pf.pci,
-            pf_netdev=vf.pf.netdev,
-            vf_index=vf.index,
-            network=conf.name,
-            container_id=cmd.container_id,
-            ifname=cmd.ifname,
-            netns=cmd.netns,
-            netns_inode=netns_inode,
-            dpdk=sysfs.driver(vf.pci) in sysfs.DPDK_DRIVERS,
-        )
-
     with netlink.namespace() as host:
-
-        def in_host(name: str) -> bool:
-            return host.find(name) is not None
-
         # The claim is held until this ADD has returned or rolled back: a DEL
         # or another ADD reclaiming the VF (its pod's netns may vanish
         # meanwhile) waits.
-        with allocate.reserve(store, candidates, make, in_host, conf.device_id is not None) as lease:
+        with allocate.reserve(store, candidates, att, host) as lease:
             alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
             try:
-                if lease.stale is not None:
-                    _reclaim(cmd, conf, vfc, lease.stale)
-                    if ipam is not None and not ipam.succeeded():
-                        # It ran before the dead container's address was
-                        # freed, which a full range needed.
-                        ipam.again()
-                if alloc.original is None:
-                    alloc.original = bind.snapshot(vfc, host, alloc)
-                # Record what is about to change before changing it: after a
-                # crash at any later point the record still restores everything.
-                alloc.applied = bind.wanted_pf_settings(conf)
-                lease.save()
-                bind.apply_pf_settings(vfc, alloc)
-                index: int | None = None
-                if alloc.dpdk:
-                    iface = _dpdk_interface(cmd, conf, alloc)
-                else:
-                    iface, index = _attach(cmd, conf, lease)
-                ipam_result = None
-                if ipam is not None:
-                    ipam_result = _ipam_add(ipam)
-                    if index is not None:
-                        _configure_ips(cmd.netns, cmd.ifname, index, ipam_result)
-                return _result(conf, iface, ipam_result)
+                return _set_up(cmd, conf, vfc, host, lease, ipam)
             except BaseException:
                 _roll_back(vfc, lease)
                 raise
 
 
-def _dpdk_interface(cmd: CmdArgs, conf: NetConf, alloc: Allocation) -> Interface:
+def _set_up(
+    cmd: CmdArgs,
+    conf: NetConf,
+    vfc: netlink.VfControl,
+    host: netlink.Namespace,
+    lease: Lease,
+    ipam: delegate.IpamCall | None,
+) -> Result:
+    """ADD's phases on the VF it holds, in order; whatever they changed, :func:`_roll_back` undoes from the record."""
+    if lease.stale is not None:
+        _reclaim_stale(cmd, conf, vfc, lease.stale, ipam)
+    _record_changes(vfc, host, lease, conf.pf_settings)
+    bind.apply_pf_settings(vfc, lease.alloc)
+    iface, index = _plug(conf, lease)
+    ipam_result = _address(lease.alloc, index, ipam)
+    return _result(conf, iface, ipam_result)
+
+
+def _reclaim_stale(
+    cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, ipam: delegate.IpamCall | None
+) -> None:
+    """The dead container's VF put back and its address freed, before this ADD changes anything."""
+    _reclaim(cmd, conf, vfc, stale)
+    if ipam is not None and not ipam.succeeded():
+        # It ran before the dead container's address was freed, which a
+        # full range needed.
+        ipam.again()
+
+
+def _record_changes(vfc: netlink.VfControl, host: netlink.Namespace, lease: Lease, wanted: PfSettings) -> None:
+    """Record the VF's state and the PF-side settings about to change, before changing either.
+
+    After a crash at any later point the record still restores everything.
+    """
+    alloc = lease.alloc
+    if alloc.original is None:
+        alloc.original = bind.snapshot(vfc, host, alloc)
+    alloc.applied = wanted
+    lease.save()
+
+
+def _plug(conf: NetConf, lease: Lease) -> tuple[Interface, int | None]:
+    """The pod's interface, and its link's index in the pod (None for a VF on a DPDK driver)."""
+    if lease.alloc.dpdk:
+        return _dpdk_interface(conf, lease.alloc), None
+    return _attach(conf, lease)
+
+
+def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
     """A VF on a DPDK driver has no netdev: the pod gets its PCI address."""
     assert alloc.original is not None
     admin = alloc.original.pf.mac
-    mac = conf.mac or (admin if admin and admin != bind.ZERO_MAC else "")
-    return Interface(name=cmd.ifname, mac=mac, sandbox=cmd.netns, pci_id=alloc.vf_pci)
+    mac = conf.pf_settings.mac or (admin if admin and admin != bind.ZERO_MAC else "")
+    return Interface(name=alloc.ifname, mac=mac, sandbox=alloc.netns, pci_id=alloc.vf_pci)
 
 
-def _attach(cmd: CmdArgs, conf: NetConf, lease: Lease) -> tuple[Interface, int]:
+def _attach(conf: NetConf, lease: Lease) -> tuple[Interface, int]:
     """The VF's netdev into the pod, configured and tuned; with its index there."""
     alloc = lease.alloc
     # Recorded first: only a record that says so lets a restore take an
     # interface out of the pod's namespace.
     alloc.in_pod = True
     lease.save()
-    link = bind.attach(alloc, conf, cmd.netns, cmd.ifname)
+    link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
-    for warning in tuning.apply_vf_tuning(alloc.vf_pci, cmd.netns, cmd.ifname):
+    for warning in tuning.apply_vf_tuning(alloc.vf_pci, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
-    return Interface(cmd.ifname, link.mac, link.mtu, cmd.netns, pci_id=alloc.vf_pci), link.index
+    return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index
 
 
-def _ipam_add(ipam: delegate.IpamCall) -> Result:
+def _address(alloc: Allocation, index: int | None, ipam: delegate.IpamCall | None) -> Result | None:
+    """IPAM's answer, its addresses and routes set on the pod's link ``index`` (a DPDK VF has none)."""
+    if ipam is None:
+        return None
     result = ipam.result()
     assert result is not None
     if not result.ips:
         raise CNIError(Code.IPAM, f"IPAM plugin {ipam.ipam_type} returned no IP address")
+    if index is not None:
+        _configure_ips(alloc.netns, alloc.ifname, index, result)
     return result
 
 

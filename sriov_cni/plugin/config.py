@@ -19,6 +19,7 @@ from typing import Any
 from sriov_cni import safepath
 from sriov_cni.cni import FIRST_LIST_RESULT, DNS, CmdArgs, CNIError, Code, Result, short_repr, version_at_least
 from sriov_cni.kernel import sysfs, vfsettings
+from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.plugin.pool import PoolEntry, parse_pool_entry
 from sriov_cni.vfstore import DEFAULT_DATA_DIR
 
@@ -92,15 +93,8 @@ class NetConf:
     name: str
     device_id: str | None
     pool: tuple[PoolEntry, ...]
-    mac: str | None
-    vlan: int | None
-    vlan_qos: int | None
-    vlan_proto: int | None
-    spoofchk: bool | None
-    trust: bool | None
-    link_state: int | None
-    min_tx_rate: int | None
-    max_tx_rate: int | None
+    # What ADD sets at the PF; its mac is also the pod netdev's.
+    pf_settings: PfSettings
     log_level: str
     log_file: str | None
     ipam_type: str | None
@@ -240,9 +234,7 @@ def load_common(cmd: CmdArgs) -> Common:
     return _common(Keys(cmd.conf, Notes()))
 
 
-def load(cmd: CmdArgs) -> NetConf:
-    conf = Keys(cmd.conf, Notes())
-    common = _common(conf)
+def _check_result_version(cmd: CmdArgs, common: Common) -> None:
     if common.ipam_type is None and not version_at_least(cmd.cni_version, FIRST_LIST_RESULT):
         # The reference configures the VF and then fails to print the result.
         raise CNIError(
@@ -250,13 +242,20 @@ def load(cmd: CmdArgs) -> NetConf:
             f"a cniVersion {cmd.cni_version} result can only report IP addresses, and this network has no IPAM",
             f"set cniVersion {FIRST_LIST_RESULT} or later, or configure ipam",
         )
+
+
+def _vf_source(conf: Keys) -> tuple[str | None, tuple[PoolEntry, ...]]:
+    """The VF a device plugin chose, and the pool to allocate from; one of them at least."""
     device_id = _device_id(conf)
     pool = _pool(conf)
     if device_id is None and not pool:
         raise _invalid(
             "no VF source: set pfNames (PFs to allocate a VF from) or deviceID (a VF chosen by a device plugin)"
         )
+    return device_id, pool
 
+
+def _vlan(conf: Keys) -> Vlan | None:
     vlan = _int(conf, "vlan", 0, 4094)
     qos = _int(conf, "vlanQoS", 0, 7)
     # Unlike the other strings, an empty vlanProto counts as given (and is
@@ -275,43 +274,65 @@ def load(cmd: CmdArgs) -> NetConf:
             raise _invalid(f'vlanProto must be "802.1q" or "802.1ad", got {proto_name!r}')
         if vlan == 0 and proto == vfsettings.VLAN_PROTO_8021AD:
             raise _invalid("vlan id must be non-zero to use vlanProto 802.1ad")
-    if vlan is not None:
-        qos = qos or 0
-        proto = proto or vfsettings.VLAN_PROTO_8021Q
+    if vlan is None:
+        return None
+    return Vlan(vlan, qos or 0, proto or vfsettings.VLAN_PROTO_8021Q)
 
-    link_state_name = _str(conf, "link_state")
-    link_state: int | None = None
-    if link_state_name is not None:
-        link_state = LINK_STATES.get(link_state_name.lower())
-        if link_state is None:
-            raise _invalid(f'link_state must be "auto", "enable" or "disable", got {link_state_name!r}')
 
+def _link_state(conf: Keys) -> int | None:
+    name = _str(conf, "link_state")
+    if name is None:
+        return None
+    state = LINK_STATES.get(name.lower())
+    if state is None:
+        raise _invalid(f'link_state must be "auto", "enable" or "disable", got {name!r}')
+    return state
+
+
+def _rate(conf: Keys) -> Rate | None:
     min_rate = _int(conf, "min_tx_rate", 0, 2**32 - 1)
     max_rate = _int(conf, "max_tx_rate", 0, 2**32 - 1)
     if min_rate and max_rate and min_rate > max_rate:
         raise _invalid(f"min_tx_rate {min_rate} is above max_tx_rate {max_rate}")
+    if min_rate is None and max_rate is None:
+        return None
+    # One request carries both limits; the one not configured is sent as 0
+    # (no limit), as the reference does.  The record keeps the VF's original
+    # pair, so DEL restores both.
+    return Rate(min_rate or 0, max_rate or 0)
 
-    prev: Result | None = None
-    if cmd.conf.get("prevResult") is not None:
-        prev = Result.from_dict(cmd.conf["prevResult"], "prevResult")
 
-    mac = _effective_mac(conf, cmd.args)
-    spoofchk = _on_off(conf, "spoofchk")
-    trust = _on_off(conf, "trust")
+def _prev_result(cmd: CmdArgs) -> Result | None:
+    if cmd.conf.get("prevResult") is None:
+        return None
+    return Result.from_dict(cmd.conf["prevResult"], "prevResult")
+
+
+def load(cmd: CmdArgs) -> NetConf:
+    conf = Keys(cmd.conf, Notes())
+    common = _common(conf)
+    _check_result_version(cmd, common)
+    device_id, pool = _vf_source(conf)
+    # Read in the order they always were: a config with several mistakes is
+    # refused for the same one, and its notes are logged in the same order.
+    vlan = _vlan(conf)
+    link_state = _link_state(conf)
+    rate = _rate(conf)
+    prev = _prev_result(cmd)
+    settings = PfSettings(
+        vlan=vlan,
+        mac=_effective_mac(conf, cmd.args),
+        rate=rate,
+        spoofchk=_on_off(conf, "spoofchk"),
+        trust=_on_off(conf, "trust"),
+        link_state=link_state,
+    )
     return NetConf(
         cni_version=cmd.cni_version,
         name=str(cmd.conf["name"]),
         device_id=device_id,
         pool=pool,
-        mac=mac,
-        vlan=vlan,
-        vlan_qos=qos,
-        vlan_proto=proto,
-        spoofchk=spoofchk,
-        trust=trust,
-        link_state=link_state,
-        min_tx_rate=min_rate,
-        max_tx_rate=max_rate,
+        pf_settings=settings,
         log_level=common.log_level,
         log_file=common.log_file,
         ipam_type=common.ipam_type,

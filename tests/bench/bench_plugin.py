@@ -385,18 +385,16 @@ def scale(work: Path) -> list[str]:
     spent: dict[int, list[float]] = {size: [] for size in SCALE_POOLS}
     resolve: dict[int, list[float]] = {size: [] for size in SCALE_POOLS}
 
-    def make(vf: sysfs.VF) -> Allocation:
-        return Allocation(vf.pci, vf.pf.pci, "pf0", vf.index, "net", f"c-{vf.pci}", "net1", netns, inode)
-
     def fill(size: int) -> None:
         sysfs.SYS = trees[size].sys
         t0 = time.perf_counter()
         candidates = pool.pool_vfs([pool.parse_pool_entry("pf0")])
         resolve[size].append(time.perf_counter() - t0)
         store = MemoryStore()
-        for _ in range(size):
+        for n in range(size):
+            attachment = allocate.Attachment(f"c-{n}", "net1", "net", netns, inode)
             t0 = time.perf_counter()
-            lease = allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False)
+            lease = allocate.reserve(store, allocate.Candidates(candidates), attachment, host)
             spent[size].append(time.perf_counter() - t0)
             lease.release()
 

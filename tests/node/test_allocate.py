@@ -27,8 +27,21 @@ from sriov_cni.plugin.pool import parse_pool_entry, pool_vfs
 from sriov_cni.vfstore import Allocation, Claim, FileStore, MemoryStore, OriginalState, Store
 
 
+def attachment(container: str = "ours") -> allocate.Attachment:
+    return allocate.Attachment(container, "net1", "net", "/proc/self/ns/net", None)
+
+
 def make(vf: sysfs.VF, container: str = "ours") -> Allocation:
+    """A record as reserve writes it for ``container``: another call's, put in place by a test."""
     return Allocation(vf.pci, vf.pf.pci, "eth0", vf.index, "net", container, "net1", "/proc/self/ns/net", None)
+
+
+def take(
+    store: Store, candidates: list[sysfs.VF], container: str = "ours", named: bool = False,
+    host: allocate.Host | None = None,
+) -> Lease:
+    """allocate.reserve for ``container``'s attachment, with the host namespace of the tree unless ``host``."""
+    return allocate.reserve(store, allocate.Candidates(candidates, named), attachment(container), host or FakeHost())
 
 
 class Meanwhile:
@@ -81,9 +94,15 @@ def pool(tree: Tree, vfs: int) -> list[sysfs.VF]:
     return pool_vfs([parse_pool_entry("eth0")])
 
 
+class Nowhere:
+    """A host namespace without any of the VFs' netdevs: each sits in some other namespace."""
+
+    def find(self, name: str) -> object | None:
+        return None
+
+
 def reserve(store: Store, candidates: list[sysfs.VF]) -> Allocation:
-    host = FakeHost()
-    lease = allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False)
+    lease = take(store, candidates)
     lease.release()
     assert lease.stale is None
     return lease.alloc
@@ -105,7 +124,6 @@ def test_a_vf_recorded_by_another_add_meanwhile_is_not_taken_twice(tree: Tree, t
 @pytest.mark.parametrize("kind", ["file", "memory"])
 def test_adds_racing_over_a_small_pool_never_share_a_vf(tree: Tree, tmp_path: Path, kind: str) -> None:
     candidates = pool(tree, 3)
-    host = FakeHost()
     adds = 6
     for round_ in range(20):
         store = fresh(kind, tmp_path / str(round_))
@@ -116,8 +134,7 @@ def test_adds_racing_over_a_small_pool_never_share_a_vf(tree: Tree, tmp_path: Pa
         def add(i: int) -> None:
             start.wait()
             try:
-                lease = allocate.reserve(
-                    store, candidates, lambda vf: make(vf, f"c{i}"), lambda name: host.find(name) is not None, False)
+                lease = take(store, candidates, f"c{i}")
             except CNIError as exc:
                 refused.append(exc.code)
                 return
@@ -250,8 +267,7 @@ def test_a_stale_vf_is_reclaimed_only_when_none_is_free(tree: Tree, tmp_path: Pa
 
     assert reserve(store, candidates).vf_pci == candidates[1].pci
 
-    host = FakeHost()
-    with allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False) as lease:
+    with take(store, candidates) as lease:
         assert lease.stale == dead and lease.alloc.vf_pci == candidates[0].pci
         # The VF is still as the dead container left it: what it was before is the old record's.
         assert lease.alloc.original == dead.original
@@ -269,23 +285,20 @@ def test_a_named_vf_that_is_not_free_is_named_with_its_owner(tree: Tree, tmp_pat
     candidates = pool(tree, 2)
     store = FileStore(tmp_path / "data")
     record(store, candidates[0], "other", "/proc/self/ns/net")
-    host = FakeHost()
-    in_host = lambda name: host.find(name) is not None  # noqa: E731
     with pytest.raises(CNIError) as err:
-        allocate.reserve(store, candidates[:1], make, in_host, True)
+        take(store, candidates[:1], named=True)
     assert err.value.code == Code.NO_FREE_VF
     assert err.value.msg == f"VF {candidates[0].pci} (container other, netns /proc/self/ns/net) is not free"
 
     # Its netdev is in some other namespace, and no record says whose.
     with pytest.raises(CNIError) as err:
-        allocate.reserve(store, candidates[1:], make, lambda name: False, True)
+        take(store, candidates[1:], named=True, host=Nowhere())
     assert err.value.msg == f"VF {candidates[1].pci} (its netdev is not in the host network namespace) is not free"
     assert store.get(candidates[1].pci) is None
 
 
 def reclaim(store: Store, candidates: list[sysfs.VF]) -> Lease:
-    host = FakeHost()
-    with allocate.reserve(store, candidates, make, lambda name: host.find(name) is not None, False) as lease:
+    with take(store, candidates) as lease:
         return lease
 
 

@@ -105,20 +105,46 @@ def test_records_are_copies_not_shared_objects(store: Store) -> None:
     assert again is not None and not again.in_pod and again.original == original()
 
 
-def test_a_record_keeps_the_layout_earlier_releases_wrote() -> None:
-    # Records outlive the plugin across upgrades and downgrades: the
-    # snapshot's PF-side settings stay flat, the applied ones keyed by setting.
+def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_alike() -> None:
     applied = PfSettings(vlan=Vlan(100, 0, 0x8100), rate=Rate(0, 500), trust=True)
     raw = json.loads(allocation(original=original(), applied=applied).to_json())
     assert list(raw) == ["vf_pci", "pf_pci", "pf_netdev", "vf_index", "network", "container_id", "ifname", "netns",
                          "netns_inode", "dpdk", "created", "original", "applied", "in_pod"]
     assert raw["applied"] == {"vlan": [100, 0, 0x8100], "rate": [0, 500], "trust": True}
+    # trust is None in the snapshot (a driver that does not report it): absent, as in applied.
     assert raw["original"] == {
-        "admin_mac": "00:00:00:00:00:00", "vlan": 0, "qos": 0, "vlan_proto": 0x8100, "spoofchk": True,
-        "trust": None, "link_state": 0, "min_tx_rate": 0, "max_tx_rate": 0, "netdev": "ens1f0v0", "mtu": 1500,
-        "mac": "02:00:00:00:00:01", "promisc": False, "altnames": ["enp59s0f0v0"], "alias": "",
+        "pf": {"vlan": [0, 0, 0x8100], "mac": "00:00:00:00:00:00", "rate": [0, 0], "spoofchk": True,
+               "link_state": 0},
+        "netdev": "ens1f0v0", "mtu": 1500, "mac": "02:00:00:00:00:01", "promisc": False,
+        "altnames": ["enp59s0f0v0"], "alias": "",
     }
-    assert Allocation.from_json(json.dumps(raw)).applied == applied
+
+
+# A whole record, byte for byte, as the releases before the one layout wrote
+# it: the snapshot's PF-side settings flat beside its netdev side, the PF's
+# MAC as admin_mac.  Records outlive the plugin across upgrades.
+FLAT_SNAPSHOT_RECORD = (
+    '{"vf_pci": "0000:3b:10.0", "pf_pci": "0000:3b:00.0", "pf_netdev": "ens1f0", "vf_index": 0, '
+    '"network": "sriov-net", "container_id": "ctr1", "ifname": "net1", "netns": "/var/run/netns/pod", '
+    '"netns_inode": 4026532000, "dpdk": false, "created": 1700000000.5, "original": {"vlan": 0, "qos": 0, '
+    '"vlan_proto": 33024, "spoofchk": true, "trust": null, "link_state": 0, "min_tx_rate": 0, "max_tx_rate": 0, '
+    '"admin_mac": "00:00:00:00:00:00", "netdev": "ens1f0v0", "mtu": 1500, "mac": '
+    '"02:00:00:00:00:01", "promisc": false, "altnames": ["enp59s0f0v0"], "alias": ""}, "applied": {"vlan": '
+    '[100, 0, 33024], "rate": [0, 500], "trust": true}, "in_pod": true}'
+)
+
+
+def test_a_record_an_earlier_release_wrote_reads_as_it_was_written(files: FileStore) -> None:
+    files.put(allocation())
+    (files.vfs_dir / f"{PCI_A}.json").write_text(FLAT_SNAPSHOT_RECORD)
+    applied = PfSettings(vlan=Vlan(100, 0, 0x8100), rate=Rate(0, 500), trust=True)
+    assert files.get(PCI_A) == allocation(original=original(), applied=applied, in_pod=True)
+    # Written again (a later step of the ADD that found it), it takes the one layout and reads the same.
+    again = files.get(PCI_A)
+    assert again is not None
+    files.put(again)
+    assert "pf" in json.loads((files.vfs_dir / f"{PCI_A}.json").read_text())["original"]
+    assert files.get(PCI_A) == again
 
 
 def test_a_record_without_snapshot_stays_without_one(store: Store) -> None:
@@ -297,7 +323,7 @@ def test_a_symlink_planted_at_the_temporary_name_is_not_written_through(files: F
     files.put(allocation())
     victim = tmp_path / "victim"
     victim.write_text("untouched\n")
-    (files.vfs_dir / f".{PCI_A}.{os.getpid()}.tmp").symlink_to(victim)
+    (files.vfs_dir / f".{PCI_A}.json.{os.getpid()}.tmp").symlink_to(victim)
     with pytest.raises(CNIError) as err:
         files.put(allocation(container="ctr2"))
     assert err.value.code == Code.IO_FAILURE
