@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# The fixtures every directory may use: a fake sysfs tree, a node of veth "VFs".
+pytest_plugins = ("tests.support.treefixtures", "tests.support.nodefixtures")
+
 VM_ENV = "SRIOV_CNI_VM"
 
 # tests/run.sh passes these to the guest's pytest.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A burst of pod starts: N ADDs through the shim at once, then their N DELs, against one after another.
 
-The node is the host test fixtures (tests/bench/hostnode.py): 64 veth ends
+The node is the host test fixtures (tests/support/hostnode.py): 64 veth ends
 as VFs in a temporary sysfs, one PF, the real daemon behind the static shim,
 every ADD taking a VF from the pool (``pfNames``) with host-local IPAM, as a
 runtime starting many pods of one network does.  The daemon runs in a memory
@@ -40,10 +40,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
-from hostnode import HostNode  # noqa: E402
-from memcg import MemoryCgroup  # noqa: E402
+from tests.support.hostnode import HostNode  # noqa: E402
+from tests.support.memcg import MemoryCgroup  # noqa: E402
 
 from sriov_cni.daemon import budget, install  # noqa: E402
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What scraping the daemon's metrics costs its calls, and what a scrape costs.
 
-The node is the host test fixtures (tests/bench/hostnode.py): one PF of
+The node is the host test fixtures (tests/support/hostnode.py): one PF of
 ``--vfs`` veth VFs, the real daemon behind the static shim, serving metrics
 on loopback.  ADD+DEL pairs of one pod run one after another, in rounds that
 alternate between nobody scraping, a scraper (a process of its own) fetching
@@ -31,10 +31,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests" / "daemon")]
+sys.path.insert(0, str(ROOT))
 
-from daemonlib import exporter_of  # noqa: E402
-from hostnode import HostNode  # noqa: E402
+from tests.support.daemonlib import exporter_of  # noqa: E402
+from tests.support.hostnode import HostNode  # noqa: E402
 
 from sriov_cni.daemon import install  # noqa: E402
 

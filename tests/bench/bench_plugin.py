@@ -61,11 +61,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests" / "node")]
+sys.path.insert(0, str(ROOT))
 
 from sriov_cni.daemon import install, measure  # noqa: E402
 
-from hostnode import CODE_ENV  # noqa: E402
+from tests.support.hostnode import CODE_ENV  # noqa: E402
 
 import phases  # noqa: E402
 
@@ -127,7 +127,7 @@ def igb_node(pfs: list[str], per_pf: int) -> Bench:
 
 
 def host_node(work: Path, per_pf: int) -> Bench:
-    from hostnode import HostNode
+    from tests.support.hostnode import HostNode
 
     node = HostNode(work / "node", 2, per_pf)
     vfs = [Vf(vf.pci, str(vf.netdev)) for pf in node.node.pfs for vf in pf.vfs]
@@ -151,7 +151,7 @@ class Daemon:
         if "SOCKET" not in bench.daemon_command:
             command.append(str(sock))
         if calls_per_child is not None:
-            # The host node's daemon (tests/bench/hostnode.py) takes it among its PFs.
+            # The host node's daemon (tests/support/hostnode.py) takes it among its PFs.
             command += ([f"calls={calls_per_child}"] if bench.kind == "host"
                         else ["--calls-per-child", str(calls_per_child)])
         self.seen: set[str] = set()
@@ -371,7 +371,7 @@ def concurrency(bench: Bench, work: Path, shim: Path, base_env: dict[str, str], 
 
 def scale(work: Path) -> list[str]:
     """Median time of ``allocate.reserve`` while a pool of N VFs fills, generated sysfs, memory store."""
-    from nodetree import FakeHost, Tree
+    from tests.support.nodetree import FakeHost, Tree
 
     from sriov_cni.kernel import sysfs
     from sriov_cni.plugin import allocate, pool

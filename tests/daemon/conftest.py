@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemonlib import SHIM, Daemon
+from tests.support.daemonlib import SHIM, Daemon
 
 
 @pytest.fixture(autouse=True)

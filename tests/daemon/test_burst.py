@@ -1,9 +1,9 @@
 """A burst of ADDs against the daemon in a small memory cgroup, and the OOM killer's choice.
 
 The node is the host fixtures (veth ends as VFs in a temporary sysfs, the PF
-side faked in the daemon: tests/bench/hostnode.py), the calls go through the
+side faked in the daemon: tests/support/hostnode.py), the calls go through the
 static shim, and the daemon runs in a memory cgroup of its own
-(tests/memcg.py), so that it, its children and the IPAM plugins they run
+(tests/support/memcg.py), so that it, its children and the IPAM plugins they run
 are charged there as in the DaemonSet's pod.  Not timed.
 """
 
@@ -19,15 +19,12 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tests" / "bench")]
+from tests.support.daemonlib import stop
+from tests.support.hostnode import HostNode
+from tests.support.memcg import MemoryCgroup
+from tests.support.pluginlib import DEBIAN_CNI_DIR, link
 
-from daemonlib import stop  # noqa: E402
-from hostnode import HostNode  # noqa: E402
-from memcg import MemoryCgroup  # noqa: E402
-from pluginlib import DEBIAN_CNI_DIR, link  # noqa: E402
-
-from sriov_cni.daemon import budget, install  # noqa: E402
+from sriov_cni.daemon import budget, install
 
 MiB = 1 << 20
 SHIM = Path(install.SHIM)

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from daemonlib import Daemon, ipam_conf, ipam_env, shim, wait_for
+from tests.support.daemonlib import Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
 from sriov_cni.daemon import childpool, server, wire
 

@@ -1,7 +1,7 @@
 """The daemon's Prometheus metrics: calls counted as their callers saw them, the pool as status shows it.
 
 The node is the host fixtures (veth ends as VFs in a temporary sysfs, the PF
-side faked in the daemon: tests/bench/hostnode.py); calls go through the
+side faked in the daemon: tests/support/hostnode.py); calls go through the
 static shim.  The pool's oracle is ``sriov-cni status --json`` run here on
 the same tree; the calls' oracle is what each caller read.  Last, Debian's
 Prometheus scrapes the daemon and loads the README's alert rules.
@@ -28,14 +28,11 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-import daemonprocs
-from daemonlib import REPO, SHIM, exporter_of, stop, wait_for
+from tests.support import daemonprocs
+from tests.support.daemonlib import REPO, SHIM, exporter_of, stop, wait_for
+from tests.support.hostnode import HostNode
 
-sys.path[:0] = [str(REPO / "tests" / "bench")]
-
-from hostnode import HostNode  # noqa: E402
-
-from sriov_cni import __version__, cli  # noqa: E402
+from sriov_cni import __version__, cli
 
 RULES = REPO / "deploy" / "prometheus-rules.yaml"
 POOL = {"sriov_cni_pf_vfs", "sriov_cni_pf_vfs_max", "sriov_cni_vfs", "sriov_cni_vfs_dpdk", "sriov_cni_allocations"}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from daemonlib import REPO, Daemon, shim
+from tests.support.daemonlib import REPO, Daemon, shim
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-import hangipam
-from daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
+from tests.support import hangipam
+from tests.support.daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
 from sriov_cni.daemon import childpool, install, measure, wire
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from daemonlib import REPO, SHIM, Daemon, shim, wait_for
+from tests.support.daemonlib import REPO, SHIM, Daemon, shim, wait_for
 from sriov_cni import __version__
 from sriov_cni.cni import MAX_CONFIG, Code
 from sriov_cni.daemon import client, install, measure, wire

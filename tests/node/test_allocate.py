@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nodetree import FakeHost, Tree
+from tests.support.nodetree import FakeHost, Tree
 from sriov_cni import vfstate
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from nodetree import Tree
+from tests.support.nodetree import Tree
 from sriov_cni.cli import main
 from sriov_cni.node import setup as node_setup
 from sriov_cni.vfstore import Allocation, FileStore

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from nodetree import FakeLinks, Tree
+from tests.support.nodetree import FakeLinks, Tree
 from sriov_cni.cli import main
 from sriov_cni.node import config as node_config, irqbalance, setup as node_setup
 

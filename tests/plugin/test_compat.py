@@ -32,7 +32,7 @@ import pytest
 
 from sriov_cni.vfstore import FileStore
 
-from pluginlib import Node, addresses, ipam_reservations, link, link_names
+from tests.support.pluginlib import Node, addresses, ipam_reservations, link, link_names
 
 HERE = Path(__file__).parent / "compat"
 MANIFEST = json.loads((HERE / "manifest.json").read_text())

@@ -21,7 +21,7 @@ from sriov_cni.cni import Code
 from sriov_cni.kernel import netlink
 from sriov_cni.plugin import commands, log
 
-from pluginlib import Node, Outcome, Ready, ipam_reservations, link, link_names, netdev_view, run_bin, sh
+from tests.support.pluginlib import Node, Outcome, Ready, ipam_reservations, link, link_names, netdev_view, run_bin, sh
 
 
 def refused(res: Outcome, code: int) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from sriov_cni.ipam.main import HANDLERS as IPAM_HANDLERS
 from sriov_cni.cni import Code, dispatch
 from sriov_cni.plugin import commands
 
-from pluginlib import Node, ipam_reservations
+from tests.support.pluginlib import Node, ipam_reservations
 
 # Generous: a call takes well under a second; this only catches hangs.
 ANSWER_BOUND = 60.0

@@ -18,7 +18,7 @@ from sriov_cni.cni import Code
 from sriov_cni.kernel import netlink
 from sriov_cni.plugin import bind
 
-from pluginlib import Node, Ready, altname, link, link_names, sh
+from tests.support.pluginlib import Node, Ready, altname, link, link_names, sh
 
 
 def test_a_refused_rename_leaves_the_link_in_its_namespace_with_its_altnames(node: Node) -> None:

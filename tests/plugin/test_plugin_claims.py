@@ -21,7 +21,7 @@ from sriov_cni.kernel.vfsettings import PfSettings, Vlan
 from sriov_cni.plugin import commands
 from sriov_cni.vfstore import Allocation, FileStore, MemoryStore, Store
 
-from pluginlib import Node
+from tests.support.pluginlib import Node
 from test_plugin_del_gc import ok, stale_record
 
 

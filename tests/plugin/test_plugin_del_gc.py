@@ -14,7 +14,7 @@ import pytest
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.vfstore import Allocation, FileStore, OriginalState
 
-from pluginlib import DEBIAN_CNI_DIR, VF, Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
+from tests.support.pluginlib import DEBIAN_CNI_DIR, VF, Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
 
 
 def ok(res: Outcome) -> None:

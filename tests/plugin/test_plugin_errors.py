@@ -10,7 +10,7 @@ import pytest
 
 from sriov_cni.kernel import netlink
 
-from pluginlib import Node, Outcome, Ready, addresses, ipam_reservations, link, sh
+from tests.support.pluginlib import Node, Outcome, Ready, addresses, ipam_reservations, link, sh
 
 
 def refused(res: Outcome, code: int) -> None:

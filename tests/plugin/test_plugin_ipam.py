@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import hangipam
-from pluginlib import SRIOV_BIN, Node, addresses, ipam_reservations, link_names, routes
+from tests.support import hangipam
+from tests.support.pluginlib import SRIOV_BIN, Node, addresses, ipam_reservations, link_names, routes
 
 
 @pytest.mark.parametrize("version", ["0.3.1", "0.4.0", "1.0.0"])

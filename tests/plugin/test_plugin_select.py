@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pluginlib import Node, Outcome, link, link_names
+from tests.support.pluginlib import Node, Outcome, link, link_names
 
 
 def taken(node: Node, res: Outcome) -> str:

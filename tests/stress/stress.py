@@ -66,14 +66,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "plugin"), str(REPO / "tests" / "vm")]
+sys.path.insert(0, str(REPO))
 
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
 from sriov_cni.vfstore import FileStore  # noqa: E402
 
 if TYPE_CHECKING:
-    from pluginlib import FakeVfControl
+    from tests.support.pluginlib import FakeVfControl
 
 DEBIAN_CNI_DIR = "/usr/lib/cni"
 NETWORKS = ("stress-a", "stress-b")
@@ -360,7 +360,7 @@ class SharedFakeVfControl:
     """
 
     def __init__(self, path: Path) -> None:
-        from pluginlib import FakeVfControl
+        from tests.support.pluginlib import FakeVfControl
 
         self.path = path
         self.fake = FakeVfControl()
@@ -400,11 +400,11 @@ class SharedFakeVfControl:
 
 
 class HostNode:
-    """PFs with veth "VFs" in a temporary sysfs (tests/plugin/pluginlib.py)."""
+    """PFs with veth "VFs" in a temporary sysfs (tests/support/pluginlib.py)."""
 
     def __init__(self, work: Path, pfs: int, vfs_per_pf: int) -> None:
         import pytest
-        from pluginlib import Node
+        from tests.support.pluginlib import Node
 
         self._monkeypatch = pytest.MonkeyPatch()
         self.node = Node(work, self._monkeypatch)
@@ -482,7 +482,7 @@ class IgbNode:
     """The guest's igb PFs with 7 real VFs each."""
 
     def __init__(self, vfs_per_pf: int) -> None:
-        from vmlib import SYS_NET, Sriov, is_sriov_igb, vf_pci_dirs
+        from tests.vm.vmlib import SYS_NET, Sriov, is_sriov_igb, vf_pci_dirs
 
         self.pfs = sorted(p.name for p in SYS_NET.iterdir() if is_sriov_igb(p))
         if not self.pfs:
@@ -529,7 +529,7 @@ class IgbNode:
         igb switches traffic between the VFs of one PF; a VF not opened
         since it was created takes seconds (under TCG) to report carrier.
         """
-        from vmlib import VF_CARRIER_TIMEOUT
+        from tests.vm.vmlib import VF_CARRIER_TIMEOUT
 
         assert src.prev is not None and dst.prev is not None
         address = dst.prev["ips"][0]["address"].split("/")[0]

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-import daemonprocs
 from sriov_cni.daemon import install
+from tests.support import daemonprocs
 from test_plugin_igb import host_link, ns_path, records, restored, vfinfo, view
 from vmlib import Sriov, ip_json, sriov_daemon, vf_pci_dirs, wait_until
 

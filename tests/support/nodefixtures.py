@@ -1,4 +1,4 @@
-"""Fixtures of the ``sriov`` plugin's host tests; the helpers are in pluginlib.py."""
+"""Fixtures of a host node of veth "VFs" in namespaces; the helpers are in pluginlib.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pluginlib import Node, Ready
+from tests.support.pluginlib import Node, Ready
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Fixtures for the node command's tests: a fake sysfs/procfs tree (see nodetree.py)."""
+"""Fixtures of a fake sysfs/procfs tree (see nodetree.py), for the node command's tests and the plugin's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodetree import FakeHost, FakeLinks, Tree
+from tests.support.nodetree import FakeHost, FakeLinks, Tree
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.plugin import tuning
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import daemonprocs
+from tests.support import daemonprocs
 from sriov_cni.daemon import install
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,7 +1,6 @@
 """The sriov-cni daemon's children as /proc shows them.
 
-Shared by the daemon tests on the host and the shim's tests in the guest
-(``tests/`` is on ``sys.path`` through its conftest.py).
+Shared by the daemon tests on the host and the shim's tests in the guest.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """A delegated IPAM plugin that hangs, for the tests of what a killed call leaves running.
 
-Shared by the plugin and daemon tests (``tests/`` is on ``sys.path`` through
-its conftest.py).
+Shared by the plugin and daemon tests.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The host test fixtures as a node for the benchmarks: no SR-IOV NIC needed.
 
 :class:`HostNode` builds PFs whose "VFs" are veth ends in a temporary sysfs
-(tests/plugin/pluginlib.py); run as a program, this module is the sriov-cni
+(tests/support/pluginlib.py); run as a program, this module is the sriov-cni
 daemon for such a node: the real :func:`sriov_cni.daemon.server.serve`, with
 ``sysfs.SYS`` pointed at the tree and the PF side (the one thing a veth
 cannot stand in for) kept in memory by ``FakeVfControl``.  Every child of
 the daemon starts from the daemon's copy of it, which holds as long as the
 benchmark's configurations ask for no PF-side settings.
 
-    [SRIOV_BENCH_CODE=DIR] python3 tests/bench/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ... \
+    [SRIOV_BENCH_CODE=DIR] python3 tests/support/hostnode.py SYSFS_ROOT SOCKET PF_NETDEV:NUMVFS ... \
         [calls=N] [metrics=HOST:PORT data=DIR]
 
 ``calls=N`` is the daemon's ``--calls-per-child``, ``metrics`` and ``data``
@@ -26,12 +26,12 @@ from typing import IO, Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 # The package to serve: this checkout's, or another revision's (CODE_ENV) to
-# measure against.
+# measure against; then this checkout, for tests.support.
 CODE_ENV = "SRIOV_BENCH_CODE"
-sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT / "tests" / "plugin")]
+sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT)]
 
 import pytest  # noqa: E402
-from pluginlib import FakeVfControl, Node  # noqa: E402
+from tests.support.pluginlib import FakeVfControl, Node  # noqa: E402
 
 from sriov_cni.daemon import server  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402
