@@ -29,7 +29,7 @@ else, and no symlink is followed (see :mod:`sriov_cni.safepath`): the store runs
 root and must not be steerable into overwriting other files.
 
 :class:`FileStore` and the in-memory :class:`MemoryStore` both implement
-:class:`Store`; one conformance suite (tests/plugin/test_vf_store.py) runs
+:class:`Store`; one conformance suite (tests/test_vf_store.py) runs
 against both, so the fake behaves as the plugin expects of the real store.
 """
 
