@@ -28,9 +28,10 @@ never torn (one fsync per write; see :meth:`FileStore.put`).  Files are 0600, di
 else, and no symlink is followed (see :mod:`sriov_cni.safepath`): the store runs as
 root and must not be steerable into overwriting other files.
 
-:class:`FileStore` and the in-memory :class:`MemoryStore` both implement
-:class:`Store`; one conformance suite (tests/test_vf_store.py) runs
-against both, so the fake behaves as the plugin expects of the real store.
+:class:`FileStore` implements :class:`Store`; the tests' in-memory store
+(tests/support/fakes.py) implements it too, and one conformance suite
+(tests/test_vf_store.py) runs against both, so the fake behaves as the
+plugin expects of the real store.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import functools
 import json
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
@@ -357,56 +357,3 @@ def read_allocations(data_dir: Path) -> list[Allocation]:
     if not (data_dir / "vfs").is_dir():
         return []
     return FileStore(data_dir).all()
-
-
-class MemoryStore:
-    """In-memory :class:`Store`, the fake the conformance suite holds to FileStore's contract."""
-
-    def __init__(self) -> None:
-        self._records: dict[str, str] = {}
-        # Guards the claims, and lets all() read the records while other
-        # threads, each under a claim, change them.
-        self._lock = threading.Lock()
-        self._claimed: set[str] = set()
-
-    def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
-        deadline = time.monotonic() + wait
-        while True:
-            with self._lock:
-                if vf_pci not in self._claimed:
-                    self._claimed.add(vf_pci)
-                    return Claim(lambda: self._claimed.discard(vf_pci))
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.01)
-
-    def all(self) -> list[Allocation]:
-        with self._lock:
-            texts = [text for _, text in sorted(self._records.items())]
-        return [Allocation.from_json(text) for text in texts]
-
-    def ids(self) -> AbstractSet[str]:
-        return self._records.keys()
-
-    def has(self, vf_pci: str) -> bool:
-        return vf_pci in self._records
-
-    def get(self, vf_pci: str) -> Allocation | None:
-        text = self._records.get(vf_pci)
-        return Allocation.from_json(text) if text is not None else None
-
-    def put(self, alloc: Allocation) -> None:
-        # Stored serialized, like the file store, so callers never share
-        # mutable records with the store.
-        text = alloc.to_json()
-        with self._lock:
-            self._records[alloc.vf_pci] = text
-
-    def remove(self, vf_pci: str) -> None:
-        with self._lock:
-            self._records.pop(vf_pci, None)
-
-
-def _conforms(file_store: FileStore, memory_store: MemoryStore) -> tuple[Store, Store]:
-    # Checked by mypy: both implementations satisfy the protocol.
-    return file_store, memory_store

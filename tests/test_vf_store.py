@@ -20,7 +20,8 @@ import pytest
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
-from sriov_cni.vfstore import MAX_RECORD, Allocation, FileStore, MemoryStore, OriginalState, Store
+from sriov_cni.vfstore import MAX_RECORD, Allocation, FileStore, OriginalState, Store
+from tests.support.fakes import MemoryStore
 
 PCI_A = "0000:3b:10.0"
 PCI_B = "0000:3b:10.1"

@@ -371,11 +371,13 @@ def concurrency(bench: Bench, work: Path, shim: Path, base_env: dict[str, str], 
 
 def scale(work: Path) -> list[str]:
     """Median time of ``allocate.reserve`` while a pool of N VFs fills, generated sysfs, memory store."""
-    from tests.support.nodetree import FakeHost, Tree
+    from tests.support.fakes import FakeHost
+    from tests.support.nodetree import Tree
 
     from sriov_cni.kernel import sysfs
     from sriov_cni.plugin import allocate, pool
-    from sriov_cni.vfstore import Allocation, MemoryStore
+    from sriov_cni.vfstore import Allocation
+    from tests.support.fakes import MemoryStore
 
     saved = sysfs.SYS
     netns = "/proc/self/ns/net"

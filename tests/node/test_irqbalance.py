@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.support.nodetree import FakeLinks, Tree
+from tests.support.fakes import FakeLinks
+from tests.support.nodetree import Tree
 from sriov_cni.cli import main
 from sriov_cni.node import config as node_config, irqbalance, setup as node_setup
 

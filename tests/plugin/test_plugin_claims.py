@@ -19,7 +19,8 @@ import pytest
 
 from sriov_cni.kernel.vfsettings import PfSettings, Vlan
 from sriov_cni.plugin import commands
-from sriov_cni.vfstore import Allocation, FileStore, MemoryStore, Store
+from sriov_cni.vfstore import Allocation, FileStore, Store
+from tests.support.fakes import MemoryStore
 
 from tests.support.pluginlib import Node
 from test_plugin_del_gc import ok, stale_record

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.pluginlib import ZERO_MAC, Node, addresses, altname, ipam_reservations, link, link_names, netdev_view, sh
+from tests.support.fakes import ZERO_MAC
+from tests.support.pluginlib import Node, addresses, altname, ipam_reservations, link, link_names, netdev_view, sh
 
 VERSIONS = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 

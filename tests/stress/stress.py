@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import errno
-import fcntl
 import json
 import os
 import random
@@ -59,11 +57,10 @@ import tempfile
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -71,9 +68,6 @@ sys.path.insert(0, str(REPO))
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
 from sriov_cni.vfstore import FileStore  # noqa: E402
-
-if TYPE_CHECKING:
-    from tests.support.pluginlib import FakeVfControl
 
 DEBIAN_CNI_DIR = "/usr/lib/cni"
 NETWORKS = ("stress-a", "stress-b")
@@ -352,58 +346,12 @@ def ip_json(*args: str, netns: str | None = None) -> list[dict[str, Any]]:
     return parsed
 
 
-class SharedFakeVfControl:
-    """The host fixtures' fake PF side, kept in a file so forked calls share it.
-
-    Every operation is read-modify-write under flock, so a call killed at any
-    point leaves the file either before or after a setting, as a PF would.
-    """
-
-    def __init__(self, path: Path) -> None:
-        from tests.support.pluginlib import FakeVfControl
-
-        self.path = path
-        self.fake = FakeVfControl()
-
-    @contextmanager
-    def _state(self, write: bool) -> Iterator[FakeVfControl]:
-        # A lock file of its own: the state file is replaced by rename, and a
-        # lock on a replaced inode would exclude nobody.
-        with open(self.path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            raw = json.loads(self.path.read_text()) if self.path.exists() else {}
-            self.fake.state = {pf: {int(i): s for i, s in vfs.items()} for pf, vfs in raw.items()}
-            yield self.fake
-            if write:
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(self.fake.state))
-                os.rename(tmp, self.path)
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._state(False) as fake:
-            return copy.deepcopy(fake.state)
-
-    def add_pf(self, pf: str, nvfs: int) -> None:
-        with self._state(True) as fake:
-            fake.add_pf(pf, nvfs)
-
-    def close(self) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        # vfs() and the set_* calls of netlink.VfControl, each under the lock.
-        def call(*args: Any) -> Any:
-            with self._state(name != "vfs") as fake:
-                return getattr(fake, name)(*args)
-
-        return call
-
-
 class HostNode:
     """PFs with veth "VFs" in a temporary sysfs (tests/support/pluginlib.py)."""
 
     def __init__(self, work: Path, pfs: int, vfs_per_pf: int) -> None:
         import pytest
+        from tests.support.fakes import SharedFakeVfControl
         from tests.support.pluginlib import Node
 
         self._monkeypatch = pytest.MonkeyPatch()

@@ -31,7 +31,8 @@ CODE_ENV = "SRIOV_BENCH_CODE"
 sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT)]
 
 import pytest  # noqa: E402
-from tests.support.pluginlib import FakeVfControl, Node  # noqa: E402
+from tests.support.fakes import FakeVfControl  # noqa: E402
+from tests.support.pluginlib import Node  # noqa: E402
 
 from sriov_cni.daemon import server  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402

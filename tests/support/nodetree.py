@@ -1,10 +1,10 @@
 """A temporary sysfs/procfs tree describing SR-IOV PFs, VFs and their IRQs.
 
-The fixtures in conftest.py point ``sysfs.SYS`` and ``sysfs.PROC`` into it,
+The fixtures in treefixtures.py point ``sysfs.SYS`` and ``sysfs.PROC`` into it,
 so setup, status and the tuning hook read and write plain files laid out
 like the kernel's.  Writes that only the kernel could act on
-(link up, MTU) go through :class:`FakeLinks`, which updates the tree the way
-the kernel would.
+(link up, MTU) go through :class:`tests.support.fakes.FakeLinks`, which
+updates the tree the way the kernel would.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
-
-from sriov_cni.kernel import sysfs
 
 
 def _write(path: Path, text: str) -> None:
@@ -125,26 +123,3 @@ class Tree:
             self.vf(pci, i, vf, f"{netdev}v{i}", {base: f"{netdev}v{i}-tx-0", base + 1: f"{netdev}v{i}-rx-0", base + 2: f"{netdev}v{i}"})
             out[i] = vf
         return out
-
-
-class FakeLinks:
-    """Link changes as the kernel would reflect them in the tree."""
-
-    def __init__(self, tree: Tree) -> None:
-        self.tree = tree
-        self.calls: list[tuple[str, str, int | None]] = []
-
-    def set_up(self, netdev: str) -> None:
-        self.calls.append(("up", netdev, None))
-        _write(self.tree.sys / "class" / "net" / netdev / "flags", "0x1003\n")
-
-    def set_mtu(self, netdev: str, mtu: int) -> None:
-        self.calls.append(("mtu", netdev, mtu))
-        _write(self.tree.sys / "class" / "net" / netdev / "mtu", f"{mtu}\n")
-
-
-class FakeHost:
-    """The host namespace as far as ``find`` goes: the netdevs the tree lists under class/net."""
-
-    def find(self, name: str) -> object | None:
-        return object() if (sysfs.SYS / "class" / "net" / name).exists() else None

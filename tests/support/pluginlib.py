@@ -1,6 +1,6 @@
-"""Helpers for the ``sriov`` plugin's host tests (fixtures in conftest.py).
+"""Helpers for the ``sriov`` plugin's host tests (fixtures in nodefixtures.py).
 
-Only the PF side of SR-IOV is faked (:class:`FakeVfControl`, an in-memory
+Only the PF side of SR-IOV is faked (:class:`tests.support.fakes.FakeVfControl`, an in-memory
 :class:`sriov_cni.kernel.netlink.VfControl`): there is no SR-IOV NIC on the host.
 Everything else is real: each "VF netdev" is one end of a veth pair in the
 test process's network namespace (its peer lives in a per-test namespace,
@@ -20,7 +20,6 @@ the package under test.
 
 from __future__ import annotations
 
-import copy
 import io
 import ipaddress
 import json
@@ -36,15 +35,14 @@ from typing import Any
 import pytest
 
 from sriov_cni.kernel import netlink, sysfs, vfsettings
-from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import commands
 from sriov_cni.vfstore import FileStore
+from tests.support.fakes import FakeVfControl
 
 REPO = Path(__file__).resolve().parents[2]
 SRIOV_BIN = REPO / "bin" / "sriov"
 # Debian's containernetworking-plugins (host-local, libcni 1.1.2).
 DEBIAN_CNI_DIR = "/usr/lib/cni"
-ZERO_MAC = "00:00:00:00:00:00"
 
 
 # --- oracles ------------------------------------------------------------------
@@ -117,85 +115,6 @@ def ipam_reservations(data_dir: Path, network: str) -> set[str]:
         except ValueError:
             continue
     return out
-
-
-# --- the fake PF side -----------------------------------------------------------
-
-
-def default_vf_state(index: int) -> dict[str, Any]:
-    # What igb reports for a fresh VF (see tests/vm/test_igb_smoke.py).
-    return {
-        "mac": ZERO_MAC,
-        "vlan": 0,
-        "qos": 0,
-        "vlan_proto": vfsettings.VLAN_PROTO_8021Q,
-        "spoofchk": True,
-        "trust": False,
-        "link_state": vfsettings.LINK_STATE_AUTO,
-        "min_tx_rate": 0,
-        "max_tx_rate": 0,
-    }
-
-
-class FakeVfControl:
-    """:class:`netlink.VfControl` in memory; records every set call in order.
-
-    ``refuse[setting] = exception`` makes that setter raise (after recording
-    the attempt) without changing anything, as a driver that cannot do it.
-    """
-
-    def __init__(self) -> None:
-        self.state: dict[str, dict[int, dict[str, Any]]] = {}
-        self.calls: list[tuple[Any, ...]] = []
-        self.refuse: dict[str, Exception] = {}
-        self.closed = 0
-
-    def close(self) -> None:
-        # KernelVfControl holds a netlink socket; the plugin must close it.
-        self.closed += 1
-
-    def add_pf(self, pf: str, nvfs: int) -> None:
-        self.state[pf] = {i: default_vf_state(i) for i in range(nvfs)}
-
-    def snapshot(self) -> dict[str, dict[int, dict[str, Any]]]:
-        return copy.deepcopy(self.state)
-
-    def _vf(self, pf: str, vf: int) -> dict[str, Any]:
-        if pf not in self.state:
-            raise netlink.LinkNotFound(f"PF {pf} not found")
-        if vf not in self.state[pf]:
-            raise netlink.InvalidArgument(f"{pf} has no VF {vf}")
-        return self.state[pf][vf]
-
-    def _set(self, setting: str, pf: str, vf: int, value: Any, **changes: Any) -> None:
-        self.calls.append((setting, pf, vf, value))
-        target = self._vf(pf, vf)
-        if setting in self.refuse:
-            raise self.refuse[setting]
-        target.update(changes)
-
-    def vfs(self, pf: str) -> dict[int, PfSettings]:
-        if pf not in self.state:
-            raise netlink.LinkNotFound(f"PF {pf} not found")
-        return {i: vfsettings.from_flat(s) for i, s in self.state[pf].items()}
-
-    def set_mac(self, pf: str, vf: int, mac: str) -> None:
-        self._set("mac", pf, vf, mac, mac=mac)
-
-    def set_vlan(self, pf: str, vf: int, vlan: int, qos: int, proto: int) -> None:
-        self._set("vlan", pf, vf, (vlan, qos, proto), vlan=vlan, qos=qos, vlan_proto=proto)
-
-    def set_spoofchk(self, pf: str, vf: int, on: bool) -> None:
-        self._set("spoofchk", pf, vf, on, spoofchk=on)
-
-    def set_trust(self, pf: str, vf: int, on: bool) -> None:
-        self._set("trust", pf, vf, on, trust=on)
-
-    def set_link_state(self, pf: str, vf: int, state: int) -> None:
-        self._set("link_state", pf, vf, state, link_state=state)
-
-    def set_rate(self, pf: str, vf: int, min_tx_rate: int, max_tx_rate: int) -> None:
-        self._set("rate", pf, vf, (min_tx_rate, max_tx_rate), min_tx_rate=min_tx_rate, max_tx_rate=max_tx_rate)
 
 
 # --- the node -------------------------------------------------------------------

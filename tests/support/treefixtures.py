@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.nodetree import FakeHost, FakeLinks, Tree
+from tests.support.fakes import FakeHost, FakeLinks
+from tests.support.nodetree import Tree
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.plugin import tuning
 
