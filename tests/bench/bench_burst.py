@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.daemonlib import Daemon  # noqa: E402
 from tests.support.hostnode import HostNode  # noqa: E402
 from tests.support.memcg import MemoryCgroup  # noqa: E402
 
@@ -74,12 +75,8 @@ def burst(node: HostNode, work: Path, shim: Path, pods: list[str], n: int, toget
     """N ADDs then N DELs through a fresh daemon in a fresh cgroup."""
     cgroup = MemoryCgroup(limit, "sriov-cni-bench")
     sock = work / f"run-{uuid.uuid4().hex[:6]}" / "plugin.sock"
-    proc = subprocess.Popen(cgroup.wrap(node.daemon_command(str(sock))), stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert proc.stderr is not None
-    banner = proc.stderr.readline().strip()
-    if "listening" not in banner:
-        sys.exit(f"the sriov-cni daemon did not start: {banner}")
+    daemon = Daemon(sock.parent, program=node.daemon_command, wrapper=cgroup.wrap([]), env={"PYTHONPATH": str(ROOT)})
+    proc, banner = daemon.proc, daemon.banner.strip()
     conf = json.dumps({
         "cniVersion": "1.0.0", "name": "burst", "type": "sriov", "pfNames": [pf.name for pf in node.node.pfs],
         "dataDir": str(work / "state"),
@@ -123,10 +120,7 @@ def burst(node: HostNode, work: Path, shim: Path, pods: list[str], n: int, toget
         alive = proc.poll() is None
         peak, kills = cgroup.peak(), cgroup.oom_kills()
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait()
-        proc.stderr.close()
+        daemon.stop()
         cgroup.remove()
     return Run(n, add_s, del_s, peak, kills, len(errors), alive,
                banner, errors)

@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.daemonlib import exporter_of  # noqa: E402
+from tests.support.daemonlib import Daemon, exporter_of  # noqa: E402
 from tests.support.hostnode import HostNode  # noqa: E402
 
 from sriov_cni.daemon import install  # noqa: E402
@@ -79,12 +79,9 @@ def main() -> None:
         shim.symlink_to(install.SHIM)
         sock = work / "run" / "plugin.sock"
         state = work / "state"
-        daemon = subprocess.Popen(node.daemon_command(str(sock), "metrics=127.0.0.1:0", f"data={state}"),
-                                  stderr=subprocess.PIPE, text=True)
+        daemon = Daemon(sock.parent, "metrics=127.0.0.1:0", f"data={state}", program=node.daemon_command)
         try:
-            assert daemon.stderr is not None
-            banner = daemon.stderr.readline()
-            url = banner.split("metrics on ")[1].strip()
+            url = daemon.banner.split("metrics on ")[1].strip()
             conf = json.dumps({"cniVersion": "1.0.0", "name": "bench", "type": "sriov",
                                "pfNames": [node.node.pfs[0].name], "dataDir": str(state)}).encode()
             env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_CONTAINERID": "bench", "CNI_NETNS": pod,
@@ -116,18 +113,17 @@ def main() -> None:
                         out, _ = scraper.communicate(timeout=60)
                         scrapes[mode] += int(out or 0)
 
-            exporter = exporter_of(daemon.pid)
+            exporter = exporter_of(daemon.proc.pid)
             times = []
-            daemon_cpu, exporter_cpu = cpu_seconds(daemon.pid), cpu_seconds(exporter)
+            daemon_cpu, exporter_cpu = cpu_seconds(daemon.proc.pid), cpu_seconds(exporter)
             for _ in range(args.scrapes):
                 start = time.perf_counter()
                 scrape()
                 times.append(time.perf_counter() - start)
-            daemon_cpu = cpu_seconds(daemon.pid) - daemon_cpu
+            daemon_cpu = cpu_seconds(daemon.proc.pid) - daemon_cpu
             exporter_cpu = cpu_seconds(exporter) - exporter_cpu
         finally:
-            daemon.terminate()
-            daemon.wait(timeout=30)
+            daemon.stop()
             node.close()
 
     peer = statistics.median(pairs["no scraper"])

@@ -55,6 +55,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from sriov_cni.daemon import install, measure  # noqa: E402
 
+from tests.support import daemonlib  # noqa: E402
 from tests.support.hostnode import CODE_ENV  # noqa: E402
 
 import phases  # noqa: E402
@@ -87,12 +89,12 @@ class Vf:
 
 @dataclass
 class Bench:
-    """The VFs, PFs and daemon command of the node under test."""
+    """The VFs, PFs and daemon program (daemonlib.Daemon's) of the node under test."""
 
     kind: str
     pfs: list[str]
     vfs: list[Vf]
-    daemon_command: list[str]
+    daemon_program: Callable[..., list[str]]
     close: Any = None
 
 
@@ -122,8 +124,7 @@ def igb_node(pfs: list[str], per_pf: int) -> Bench:
         for i in range(want):
             pci = os.path.basename(os.readlink(dev / f"virtfn{i}"))
             vfs.append(Vf(pci, vf_netdev(pci)))
-    command = [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket"]
-    return Bench("igb", pfs, vfs, command)
+    return Bench("igb", pfs, vfs, daemonlib.command_line)
 
 
 def host_node(work: Path, per_pf: int) -> Bench:
@@ -131,7 +132,7 @@ def host_node(work: Path, per_pf: int) -> Bench:
 
     node = HostNode(work / "node", 2, per_pf)
     vfs = [Vf(vf.pci, str(vf.netdev)) for pf in node.node.pfs for vf in pf.vfs]
-    return Bench("host", [pf.name for pf in node.node.pfs], vfs, node.daemon_command("SOCKET"), node.close)
+    return Bench("host", [pf.name for pf in node.node.pfs], vfs, node.daemon_command, node.close)
 
 
 class Daemon:
@@ -143,22 +144,17 @@ class Daemon:
         self.sock = sock
         self.stats = stats
         stats.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, **{measure.STATS_ENV: str(stats)})
-        env["PYTHONPATH"] = env[CODE_ENV] = str(code)
+        env = {measure.STATS_ENV: str(stats), "PYTHONPATH": str(code), CODE_ENV: str(code)}
         if profile:
             env[measure.PROFILE_ENV] = "1"
-        command = [str(sock) if part == "SOCKET" else part for part in bench.daemon_command]
-        if "SOCKET" not in bench.daemon_command:
-            command.append(str(sock))
+        options: list[str] = []
         if calls_per_child is not None:
             # The host node's daemon (tests/support/hostnode.py) takes it among its PFs.
-            command += ([f"calls={calls_per_child}"] if bench.kind == "host"
-                        else ["--calls-per-child", str(calls_per_child)])
+            options = ([f"calls={calls_per_child}"] if bench.kind == "host"
+                       else ["--calls-per-child", str(calls_per_child)])
         self.seen: set[str] = set()
-        self.proc = subprocess.Popen(command, cwd=code, stderr=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stderr is not None
-        if "listening" not in self.proc.stderr.readline():
-            sys.exit("the sriov-cni daemon did not start")
+        self.daemon = daemonlib.Daemon(sock.parent, *options, program=bench.daemon_program, env=env, cwd=code)
+        self.proc = self.daemon.proc
 
     def new_calls(self, expected: int) -> list[dict[str, Any]]:
         """Reports of the calls since the last look, at least ``expected`` of them.
@@ -186,8 +182,7 @@ class Daemon:
         return 0
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait()
+        self.daemon.stop()
 
 
 # --- running executables --------------------------------------------------------

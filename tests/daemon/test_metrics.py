@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from collections import Counter
@@ -28,8 +27,7 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import daemonprocs
-from tests.support.daemonlib import REPO, SHIM, exporter_of, stop, wait_for
+from tests.support.daemonlib import REPO, SHIM, Daemon, command_line, exporter_of, wait_for
 from tests.support.hostnode import HostNode
 
 from sriov_cni import __version__, cli
@@ -57,13 +55,11 @@ class Rig:
         self.bin.mkdir()
         for name in ("sriov", "sriov-ipam"):
             (self.bin / name).symlink_to(SHIM)
-        self.socket = tmp_path / "run" / "plugin.sock"
         # Two calls per child: children end after their calls too.
-        command = self.node.daemon_command(str(self.socket), "calls=2", "metrics=127.0.0.1:0", f"data={self.state}")
-        self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stderr is not None
-        banner = self.proc.stderr.readline()
-        assert f"listening on {self.socket}" in banner and "metrics on http://" in banner, banner
+        self.daemon = Daemon(tmp_path / "run", "calls=2", "metrics=127.0.0.1:0", f"data={self.state}",
+                             program=self.node.daemon_command)
+        self.socket, self.proc, banner = self.daemon.socket, self.daemon.proc, self.daemon.banner
+        assert "metrics on http://" in banner, banner
         self.url = banner.split("metrics on ")[1].strip()
         self.address = urllib.parse.urlparse(self.url).netloc
 
@@ -88,10 +84,10 @@ class Rig:
         return {key(s.name, **s.labels): s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
     def running(self) -> list[int]:
-        return daemonprocs.running_calls(self.proc.pid)
+        return self.daemon.children()
 
     def close(self) -> None:
-        stop(self.proc)
+        self.daemon.stop()
         self.node.close()
 
 
@@ -392,7 +388,6 @@ def test_metrics_on_an_address_in_use_or_malformed_stop_the_daemon_saying_why(tm
         port = taken.getsockname()[1]
         for address, why in ((f"127.0.0.1:{port}", f"cannot serve metrics: cannot listen on 127.0.0.1:{port}"),
                              ("9731", "is not HOST:PORT")):
-            proc = subprocess.run([sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
-                                   "--socket", str(tmp_path / "run" / "plugin.sock"), "--metrics-address", address],
+            proc = subprocess.run(command_line(tmp_path / "run" / "plugin.sock", "--metrics-address", address),
                                   capture_output=True, text=True, timeout=60)
             assert proc.returncode != 0 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -998,12 +998,15 @@ def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, v
             ipam_exe = REPO / "bin" / "sriov-ipam"
         else:
             from sriov_cni.daemon import install
+            from tests.support.daemonlib import command_line
 
             node = IgbNode(vfs)
             shims = work / "shims"
             install.install(str(shims), None)
             socket_path = str(work / "daemon" / "plugin.sock")
-            daemon = [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket", socket_path]
+            # Started by ExecTransport itself, not daemonlib.Daemon: a fault may
+            # kill it and restart it, and nobody reads its stderr in a long run.
+            daemon = command_line(socket_path)
             transport = ExecTransport([str(shims / "sriov")], daemon, socket_path)
             ipam_exe = shims / "sriov-ipam"
         driver = Driver(node, transport, state, rng, concurrency, deadline, work, ipam_exe)

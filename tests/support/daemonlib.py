@@ -21,18 +21,40 @@ SHIM = Path(install.SHIM)
 T = TypeVar("T")
 
 
+def command_line(socket: Path | str, *options: str, command: str = "daemon") -> list[str]:
+    """``sriov-cni COMMAND --socket SOCKET OPTIONS``, run by this interpreter from the package on its path."""
+    return [sys.executable, "-c", "from sriov_cni.cli import main; main()", command, "--socket", str(socket), *options]
+
+
 class Daemon:
+    """A daemon serving ``directory``/plugin.sock: started, its banner read and checked; stop() ends it.
+
+    The one way the tests, benchmarks and the guest's tests start a daemon.
+    ``program`` makes its command line from the socket and ``options``:
+    :func:`command_line` by default, ``HostNode.daemon_command`` for the
+    host fixtures' node; ``wrapper`` goes before it (a memory cgroup's, a
+    tracer's).  Its stderr stays a pipe after the banner, for the tests that
+    read what it says later.
+    """
+
     def __init__(self, directory: Path, *options: str, command: str = "daemon",
-                 env: dict[str, str] | None = None, wrapper: Sequence[str] = ()) -> None:
+                 program: Callable[..., list[str]] | None = None, env: Mapping[str, str] | None = None,
+                 wrapper: Sequence[str] = (), cwd: Path = REPO) -> None:
         self.socket = directory / "plugin.sock"
-        self.proc = subprocess.Popen(
-            [*wrapper, sys.executable, "-c", "from sriov_cni.cli import main; main()", command,
-             "--socket", str(self.socket), *options],
-            cwd=REPO, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})),
-        )
+        argv = program(str(self.socket), *options) if program else command_line(self.socket, *options, command=command)
+        self.proc = subprocess.Popen([*wrapper, *argv], cwd=cwd, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, **(env or {})))
         assert self.proc.stderr is not None
-        banner = self.proc.stderr.readline()
-        assert f"listening on {self.socket}" in banner, banner
+        self.banner = self.proc.stderr.readline()
+        if f"listening on {self.socket}" not in self.banner:
+            self.stop()
+            raise AssertionError(f"the daemon did not start on {self.socket}: {self.banner!r}")
+
+    def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def all_children(self) -> list[int]:
         return daemonprocs.all_children(self.proc.pid)
@@ -49,7 +71,8 @@ def stop(proc: subprocess.Popen[str]) -> None:
     """End a daemon started with its stderr piped, unless it ended already."""
     if proc.poll() is None:
         proc.terminate()
-    proc.wait(timeout=30)
+    # Long enough for a guest under TCG to end the daemon's children.
+    proc.wait(timeout=60)
     assert proc.stderr is not None
     proc.stderr.close()
 

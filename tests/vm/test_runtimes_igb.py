@@ -44,9 +44,10 @@ from runtimelib import (
     vf_picture,
     wait_pod_carrier,
 )
-from vmlib import Sriov, sriov_daemon, vf_pci_dirs, wait_until
+from vmlib import Sriov, vf_pci_dirs, wait_until
 
 from sriov_cni.daemon.client import DEFAULT_SOCKET
+from tests.support.daemonlib import Daemon
 
 pytestmark = pytest.mark.sriov_vm
 
@@ -70,7 +71,7 @@ def install_cni(dest: Path, *args: str) -> None:
 def shim_and_daemon(dest: Path) -> Iterator[None]:
     """The static shim ``install-cni`` writes, served by ``sriov-cni daemon`` on the default socket."""
     install_cni(dest)
-    with sriov_daemon(DEFAULT_SOCKET):
+    with Daemon(Path(DEFAULT_SOCKET).parent):
         yield
 
 

@@ -16,16 +16,15 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sriov_cni.daemon import install
-from tests.support import daemonprocs
+from tests.support.daemonlib import Daemon
 from test_plugin_igb import host_link, ns_path, records, restored, vfinfo, view
-from vmlib import Sriov, ip_json, sriov_daemon, vf_pci_dirs, wait_until
+from vmlib import Sriov, ip_json, vf_pci_dirs, wait_until
 
 pytestmark = pytest.mark.sriov_vm
 
@@ -48,21 +47,21 @@ class Node:
         self.root = work / "root"
         self.sock = work / "sock" / "plugin.sock"
         self.mounts: list[Path] = []
-        self.daemon: subprocess.Popen[str] | None = None
-        self._daemon_scope = ExitStack()
+        self.daemon: Daemon | None = None
         self.calls = 0
 
     def start_daemon(self) -> None:
-        self.daemon = self._daemon_scope.enter_context(sriov_daemon(str(self.sock)))
+        self.daemon = Daemon(self.sock.parent)
 
     def stop_daemon(self) -> None:
-        self._daemon_scope.close()
+        if self.daemon is not None:
+            self.daemon.stop()
         self.daemon = None
 
     def daemon_children(self) -> list[int]:
         """The daemon's children running a call (spares not)."""
         assert self.daemon is not None
-        return daemonprocs.running_calls(self.daemon.pid)
+        return self.daemon.children()
 
     def build_chroot(self) -> None:
         """After the pods exist: the netns directory is bound as it is then."""

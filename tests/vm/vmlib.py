@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,23 +130,3 @@ class Sriov:
                 self.disable(pf)
             if not self._was_up[pf]:
                 subprocess.run(["ip", "link", "set", pf, "down"], check=True)
-
-
-@contextmanager
-def sriov_daemon(socket: str, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """``sriov-cni daemon`` on ``socket`` from this checkout, until the block ends."""
-    repo = Path(__file__).resolve().parents[2]
-    daemon = subprocess.Popen(
-        [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon", "--socket", socket, *args],
-        cwd=repo, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        assert daemon.stderr is not None
-        banner = daemon.stderr.readline()
-        assert "listening on" in banner, banner
-        yield daemon
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=60)
-        if daemon.stderr is not None:
-            daemon.stderr.close()
