@@ -9,7 +9,7 @@ import click
 
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
-from sriov_cni.daemon import budget, client, server
+from sriov_cni.daemon import budget, client, probe, server
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
 from sriov_cni.plugin import store
@@ -117,6 +117,18 @@ def daemon(socket_path: str, request_timeout: float, max_children: int, child_id
         server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size)
     except (CNIError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True, help="The daemon's socket.")
+@click.option("--timeout", default=probe.TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds the call may take.")
+def ready(socket_path: str, timeout: float) -> None:
+    """Exit 0 only when the daemon runs a call (a CNI VERSION) and answers: a readiness probe."""
+    problem = probe.probe(socket_path, timeout)
+    if problem is not None:
+        raise CommandError(f"not ready: {problem}")
+    click.echo(f"ready: the daemon at {socket_path} ran a call and answered")
 
 
 # The daemon's name before the static shim made it the only way in; kept for

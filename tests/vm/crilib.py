@@ -248,6 +248,8 @@ class DaemonSetPod:
     containers: dict[str, str]  # name -> container ID of the running containers
     init_logs: dict[str, str]
     attempts: dict[str, int] = field(default_factory=dict)
+    # What the last readiness probe printed.
+    probed: str = ""
 
     def log(self, name: str) -> str:
         """What container ``name`` wrote in its latest attempt, as kubelet keeps it (CRI log lines)."""
@@ -265,6 +267,17 @@ class DaemonSetPod:
         self.attempts[name] = self.attempts.get(name, 0) + 1
         config = self.template.container_config(spec, self.config, self.image, self.attempts[name])
         self.containers[name] = self.cri.start_container(self.pod_id, self.config, config)
+
+    def ready(self, name: str) -> bool:
+        """kubelet's readinessProbe of container ``name``: its command, run in it (ExecSync), exits 0."""
+        [spec] = [c for c in self.template.spec["containers"] if c["name"] == name]
+        probe = spec["readinessProbe"]
+        _refuse_unknown(f"the readinessProbe of {name}", probe, {"exec", "periodSeconds", "timeoutSeconds"})
+        resp = self.cri.runtime.ExecSync(
+            pb.ExecSyncRequest(container_id=self.containers[name], cmd=probe["exec"]["command"],
+                               timeout=probe.get("timeoutSeconds", 1)), timeout=CRI_TIMEOUT)
+        self.probed = (resp.stdout + resp.stderr).decode(errors="replace")
+        return bool(resp.exit_code == 0)
 
     def running(self, name: str) -> bool:
         """Whether container ``name`` runs; fails the test with its log once it has exited."""
@@ -322,7 +335,8 @@ class PodTemplate:
     def container_config(self, container: Mapping[str, Any], pod: pb.PodSandboxConfig,
                          image: str | None = None, attempt: int = 0) -> pb.ContainerConfig:
         _refuse_unknown(f"container {container['name']}", container, CONTAINER_FIELDS_NOT_FOR_CRI | {
-            "image", "imagePullPolicy", "command", "args", "securityContext", "resources", "volumeMounts"})
+            "image", "imagePullPolicy", "command", "args", "securityContext", "resources", "volumeMounts",
+            "readinessProbe"})
         mounts = []
         for m in container.get("volumeMounts", []):
             _refuse_unknown(f"a mount of {container['name']}", m, {"name", "mountPath", "readOnly", "mountPropagation"})

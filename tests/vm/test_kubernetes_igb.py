@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -144,15 +143,6 @@ def node_config(written: str, pf: str) -> str:
     return yaml.safe_dump(conf)
 
 
-def daemon_answers() -> bool:
-    with socket.socket(socket.AF_UNIX) as s:
-        try:
-            s.connect(DEFAULT_SOCKET)
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture
 def daemonset(node: Node, sriov: Sriov, igb_pfs: list[str]) -> Iterator[DaemonSetPod]:
     """The DaemonSet's pod, serving the node's socket; stopped and removed after the test."""
@@ -172,10 +162,11 @@ def daemonset(node: Node, sriov: Sriov, igb_pfs: list[str]) -> Iterator[DaemonSe
 
 def wait_serving(node: Node, pod: DaemonSetPod) -> None:
     try:
-        wait_until(lambda: pod.running("daemon") and daemon_answers(), CRI_TIMEOUT,
-                   f"the daemon container to serve {DEFAULT_SOCKET}")
+        wait_until(lambda: pod.running("daemon") and pod.ready("daemon"), CRI_TIMEOUT,
+                   f"the daemon container to be ready, serving {DEFAULT_SOCKET}")
     except pytest.fail.Exception as exc:
-        pytest.fail(f"{exc}\ndaemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
+        pytest.fail(f"{exc}\nits readiness probe said: {pod.probed}\n"
+                    f"daemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
                     f"{sorted(p.name for p in Path(DEFAULT_SOCKET).parent.iterdir())}\n"
                     f"containerd's log:\n{node.containerd_says()}")
 
