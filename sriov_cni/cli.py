@@ -106,17 +106,27 @@ def status(as_json: bool, data_dir: Path) -> None:
 @click.option("--memory-budget", metavar="SIZE",
               help="Memory the daemon and its calls may use (e.g. 160Mi); default: its cgroup's limit. "
                    "Calls run at once are as many as fit, at most --max-children.")
+@click.option("--drain-timeout", default=server.DRAIN_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds after SIGTERM that the calls running may take to end; new ones are refused.")
 def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float,
-           calls_per_child: int, memory_budget: str | None) -> None:
-    """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until stopped)."""
+           calls_per_child: int, memory_budget: str | None, drain_timeout: float) -> None:
+    """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until SIGTERM).
+
+    On SIGTERM it refuses new calls (CNI code 11, try again later), lets the
+    running ones end, and exits 0; 1 when some still ran after --drain-timeout.
+    """
     try:
         size = None if memory_budget is None else budget.parse_size(memory_budget)
     except budget.BudgetError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from exc
     try:
-        server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size)
+        running = server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size,
+                               drain_timeout)
     except (CNIError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
+    if running:
+        raise CommandError(f"stopped {drain_timeout:g} s after SIGTERM with {running} calls still running")
+    click.echo("sriov-cni daemon: stopped, no call running", err=True)
 
 
 @main.command()

@@ -84,6 +84,9 @@ MAX_PENDING = 1024
 # giving back its copied pages (a burst of calls leaves as many children);
 # the daemon forks fresh spares as needed.
 CHILD_IDLE = 60.0
+# Seconds a stopping daemon (SIGTERM) waits for the calls it runs to end
+# (--drain-timeout); the DaemonSet's terminationGracePeriodSeconds is above.
+DRAIN_TIMEOUT = 20.0
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
 
@@ -401,6 +404,7 @@ class _Children:
         """
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         keep = {0, 1, 2, channel.fileno(), self.messages_w}
         for name in os.listdir("/proc/self/fd"):
             if int(name) not in keep:
@@ -497,6 +501,53 @@ class _Children:
                 del self.waiting[pid]
                 self.channels[pid].close()  # the child reads the end of its channel and ends
 
+    def end_waiting(self) -> None:
+        for pid in list(self.waiting):
+            del self.waiting[pid]
+            self.channels[pid].close()
+
+    def running(self) -> int:
+        """Children running a call: neither starting, waiting, nor ending (their channel closed)."""
+        return sum(1 for pid, channel in self.channels.items()
+                   if channel.fileno() != -1 and pid not in self.starting and pid not in self.waiting)
+
+
+class _Stop:
+    """SIGTERM: take no new call, let the running ones end, then return from the loop.
+
+    Kubernetes stops the DaemonSet's pod (an upgrade, a node drain) with
+    SIGTERM, and kills every process left in the container once the daemon
+    exits: a call cut short there fails "may have partly run".  So the calls
+    children run go on to their end, within ``grace`` seconds; each call
+    arriving meanwhile is refused, nothing of it run, and the runtime tries
+    it again with the next daemon.
+    """
+
+    REFUSAL = CNIError(Code.TRY_AGAIN, "the sriov-cni daemon is stopping; nothing ran")
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.deadline: float | None = None
+        self.announced = False
+        signal.signal(signal.SIGTERM, self._requested)
+
+    def _requested(self, signum: int, frame: object) -> None:
+        # Only noted: the loop wakes through the wakeup fd, as for SIGCHLD.
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.grace
+
+    def over(self, children: _Children, calls: intake.Intake) -> bool:
+        """Refuse what waits and end idle children; whether no call runs any more, or the grace is over."""
+        calls.refuse_waiting(self.REFUSAL)
+        children.end_waiting()
+        if not self.announced:
+            self.announced = True
+            sys.stderr.write(f"sriov-cni daemon: stopping: new calls are refused, {children.running()} running "
+                             f"may take up to {self.grace:g} s\n")
+            sys.stderr.flush()
+        assert self.deadline is not None
+        return not children.channels or time.monotonic() >= self.deadline
+
 
 def _warm_netlink() -> None:
     """Decode one link here, so that each child starts with the decoder warm.
@@ -517,11 +568,12 @@ def _warm_netlink() -> None:
 
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
-          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None) -> None:
-    """Listen on ``path`` until terminated.
+          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
+          drain_timeout: float = DRAIN_TIMEOUT) -> int:
+    """Listen on ``path`` until SIGTERM, then wait up to ``drain_timeout`` seconds for the calls running.
 
     ``memory_budget``: bytes the daemon and its children may hold, instead
-    of its cgroup's limit.
+    of its cgroup's limit.  Returns how many calls still ran when it stopped.
     """
     # Import everything a request needs now, in the parent, so each child
     # starts warm.
@@ -562,6 +614,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
+    stop = _Stop(drain_timeout)
     daemon = os.getpid()
 
     def spare(channel: socket.socket) -> None:
@@ -572,7 +625,10 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
     while True:
-        while children.may_fork(time.monotonic()):
+        if stop.deadline is not None:
+            if stop.over(children, calls):
+                return children.running()
+        while stop.deadline is None and children.may_fork(time.monotonic()):
             children.fork(spare)
         # With MAX_CHILDREN calls running, further ones wait here until a
         # child waits again or ends.
@@ -581,7 +637,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
                 calls.put_back(call)
         if (broken := children.cannot_start()) is not None:
             calls.refuse_waiting(broken)
-        deadlines = [t for t in (calls.next_deadline(), children.next_retirement()) if t is not None]
+        deadlines = [t for t in (calls.next_deadline(), children.next_retirement(), stop.deadline) if t is not None]
         if children.spares() < SPARES and children.next_fork > time.monotonic():
             deadlines.append(children.next_fork)
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None

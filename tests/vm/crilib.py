@@ -261,6 +261,13 @@ class DaemonSetPod:
         self.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=self.containers[name], timeout=0),
                                        timeout=CRI_TIMEOUT)
 
+    def stop(self, name: str) -> pb.ContainerStatus:
+        """Container ``name`` stopped as kubelet stops a pod's: SIGTERM, then SIGKILL after the grace period."""
+        grace = int(self.template.spec.get("terminationGracePeriodSeconds", 30))
+        self.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=self.containers[name], timeout=grace),
+                                       timeout=CRI_TIMEOUT + grace)
+        return self.cri.container_status(self.containers[name])
+
     def restart(self, name: str) -> None:
         """Start container ``name`` again as kubelet does: a new container, the next attempt, same sandbox."""
         [spec] = [c for c in self.template.spec["containers"] if c["name"] == name]
@@ -298,7 +305,7 @@ class PodTemplate:
         self.labels = {str(k): str(v) for k, v in template["metadata"]["labels"].items()}
         self.spec: Mapping[str, Any] = template["spec"]
         _refuse_unknown("the pod template", self.spec, POD_FIELDS_NOT_FOR_CRI | {
-            "hostNetwork", "hostPID", "initContainers", "containers", "volumes"})
+            "hostNetwork", "hostPID", "initContainers", "containers", "volumes", "terminationGracePeriodSeconds"})
         self.host_network = bool(self.spec.get("hostNetwork"))
         self.host_pid = bool(self.spec.get("hostPID"))
         self.volumes = {v["name"]: self._volume(v, config_maps, scratch) for v in self.spec["volumes"]}
