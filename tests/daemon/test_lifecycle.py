@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
+from daemonlib import REPO, SHIM, Daemon, broken_children, ipam_conf, ipam_env, shim, wait_for
 
 
 def ready(socket_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
@@ -51,40 +51,30 @@ def test_not_ready_without_a_socket(tmp_path: Path) -> None:
     assert f"not ready: no daemon answers at {sock}: No such file or directory" in proc.stderr
 
 
-def test_not_ready_when_nothing_listens(tmp_path: Path) -> None:
+@pytest.mark.parametrize("listening, says", [
+    # What a daemon that died leaves behind.
+    (False, "not ready: no daemon answers at {sock}: Connection refused"),
+    # It takes the connection and the request, and never answers: a stuck daemon.
+    (True, "not ready: the daemon at {sock} did not answer within 0.5 s"),
+])
+def test_not_ready_when_the_socket_answers_nothing(tmp_path: Path, listening: bool, says: str) -> None:
     sock = tmp_path / "plugin.sock"
     bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    bound.bind(str(sock))  # what a daemon that died leaves behind
-    try:
-        proc = ready(sock)
-    finally:
-        bound.close()
-    assert proc.returncode == 1, proc
-    assert f"no daemon answers at {sock}: Connection refused" in proc.stderr
-
-
-def test_not_ready_when_the_daemon_answers_nothing_within_the_timeout(tmp_path: Path) -> None:
-    sock = tmp_path / "plugin.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(sock))
-    listener.listen(8)  # connects and takes the request, never answers: a stuck daemon
+    bound.bind(str(sock))
+    if listening:
+        bound.listen(8)
     try:
         proc = ready(sock, "--timeout", "0.5")
     finally:
-        listener.close()
+        bound.close()
     assert proc.returncode == 1, proc
-    assert f"not ready: the daemon at {sock} did not answer within 0.5 s" in proc.stderr
+    assert says.format(sock=sock) in proc.stderr
 
 
 def test_not_ready_while_the_daemons_children_cannot_start(tmp_path: Path) -> None:
-    # The socket answers, but no child can run a call (each fails as it
-    # opens /dev/null, made a read-only file in the daemon's mount
-    # namespace): a probe that only connected would call this ready.
-    null = tmp_path / "null"
-    null.write_bytes(b"")
-    wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-               'mount --bind -o ro "$0" /dev/null && exec "$@"', str(null)]
-    d = Daemon(tmp_path / "run", wrapper=wrapper)
+    # The socket answers, but no child can run a call: a probe that only
+    # connected would call this ready.
+    d = Daemon(tmp_path / "run", wrapper=broken_children(tmp_path))
     assert d.proc.stderr is not None
     try:
         wait_for(lambda: "ended before it could take calls" in d.proc.stderr.readline())  # type: ignore[union-attr]
