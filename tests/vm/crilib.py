@@ -275,14 +275,35 @@ class DaemonSetPod:
         config = self.template.container_config(spec, self.config, self.image, self.attempts[name])
         self.containers[name] = self.cri.start_container(self.pod_id, self.config, config)
 
+    def pid(self, name: str) -> int:
+        """The node's pid of container ``name``'s process (the runtime's verbose status says it)."""
+        resp = self.cri.runtime.ContainerStatus(
+            pb.ContainerStatusRequest(container_id=self.containers[name], verbose=True), timeout=CRI_TIMEOUT)
+        return int(json.loads(resp.info["info"])["pid"])
+
     def ready(self, name: str) -> bool:
         """kubelet's readinessProbe of container ``name``: its command, run in it (ExecSync), exits 0."""
         [spec] = [c for c in self.template.spec["containers"] if c["name"] == name]
         probe = spec["readinessProbe"]
         _refuse_unknown(f"the readinessProbe of {name}", probe, {"exec", "periodSeconds", "timeoutSeconds"})
-        resp = self.cri.runtime.ExecSync(
-            pb.ExecSyncRequest(container_id=self.containers[name], cmd=probe["exec"]["command"],
-                               timeout=probe.get("timeoutSeconds", 1)), timeout=CRI_TIMEOUT)
+        # This guest's root is its initramfs, which runc cannot pivot_root
+        # away from: it mounts the container's root over / and chroots into
+        # it, and an exec that joins that mount namespace starts in the
+        # initramfs. On a node the exec starts in the container's root; here
+        # it gets there by chroot (the initramfs has busybox), and runs the
+        # probe as written.
+        cmd = ["/bin/busybox", "chroot", f"/proc/{self.pid(name)}/root", *probe["exec"]["command"]]
+        timeout = probe.get("timeoutSeconds", 1)
+        try:
+            resp = self.cri.runtime.ExecSync(
+                pb.ExecSyncRequest(container_id=self.containers[name], cmd=cmd, timeout=timeout), timeout=CRI_TIMEOUT)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            # A probe that times out failed, to kubelet as here (this guest
+            # starts Python slowly while the daemon itself starts).
+            self.probed = f"timed out after {timeout} s"
+            return False
         self.probed = (resp.stdout + resp.stderr).decode(errors="replace")
         return bool(resp.exit_code == 0)
 
