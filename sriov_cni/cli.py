@@ -10,7 +10,7 @@ import click
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
 from sriov_cni.daemon import budget, client, probe, server
-from sriov_cni.kernel import netlink, sysfs
+from sriov_cni.kernel import irqs, netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
 from sriov_cni.plugin import store
 
@@ -108,8 +108,11 @@ def status(as_json: bool, data_dir: Path) -> None:
                    "Calls run at once are as many as fit, at most --max-children.")
 @click.option("--drain-timeout", default=server.DRAIN_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
               help="Seconds after SIGTERM that the calls running may take to end; new ones are refused.")
+@click.option("--proc-irq", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="The host's /proc/irq mounted here, where the calls pin VF IRQs "
+                   "(a container that is not privileged has /proc/irq read-only).")
 def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float,
-           calls_per_child: int, memory_budget: str | None, drain_timeout: float) -> None:
+           calls_per_child: int, memory_budget: str | None, drain_timeout: float, proc_irq: Path | None) -> None:
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until SIGTERM).
 
     On SIGTERM it refuses new calls (CNI code 11, try again later), lets the
@@ -119,6 +122,8 @@ def daemon(socket_path: str, request_timeout: float, max_children: int, child_id
         size = None if memory_budget is None else budget.parse_size(memory_budget)
     except budget.BudgetError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from exc
+    # Set before the children fork: they run the calls.
+    irqs.proc_irq = proc_irq
     try:
         running = server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size,
                                drain_timeout)

@@ -341,6 +341,9 @@ class PodTemplate:
             kind = host.get("type", "")
             if kind == "DirectoryOrCreate":
                 path.mkdir(mode=0o755, parents=True, exist_ok=True)
+            elif kind == "Directory":
+                if not path.is_dir():
+                    pytest.fail(f"volume {volume['name']}: {path} is not a directory; kubelet would not start the pod")
             elif kind == "":
                 pass  # kubelet checks nothing
             else:

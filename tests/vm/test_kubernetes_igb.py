@@ -306,8 +306,11 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
     assert len(leases(NODE_DATA)) == 2
     for ns in netns.values():
         wait_pod_carrier(ns)
+    # The daemon, not privileged, exempted itself from the OOM killer.
+    assert Path(f"/proc/{daemonset.pid('daemon')}/oom_score_adj").read_text() == "-1000\n"
     # The node config tunes the PF, so the daemon pinned each VF's queue
-    # IRQs to one CPU as its pod started: it can write /proc/irq.
+    # IRQs to one CPU as its pod started: it writes the host's /proc/irq
+    # through its mount of it.
     for vf_pci in vf_pcis:
         cpus = queue_irq_cpus(vf_pci)
         assert cpus and all(re.fullmatch(r"\d+", c) for c in cpus.values()), (vf_pci, cpus)
