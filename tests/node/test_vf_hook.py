@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from nodetree import FakeLinks, Tree
+from sriov_cni.kernel import irqs
 from sriov_cni.node import config as node_config, setup as node_setup
 from sriov_cni.plugin import tuning
 
@@ -51,6 +53,19 @@ def test_apply_pins_the_vf_queues_and_sets_rps_in_the_pod(tree: Tree, links: Fak
     assert fake_netlink == ["/run/netns/pod"]
     assert tree.read("class/net/eth0v1/queues/rx-0/rps_cpus") == "0000000f"
     assert tree.read("class/net/eth0v1/queues/rx-0/rps_flow_cnt") == "4096"
+
+
+def test_apply_pins_through_proc_irq_mounted_elsewhere(tree: Tree, links: FakeLinks, tmp_path: Path, state_file: Path,
+                                                      fake_netlink: list[str | None], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The daemon in a container that is not privileged (--proc-irq): /proc/irq
+    # is read-only there, the host's is mounted writable at another path.
+    setup_node(tree, links, tmp_path, state_file, "{irqCpus: 0-3}")
+    mounted = tmp_path / "host-proc-irq"
+    shutil.copytree(tree.proc / "irq", mounted)
+    monkeypatch.setattr(irqs, "proc_irq", mounted)
+    assert tuning.apply_vf_tuning(VF1, "/run/netns/pod", "eth0v1") == []
+    assert [(mounted / str(irq) / "smp_affinity_list").read_text() for irq in (103, 104)] == ["2", "2"]
+    assert [tree.affinity(103), tree.affinity(104)] == ["0-7", "0-7"]
 
 
 def test_apply_on_a_vf_that_is_down_warns(tree: Tree, links: FakeLinks, tmp_path: Path, state_file: Path, fake_netlink: list[str | None]) -> None:
