@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO
 
 from sriov_cni import __version__, attachments, vfstate
@@ -25,21 +25,20 @@ from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation, FileStore, Store
 
-# How long DEL and GC wait for a VF another call is changing (an ADD still
-# running for the same attachment, typically) before answering "try again":
-# longer than any ADD should take; a holder stuck longer is a bug, and the
-# runtime retries.
-CLAIM_WAIT = 30.0
-
 ABOUT = f"sriov CNI plugin {__version__}"
 
 
 @dataclass(frozen=True)
 class Deps:
-    """What the commands act on; tests substitute the PF-side VF control."""
+    """What the commands act on; tests substitute the PF-side VF control and shorten the waits."""
 
     vf_control: Callable[[], netlink.VfControl] = netlink.KernelVfControl
     store: Callable[[str], Store] = FileStore
+    # How long DEL and GC wait for a VF another call is changing (an ADD still
+    # running for the same attachment, typically) before answering "try again":
+    # longer than any ADD should take; a holder stuck longer is a bug, and the
+    # runtime retries.
+    claim_wait: float = 30.0
 
 
 # --- records -----------------------------------------------------------------
@@ -332,13 +331,11 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation) -> None:
     bind.restore(vfc, alloc)
 
 
-def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
-    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`)."""
-    claim = store.claim(alloc.vf_pci, wait=CLAIM_WAIT)
+def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, wait: float) -> None:
+    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`), waited for ``wait`` seconds."""
+    claim = store.claim(alloc.vf_pci, wait=wait)
     if claim is None:
-        raise CNIError(
-            Code.TRY_AGAIN, f"VF {alloc.vf_pci} stayed claimed by another CNI call for {CLAIM_WAIT:g} s"
-        )
+        raise CNIError(Code.TRY_AGAIN, f"VF {alloc.vf_pci} stayed claimed by another CNI call for {wait:g} s")
     with Lease(store, alloc, claim) as lease:
         if not lease.owned():
             # An ADD reclaimed the VF (its pod's netns was gone) while this
@@ -374,7 +371,7 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
             logger.info("no VF is allocated to this attachment; nothing to release")
         else:
             try:
-                _release(deps.vf_control(), store, alloc)
+                _release(deps.vf_control(), store, alloc, deps.claim_wait)
             except CNIError as exc:
                 errors.append(exc)
     finally:
@@ -397,7 +394,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
     for alloc in store.all():
         if alloc.network == cmd.conf["name"] and (alloc.container_id, alloc.ifname) not in valid:
             try:
-                _release(vfc, store, alloc)
+                _release(vfc, store, alloc, deps.claim_wait)
             except CNIError as exc:
                 errors.append(exc)
     if common.ipam_type:
@@ -544,7 +541,7 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], 
             opened.append(deps.vf_control())
         return opened[0]
 
-    scoped = Deps(vf_control=vf_control, store=deps.store)
+    scoped = replace(deps, vf_control=vf_control)
     handlers = {name: _device_errors(fn, scoped) for name, fn in COMMANDS.items()}
     try:
         with netlink.session():

@@ -242,6 +242,8 @@ class Node:
         self.data_dir = tmp_path / "data"
         self.ipam_dir = tmp_path / "ipam"
         self.fake = FakeVfControl()
+        # How long DEL and GC wait for a VF's claim; a test that waits it out shortens it.
+        self.claim_wait = commands.Deps.claim_wait
         self.pfs: list[PF] = []
         self.peer_ns = f"svpeer-{self.token}"
         sh("ip", "netns", "add", self.peer_ns)
@@ -359,7 +361,7 @@ class Node:
 
     def deps(self) -> commands.Deps:
         fake = self.fake
-        return commands.Deps(vf_control=lambda: fake, store=FileStore)
+        return commands.Deps(vf_control=lambda: fake, store=FileStore, claim_wait=self.claim_wait)
 
     def run(self, env: dict[str, str], stdin: bytes) -> Outcome:
         out, err = io.StringIO(), io.StringIO()
