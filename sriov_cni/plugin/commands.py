@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import IO
 
 from sriov_cni import __version__, attachments, vfstate
@@ -20,6 +21,7 @@ from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings
+from sriov_cni.paths import Paths
 from sriov_cni.plugin import allocate, bind, config, delegate, log, pool, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
@@ -39,6 +41,7 @@ class Deps:
     # longer than any ADD should take; a holder stuck longer is a bug, and the
     # runtime retries.
     claim_wait: float = 30.0
+    paths: Paths = Paths()
 
 
 # --- records -----------------------------------------------------------------
@@ -219,9 +222,9 @@ def _add(
             alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
             try:
-                return _set_up(cmd, conf, vfc, host, lease, ipam)
+                return _set_up(cmd, conf, vfc, host, lease, ipam, deps.paths.state_file)
             except BaseException:
-                _roll_back(vfc, lease)
+                _roll_back(vfc, lease, deps.paths.state_file)
                 raise
 
 
@@ -232,13 +235,14 @@ def _set_up(
     host: netlink.Namespace,
     lease: Lease,
     ipam: delegate.IpamCall | None,
+    state_file: Path,
 ) -> Result:
     """ADD's phases on the VF it holds, in order; whatever they changed, :func:`_roll_back` undoes from the record."""
     if lease.stale is not None:
         _reclaim_stale(cmd, conf, vfc, lease.stale, ipam)
     _record_changes(vfc, host, lease, conf.pf_settings)
     bind.apply_pf_settings(vfc, lease.alloc)
-    iface, index = _plug(conf, lease)
+    iface, index = _plug(conf, lease, state_file)
     ipam_result = _address(lease.alloc, index, ipam)
     return _result(conf, iface, ipam_result)
 
@@ -266,11 +270,11 @@ def _record_changes(vfc: netlink.VfControl, host: netlink.Namespace, lease: Leas
     lease.save()
 
 
-def _plug(conf: NetConf, lease: Lease) -> tuple[Interface, int | None]:
+def _plug(conf: NetConf, lease: Lease, state_file: Path) -> tuple[Interface, int | None]:
     """The pod's interface, and its link's index in the pod (None for a VF on a DPDK driver)."""
     if lease.alloc.dpdk:
         return _dpdk_interface(conf, lease.alloc), None
-    return _attach(conf, lease)
+    return _attach(conf, lease, state_file)
 
 
 def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
@@ -281,8 +285,8 @@ def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
     return Interface(name=alloc.ifname, mac=mac, sandbox=alloc.netns, pci_id=alloc.vf_pci)
 
 
-def _attach(conf: NetConf, lease: Lease) -> tuple[Interface, int]:
-    """The VF's netdev into the pod, configured and tuned; with its index there."""
+def _attach(conf: NetConf, lease: Lease, state_file: Path) -> tuple[Interface, int]:
+    """The VF's netdev into the pod, configured and tuned by the policy in ``state_file``; with its index there."""
     alloc = lease.alloc
     # Recorded first: only a record that says so lets a restore take an
     # interface out of the pod's namespace.
@@ -291,7 +295,7 @@ def _attach(conf: NetConf, lease: Lease) -> tuple[Interface, int]:
     link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
-    for warning in tuning.apply_vf_tuning(alloc.vf_pci, alloc.netns, alloc.ifname):
+    for warning in tuning.apply_vf_tuning(state_file, alloc.vf_pci, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
     return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index
 
@@ -309,9 +313,9 @@ def _address(alloc: Allocation, index: int | None, ipam: delegate.IpamCall | Non
     return result
 
 
-def _roll_back(vfc: netlink.VfControl, lease: Lease) -> None:
+def _roll_back(vfc: netlink.VfControl, lease: Lease, state_file: Path) -> None:
     try:
-        _give_back(vfc, lease.alloc)
+        _give_back(vfc, lease.alloc, state_file)
     except CNIError as exc:
         # Keep the record: the runtime's DEL after this failed ADD retries.
         logger.error("rollback: %s", exc)
@@ -322,20 +326,22 @@ def _roll_back(vfc: netlink.VfControl, lease: Lease) -> None:
 # --- DEL, GC -------------------------------------------------------------------
 
 
-def _give_back(vfc: netlink.VfControl, alloc: Allocation) -> None:
-    """The VF as it was found, tuning included; raises CNIError when not fully restored."""
+def _give_back(vfc: netlink.VfControl, alloc: Allocation, state_file: Path) -> None:
+    """The VF as it was found, tuning (see ``state_file``) included; raises CNIError when not fully restored."""
     if not alloc.dpdk:
         # Before the move out of the pod: the move closes the VF, and igbvf
         # frees its vectors then, after which affinity writes are ignored.
-        tuning.release_vf_tuning(alloc.vf_pci, alloc.netns if alloc.in_pod else None, alloc.ifname)
+        tuning.release_vf_tuning(state_file, alloc.vf_pci, alloc.netns if alloc.in_pod else None, alloc.ifname)
     bind.restore(vfc, alloc)
 
 
-def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, wait: float) -> None:
-    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`), waited for ``wait`` seconds."""
-    claim = store.claim(alloc.vf_pci, wait=wait)
+def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
+    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`), waited for ``deps.claim_wait``."""
+    claim = store.claim(alloc.vf_pci, wait=deps.claim_wait)
     if claim is None:
-        raise CNIError(Code.TRY_AGAIN, f"VF {alloc.vf_pci} stayed claimed by another CNI call for {wait:g} s")
+        raise CNIError(
+            Code.TRY_AGAIN, f"VF {alloc.vf_pci} stayed claimed by another CNI call for {deps.claim_wait:g} s"
+        )
     with Lease(store, alloc, claim) as lease:
         if not lease.owned():
             # An ADD reclaimed the VF (its pod's netns was gone) while this
@@ -344,7 +350,7 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, wait: floa
             return
         # As recorded now: this attachment's ADD may have run on while this
         # call waited for its claim.
-        _give_back(vfc, lease.alloc)
+        _give_back(vfc, lease.alloc, deps.paths.state_file)
         lease.forget()
     logger.info("released VF %s", alloc.vf_pci)
 
@@ -371,7 +377,7 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
             logger.info("no VF is allocated to this attachment; nothing to release")
         else:
             try:
-                _release(deps.vf_control(), store, alloc, deps.claim_wait)
+                _release(deps.vf_control(), store, alloc, deps)
             except CNIError as exc:
                 errors.append(exc)
     finally:
@@ -394,7 +400,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
     for alloc in store.all():
         if alloc.network == cmd.conf["name"] and (alloc.container_id, alloc.ifname) not in valid:
             try:
-                _release(vfc, store, alloc, deps.claim_wait)
+                _release(vfc, store, alloc, deps)
             except CNIError as exc:
                 errors.append(exc)
     if common.ipam_type:
