@@ -12,6 +12,7 @@ from sriov_cni.cni import CNIError
 from sriov_cni.daemon import budget, client, install, metrics, probe, server
 from sriov_cni.kernel import irqs, netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
+from sriov_cni.paths import Paths
 from sriov_cni import vfstore as store
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
@@ -69,7 +70,7 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
         if dry_run:
             node_setup.show(plan, click.echo)
         else:
-            node_setup.execute(plan, state_file or nodestate.STATE_FILE, click.echo)
+            node_setup.execute(plan, Paths(state_file=state_file or nodestate.STATE_FILE), click.echo)
     except _EXPECTED as exc:
         raise CommandError(str(exc)) from exc
 
