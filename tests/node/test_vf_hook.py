@@ -62,7 +62,7 @@ def test_apply_pins_through_proc_irq_mounted_elsewhere(tree: Tree, links: FakeLi
     mounted = tmp_path / "host-proc-irq"
     shutil.copytree(tree.proc / "irq", mounted)
     monkeypatch.setattr(irqs, "proc_irq", mounted)
-    assert tuning.apply_vf_tuning(VF1, "/run/netns/pod", "eth0v1") == []
+    assert tuning.apply_vf_tuning(state_file, VF1, "/run/netns/pod", "eth0v1") == []
     assert [(mounted / str(irq) / "smp_affinity_list").read_text() for irq in (103, 104)] == ["2", "2"]
     assert [tree.affinity(103), tree.affinity(104)] == ["0-7", "0-7"]
 
