@@ -129,6 +129,7 @@ class Children:
         """
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         lifetime.close_all_but({0, 1, 2, channel.fileno(), self.messages_w})
 
     def hand(self, call: intake.Call) -> bool:
@@ -221,4 +222,14 @@ class Children:
             if pid in self.served and since + self.idle <= now:
                 del self.waiting[pid]
                 self.channels[pid].close()  # the child reads the end of its channel and ends
+
+    def end_waiting(self) -> None:
+        for pid in list(self.waiting):
+            del self.waiting[pid]
+            self.channels[pid].close()
+
+    def running(self) -> int:
+        """Children running a call: neither starting, waiting, nor ending (their channel closed)."""
+        return sum(1 for pid, channel in self.channels.items()
+                   if channel.fileno() != -1 and pid not in self.starting and pid not in self.waiting)
 
