@@ -13,20 +13,18 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.daemonlib import REPO, SHIM, Daemon, broken_children, ipam_conf, ipam_env, shim, wait_for
+from tests.support.daemonlib import REPO, SHIM, Daemon, broken_children, command_line, ipam_conf, ipam_env, shim, wait_for
 
 
 def ready(socket_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     # The subprocess timeout only keeps a probe that ignores its own from
     # hanging the suite.
-    return subprocess.run([sys.executable, "-c", "from sriov_cni.cli import main; main()", "ready",
-                           "--socket", str(socket_path), *options],
+    return subprocess.run(command_line(socket_path, *options, command="ready"),
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
