@@ -132,7 +132,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     children = childpool.Children(admitted.children, child_idle)
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
-    calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
+    calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending, admitted.pending_bytes)
     metrics.watch(children, calls)
     if exporter is not None:
         exporter.serve_in(selector)
