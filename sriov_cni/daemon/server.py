@@ -129,7 +129,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     listener.setblocking(False)
     max_pending = _descriptors_for(MAX_PENDING, admitted.children)
     selector = selectors.DefaultSelector()
-    children = childpool.Children(admitted.children, child_idle)
+    children = childpool.Children(admitted, child_idle)
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending, admitted.pending_bytes)
@@ -151,7 +151,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
             children.fork(spare)
         # With MAX_CHILDREN calls running, further ones wait here until a
         # child waits again or ends.
-        while children.waiting and (call := calls.take()) is not None:
+        while children.waiting and children.running() < children.max and (call := calls.take()) is not None:
             if not children.hand(call):
                 calls.put_back(call)
         if (broken := children.cannot_start()) is not None:

@@ -121,14 +121,23 @@ def test_the_cap_is_what_fits_beside_the_daemon_with_headroom(tmp_path: Path) ->
     fits = int((160 * MiB * (1 - budget.HEADROOM) - 45 * MiB - 5 * MiB) // budget.CHILD_COST)
     assert 1 < fits < 64
     found = budget.admission(64, None, root, proc)
-    assert found == budget.Admission(fits, 160 * MiB, str(root / "memory.max"), 5 * MiB)
+    assert found == budget.Admission(fits, 160 * MiB, str(root / "memory.max"), 5 * MiB, 45 * MiB, 64)
     assert f"at most {fits} calls at once" in found.describe() and "160 MiB" in found.describe()
     # --max-children stays an upper bound, and a budget too small for one
     # child still serves calls one at a time.
     assert budget.admission(3, None, root, proc).children == 3
     assert budget.admission(64, 40 * MiB, root, proc) == budget.Admission(1, 40 * MiB, "--memory-budget",
-                                                                          40 * MiB // 32)
+                                                                          40 * MiB // 32, 45 * MiB, 64)
     assert budget.Admission(1, 40 * MiB, "--memory-budget").describe().startswith("at most 1 call at once")
+
+
+def test_once_children_report_what_they_hold_the_cap_follows_it(tmp_path: Path) -> None:
+    root = v2_tree(tmp_path, {"": str(160 * MiB)})
+    found = budget.admission(64, None, root, proc_with(tmp_path, "0::/", rss_kib=45 * 1024))
+    # 160 MiB less an eighth, the daemon's 45 and the requests' 5: 90 MiB.
+    assert [found.children_at(size) for size in (3 * MiB, 6 * MiB, 9 * MiB, 200 * MiB)] == [30, 15, 10, 1]
+    assert found.children_at(1 * MiB) == 64  # --max-children still bounds it
+    assert budget.admission(64, None, tmp_path / "none", tmp_path / "none").children_at(100 * MiB) == 64
 
 
 def test_the_requests_being_read_get_a_share_of_the_budget_and_room_for_one_of_each_size(tmp_path: Path) -> None:
