@@ -23,7 +23,11 @@ them), the cores all of that kept busy on average, and the cores the rest
 of the machine kept busy meanwhile.  The last line for each N says what
 that leaves a burst to gain: a burst of the same CPU time cannot take less
 than that time spread over every core, and a burst that keeps fewer cores
-busy than there are waits on something else.
+busy than there are waits on something else.  What it waits on is measured
+next, in the same run: every ADD moves its VF into the pod's namespace and
+every DEL moves it back, and N such moves of spare veth ends (with ``ip``)
+one after another and all at once show how much of that the kernel runs
+one at a time (a move takes the kernel's one RTNL lock).
 Asserts nothing; exits non-zero only when the fixtures cannot be built.
 
     python3 tests/bench/bench_burst.py                       # N = 8, 32, 64, limit 160Mi
@@ -177,6 +181,29 @@ def burst(node: HostNode, work: Path, shim: Path, pods: list[str], n: int, toget
     return Run(n, add_s, del_s, peak, kills, len(errors), alive, admitted, errors, cpu, callers, machine_busy)
 
 
+def namespace_moves(pods: list[str], together: bool) -> float:
+    """Seconds for a veth end moved into each of ``pods`` and back, with ``ip``, at once or one by one."""
+    token = uuid.uuid4().hex[:5]
+    ends = [f"bm{token}{i}" for i in range(len(pods))]
+    for end in ends:
+        subprocess.run(["ip", "link", "add", end, "type", "veth", "peer", "name", end + "p"], check=True)
+    there = [["ip", "link", "set", end, "netns", pod] for end, pod in zip(ends, pods)]
+    back = [["ip", "-n", pod, "link", "set", end, "netns", "1"] for end, pod in zip(ends, pods)]
+    try:
+        t0 = time.perf_counter()
+        for commands in (there, back):
+            if together:
+                for p in [subprocess.Popen(command) for command in commands]:
+                    p.wait()
+            else:
+                for command in commands:
+                    subprocess.run(command, check=True)
+        return time.perf_counter() - t0
+    finally:
+        for end in ends:
+            subprocess.run(["ip", "link", "del", end], check=False, stderr=subprocess.DEVNULL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 64], help="calls at once (at most 64)")
@@ -235,6 +262,9 @@ def main() -> None:
             ours = statistics.median(r.ours for r in runs[MODES[0][0]])
             line = (f"{n:>3} one by one kept {ours:.2f} cores busy: on {cores} cores, a burst of the same CPU time "
                     f"takes at least {ours / cores:.2f}x their time")
+            moves = [namespace_moves(names[:n], together) for together in (False, True)]
+            line += (f"; {n} moves to a namespace and back take {moves[0]:.2f} s one by one, "
+                     f"{moves[1]:.2f} s at once ({moves[1] / moves[0]:.2f}x)")
             print(line, flush=True)
             lines.append(line)
     finally:
