@@ -9,9 +9,10 @@ import click
 
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
-from sriov_cni.daemon import budget, client, install, metrics, server
-from sriov_cni.kernel import netlink, sysfs
+from sriov_cni.daemon import budget, client, install, metrics, probe, server
+from sriov_cni.kernel import irqs, netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
+from sriov_cni.paths import Paths
 from sriov_cni import vfstore as store
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
@@ -69,7 +70,7 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
         if dry_run:
             node_setup.show(plan, click.echo)
         else:
-            node_setup.execute(plan, state_file or nodestate.STATE_FILE, click.echo)
+            node_setup.execute(plan, Paths(state_file=state_file or nodestate.STATE_FILE), click.echo)
     except _EXPECTED as exc:
         raise CommandError(str(exc)) from exc
 
@@ -105,28 +106,56 @@ def status(as_json: bool, data_dir: Path) -> None:
 @click.option("--memory-budget", metavar="SIZE",
               help="Memory the daemon and its calls may use (e.g. 160Mi); default: its cgroup's limit. "
                    "Calls run at once are as many as fit, at most --max-children.")
+@click.option("--drain-timeout", default=server.DRAIN_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds after SIGTERM that the calls running may take to end; new ones are refused.")
+@click.option("--proc-irq", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="The host's /proc/irq mounted here, where the calls pin VF IRQs "
+                   "(a container that is not privileged has /proc/irq read-only).")
 @click.option("--metrics-address", metavar="HOST:PORT",
               help="Serve Prometheus metrics of the calls and the VF pool at http://HOST:PORT/metrics "
                    "(e.g. 127.0.0.1:9731); default: not served. Any host that can reach HOST can read them.")
 @click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store, for the metrics' pool.")
 def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float,
-           calls_per_child: int, memory_budget: str | None, metrics_address: str | None, data_dir: Path) -> None:
-    """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until stopped)."""
+           calls_per_child: int, memory_budget: str | None, drain_timeout: float, proc_irq: Path | None,
+           metrics_address: str | None, data_dir: Path) -> None:
+    """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until SIGTERM).
+
+    On SIGTERM it refuses new calls (CNI code 11, try again later), lets the
+    running ones end, and exits 0; 1 when some still ran after --drain-timeout.
+    """
     try:
         size = None if memory_budget is None else budget.parse_size(memory_budget)
     except budget.BudgetError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from exc
+    # Set before the children fork: they run the calls.
+    irqs.proc_irq = proc_irq
     try:
         address = None if metrics_address is None else metrics.parse_address(metrics_address)
     except metrics.MetricsError as exc:
         raise click.BadParameter(str(exc), param_hint="--metrics-address") from exc
     try:
-        server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size, address, data_dir)
+        running = server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size,
+                               drain_timeout, address, data_dir)
     except metrics.MetricsError as exc:
         raise CommandError(f"cannot serve metrics: {exc}") from exc
     except (CNIError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
+    if running:
+        raise CommandError(f"stopped {drain_timeout:g} s after SIGTERM with {running} calls still running")
+    click.echo("sriov-cni daemon: stopped, no call running", err=True)
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True, help="The daemon's socket.")
+@click.option("--timeout", default=probe.TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds the call may take.")
+def ready(socket_path: str, timeout: float) -> None:
+    """Exit 0 only when the daemon runs a call (a CNI VERSION) and answers: a readiness probe."""
+    problem = probe.probe(socket_path, timeout)
+    if problem is not None:
+        raise CommandError(f"not ready: {problem}")
+    click.echo(f"ready: the daemon at {socket_path} ran a call and answered")
 
 
 # The daemon's name before the static shim made it the only way in; kept for

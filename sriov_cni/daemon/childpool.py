@@ -108,9 +108,6 @@ class Children:
     def spares(self) -> int:
         return len(self.starting) + len(self.waiting)
 
-    def running(self) -> int:
-        return len(self.channels) - self.spares()
-
     def fork(self, run: Callable[[socket.socket], None]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -137,6 +134,7 @@ class Children:
         """
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         lifetime.close_all_but({0, 1, 2, channel.fileno(), self.messages_w})
 
     def hand(self, call: intake.Call) -> bool:
@@ -251,4 +249,14 @@ class Children:
                 excess -= 1
                 del self.waiting[pid]
                 self.channels[pid].close()  # the child reads the end of its channel and ends
+
+    def end_waiting(self) -> None:
+        for pid in list(self.waiting):
+            del self.waiting[pid]
+            self.channels[pid].close()
+
+    def running(self) -> int:
+        """Children running a call: neither starting, waiting, nor ending (their channel closed)."""
+        return sum(1 for pid, channel in self.channels.items()
+                   if channel.fileno() != -1 and pid not in self.starting and pid not in self.waiting)
 

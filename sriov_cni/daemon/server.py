@@ -31,12 +31,14 @@ from __future__ import annotations
 import gc
 import os
 import selectors
+import signal
 import socket
 import sys
 import time
 from pathlib import Path
 
 from sriov_cni import __version__, safepath, vfstore
+from sriov_cni.cni import CNIError, Code
 from sriov_cni.daemon import budget, childpool, intake, metrics
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.daemon.measure import Measure
@@ -62,6 +64,46 @@ MAX_PENDING = 1024
 # giving back its copied pages (a burst of calls leaves as many children);
 # the daemon forks fresh spares as needed.
 CHILD_IDLE = 60.0
+# Seconds a stopping daemon (SIGTERM) waits for the calls it runs to end
+# (--drain-timeout); the DaemonSet's terminationGracePeriodSeconds is above.
+DRAIN_TIMEOUT = 20.0
+
+
+class _Stop:
+    """SIGTERM: take no new call, let the running ones end, then return from the loop.
+
+    Kubernetes stops the DaemonSet's pod (an upgrade, a node drain) with
+    SIGTERM, and kills every process left in the container once the daemon
+    exits: a call cut short there fails "may have partly run".  So the calls
+    children run go on to their end, within ``grace`` seconds; each call
+    arriving meanwhile is refused, nothing of it run, and the runtime tries
+    it again with the next daemon.
+    """
+
+    REFUSAL = CNIError(Code.TRY_AGAIN, "the sriov-cni daemon is stopping; nothing ran")
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.deadline: float | None = None
+        self.announced = False
+        signal.signal(signal.SIGTERM, self._requested)
+
+    def _requested(self, signum: int, frame: object) -> None:
+        # Only noted: the loop wakes through the wakeup fd, as for SIGCHLD.
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.grace
+
+    def over(self, children: childpool.Children, calls: intake.Intake) -> bool:
+        """Refuse what waits and end idle children; whether no call runs any more, or the grace is over."""
+        calls.refuse_waiting(self.REFUSAL)
+        children.end_waiting()
+        if not self.announced:
+            self.announced = True
+            sys.stderr.write(f"sriov-cni daemon: stopping: new calls are refused, {children.running()} running "
+                             f"may take up to {self.grace:g} s\n")
+            sys.stderr.flush()
+        assert self.deadline is not None
+        return not children.channels or time.monotonic() >= self.deadline
 
 
 def _warm_netlink() -> None:
@@ -84,9 +126,11 @@ def _warm_netlink() -> None:
 def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
           calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
-          metrics_address: tuple[str, int] | None = None, data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR)) -> None:
-    """Listen on ``path`` until terminated.
+          drain_timeout: float = DRAIN_TIMEOUT, metrics_address: tuple[str, int] | None = None,
+          data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR)) -> int:
+    """Listen on ``path`` until SIGTERM, then wait up to ``drain_timeout`` seconds for the calls running.
 
+    Returns how many calls still ran when it stopped.
     ``memory_budget``: bytes the daemon and its children may hold, instead
     of its cgroup's limit.  ``metrics_address``: where to serve Prometheus
     metrics, with the pool of the store in ``data_dir`` (:mod:`metrics`).
@@ -133,6 +177,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending, admitted.pending_bytes)
+    stop = _Stop(drain_timeout)
     metrics.watch(children, calls)
     if exporter is not None:
         exporter.serve_in(selector)
@@ -147,7 +192,10 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
     while True:
-        while children.may_fork(time.monotonic()):
+        if stop.deadline is not None:
+            if stop.over(children, calls):
+                return children.running()
+        while stop.deadline is None and children.may_fork(time.monotonic()):
             children.fork(spare)
         # With MAX_CHILDREN calls running, further ones wait here until a
         # child waits again or ends.
@@ -156,7 +204,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
                 calls.put_back(call)
         if (broken := children.cannot_start()) is not None:
             calls.refuse_waiting(broken)
-        deadlines = [t for t in (calls.next_deadline(), children.next_retirement()) if t is not None]
+        deadlines = [t for t in (calls.next_deadline(), children.next_retirement(), stop.deadline) if t is not None]
         if children.spares() < childpool.SPARES and children.next_fork > time.monotonic():
             deadlines.append(children.next_fork)
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None

@@ -90,9 +90,9 @@ def _reserve_requested(store: Store, rset: RangeSet, owner: Owner, want: Request
     return Allocation(want.address, want.range)
 
 
-def _reserve_next(store: Store, rset: RangeSet, owner: Owner) -> Allocation:
+def _reserve_next(store: Store, rset: RangeSet, owner: Owner, probe_limit: int) -> Allocation:
     order = candidates(rset, store.last_reserved(rset.index))
-    found = next((a for a in itertools.islice(order, PROBE_LIMIT) if store.reserve(a.ip, owner)), None)
+    found = next((a for a in itertools.islice(order, probe_limit) if store.reserve(a.ip, owner)), None)
     if found is None:
         taken = store.reserved()
         found = next((a for a in order if a.ip not in taken and store.reserve(a.ip, owner)), None)
@@ -105,8 +105,13 @@ def _reserve_next(store: Store, rset: RangeSet, owner: Owner) -> Allocation:
     return found
 
 
-def allocate(store: Store, cfg: IPAMConfig, owner: Owner, requested: dict[int, Requested]) -> list[Allocation]:
-    """One address per range set for ``owner``; a repeated ADD gets the same ones."""
+def allocate(
+    store: Store, cfg: IPAMConfig, owner: Owner, requested: dict[int, Requested], *, probe_limit: int = PROBE_LIMIT
+) -> list[Allocation]:
+    """One address per range set for ``owner``; a repeated ADD gets the same ones.
+
+    A free address is searched for by ``probe_limit`` probes before the store is listed.
+    """
     with store.locked():
         held = {
             rset.index: Allocation(ip, r)
@@ -127,7 +132,11 @@ def allocate(store: Store, cfg: IPAMConfig, owner: Owner, requested: dict[int, R
                         f"{owner.container_id} interface {owner.ifname} already holds in {rset.field}",
                     )
                 if have is None:
-                    have = _reserve_requested(store, rset, owner, want) if want else _reserve_next(store, rset, owner)
+                    have = (
+                        _reserve_requested(store, rset, owner, want)
+                        if want
+                        else _reserve_next(store, rset, owner, probe_limit)
+                    )
                     # Counted as fresh before anything else can fail, so a
                     # failing write of last_reserved_ip releases it too.
                     fresh.append(have.ip)

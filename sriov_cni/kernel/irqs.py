@@ -43,8 +43,18 @@ class Pin:
     detail: str = ""
 
 
+# Where the host's /proc/irq is reached, when not there: a container that is
+# not privileged gets /proc/irq read-only from its runtime, and reaches a
+# writable mount of it elsewhere (``sriov-cni daemon --proc-irq``).
+proc_irq: Path | None = None
+
+
+def _proc_irq() -> Path:
+    return proc_irq or sysfs.PROC / "irq"
+
+
 def irq_dir(irq: int) -> Path:
-    return sysfs.PROC / "irq" / str(irq)
+    return _proc_irq() / str(irq)
 
 
 def _action_name(irq: int) -> str:
@@ -133,4 +143,4 @@ def pin_device(pci: str, cpus: list[int], start: int) -> list[Pin]:
 
 
 def default_affinity() -> list[int]:
-    return cpulist.parse_mask((sysfs.PROC / "irq" / "default_smp_affinity").read_text())
+    return cpulist.parse_mask((_proc_irq() / "default_smp_affinity").read_text())

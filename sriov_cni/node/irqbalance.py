@@ -36,8 +36,6 @@ from pathlib import Path
 from sriov_cni import nodestate
 from sriov_cni.kernel import sysfs
 
-# Where systemd keeps its runtime state; present only when it is PID 1.
-SYSTEMD_RUN = Path("/run/systemd/system")
 UNIT = "irqbalance.service"
 STOP_TIMEOUT = 10.0
 # irqbalance's default --interval, in seconds.
@@ -199,10 +197,10 @@ def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=60)
 
 
-def stop() -> list[str]:
-    """Stop irqbalance, and disable its unit where systemd runs; one line per outcome."""
+def stop(systemd_run: Path) -> list[str]:
+    """Stop irqbalance, and disable its unit where systemd runs (``systemd_run`` exists); one line per outcome."""
     lines = []
-    systemd = SYSTEMD_RUN.is_dir() and shutil.which("systemctl") is not None
+    systemd = systemd_run.is_dir() and shutil.which("systemctl") is not None
     if systemd and any(_systemctl(check, "--quiet", UNIT).returncode == 0 for check in ("is-enabled", "is-active")):
         done = _systemctl("disable", "--now", UNIT)
         if done.returncode != 0:

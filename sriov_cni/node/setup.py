@@ -20,6 +20,7 @@ from sriov_cni.kernel import cpulist, irqs, netlink, queues, sysfs
 from sriov_cni.node import cpus, irqbalance, vfs
 from sriov_cni.node.config import NodeConfig, PfSpec, TuningSpec
 from sriov_cni.nodestate import Policy, TuningError
+from sriov_cni.paths import Paths
 from sriov_cni.vfstore import Allocation, read_allocations
 
 
@@ -297,21 +298,22 @@ def _flow_entries(entries: int) -> str:
     return "done"
 
 
-def _irqbalance(plan_: Plan, state_file: Path) -> list[str]:
+def _irqbalance(plan_: Plan, paths: Paths) -> list[str]:
     """Ban or stop irqbalance before anything is pinned, so that it cannot move a fresh pin back."""
     try:
         if plan_.irqbalance == "ban":
-            return irqbalance.ban(irqbalance.policy_script(state_file), [pf.pci for pf in plan_.tuned])
+            return irqbalance.ban(irqbalance.policy_script(paths.state_file), [pf.pci for pf in plan_.tuned])
         if plan_.irqbalance == "stop":
-            return irqbalance.stop()
+            return irqbalance.stop(paths.systemd_run)
     except OSError as exc:
         raise SetupError(f"irqbalance: {exc.strerror or exc}") from exc
     return []
 
 
-def execute(plan_: Plan, state_file: Path, echo: Callable[[str], None]) -> None:
-    """Run every step, one progress line each, then record what was applied."""
-    for line in _irqbalance(plan_, state_file):
+def execute(plan_: Plan, paths: Paths, echo: Callable[[str], None]) -> None:
+    """Run every step, one progress line each, then record what was applied in ``paths.state_file``."""
+    state_file = paths.state_file
+    for line in _irqbalance(plan_, paths):
         echo(line)
     for step in plan_.steps:
         result = step.run() if step.run is not None else "unchanged"

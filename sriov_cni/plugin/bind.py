@@ -60,7 +60,9 @@ from sriov_cni.kernel.netlink import LinkInfo, Namespace, VfControl
 from sriov_cni.vfstore import Allocation, OriginalState
 
 # Some drivers (i40e/iavf) apply VF MACs asynchronously and answer EBUSY
-# meanwhile, so MAC changes are read back and retried for up to 2 s.
+# meanwhile, so MAC changes are read back and retried for up to 2 s; the
+# functions that set MACs take the delay between attempts (``retry``), and
+# this is its default.
 MAC_ATTEMPTS = 20
 MAC_RETRY_DELAY = 0.1
 # How long a give-back waits for a VF netdev to come home from a pod
@@ -92,25 +94,25 @@ def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation) -> OriginalStat
     return state
 
 
-def _set_admin_mac(vfc: VfControl, pf: str, vf: int, mac: str) -> None:
+def _set_admin_mac(vfc: VfControl, pf: str, vf: int, mac: str, retry: float) -> None:
     for _ in range(MAC_ATTEMPTS):
         try:
             vfc.set_mac(pf, vf, mac)
         except netlink.Busy:
-            time.sleep(MAC_RETRY_DELAY)
+            time.sleep(retry)
             continue
         info = vfc.vfs(pf).get(vf)
         if info is not None and info.mac == mac:
             return
-        time.sleep(MAC_RETRY_DELAY)
+        time.sleep(retry)
     raise CNIError(Code.DEVICE, f"PF {pf} did not take admin MAC {mac} for VF {vf}")
 
 
-def _pf_setters(vfc: VfControl, alloc: Allocation) -> dict[str, Callable[[Any], None]]:
+def _pf_setters(vfc: VfControl, alloc: Allocation, retry: float) -> dict[str, Callable[[Any], None]]:
     pf, vf = alloc.pf_netdev, alloc.vf_index
     return {
         "vlan": lambda v: vfc.set_vlan(pf, vf, v.id, v.qos, v.proto),
-        "mac": lambda v: _set_admin_mac(vfc, pf, vf, v),
+        "mac": lambda v: _set_admin_mac(vfc, pf, vf, v, retry),
         "rate": lambda v: vfc.set_rate(pf, vf, v.min_tx, v.max_tx),
         "spoofchk": lambda v: vfc.set_spoofchk(pf, vf, v),
         "trust": lambda v: vfc.set_trust(pf, vf, v),
@@ -118,14 +120,14 @@ def _pf_setters(vfc: VfControl, alloc: Allocation) -> dict[str, Callable[[Any], 
     }
 
 
-def apply_pf_settings(vfc: VfControl, alloc: Allocation) -> None:
+def apply_pf_settings(vfc: VfControl, alloc: Allocation, retry: float) -> None:
     """Apply ``alloc.applied`` (recorded before this call) in order.
 
     On failure the settings that were never applied are dropped from
     ``alloc.applied``, so restoring does not try to undo them (which would
     fail again on a driver that cannot do them at all).
     """
-    setters = _pf_setters(vfc, alloc)
+    setters = _pf_setters(vfc, alloc, retry)
     wanted = alloc.applied.items()
     for n, (key, value) in enumerate(wanted):
         try:
@@ -143,7 +145,7 @@ def apply_pf_settings(vfc: VfControl, alloc: Allocation) -> None:
             raise CNIError(Code.DEVICE, f"cannot set {key} on VF {alloc.vf_pci}", str(exc)) from exc
 
 
-def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
+def restore_pf_settings(vfc: VfControl, alloc: Allocation, retry: float) -> list[str]:
     """Put back every PF-side setting the allocation changed; returns failures.
 
     The admin MAC is only lifted here (see :func:`_lift_admin_mac`); the
@@ -151,7 +153,7 @@ def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
     """
     if alloc.original is None:
         return []
-    setters = _pf_setters(vfc, alloc)
+    setters = _pf_setters(vfc, alloc, retry)
     failures = []
     # Reverse order of application: trust goes back after the MAC, because
     # some drivers refuse MAC changes on an untrusted VF.
@@ -161,7 +163,7 @@ def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
             continue
         try:
             if key == "mac":
-                _lift_admin_mac(vfc, alloc, original)
+                _lift_admin_mac(vfc, alloc, original, retry)
             else:
                 setters[key](original)
         except (netlink.NetlinkError, CNIError) as exc:
@@ -169,7 +171,7 @@ def restore_pf_settings(vfc: VfControl, alloc: Allocation) -> list[str]:
     return failures
 
 
-def _lift_admin_mac(vfc: VfControl, alloc: Allocation, original: str) -> None:
+def _lift_admin_mac(vfc: VfControl, alloc: Allocation, original: str, retry: float) -> None:
     """Clear the admin MAC ADD set, so the VF netdev may take its own MAC back.
 
     igb refuses a VF's own MAC change while the PF holds an admin MAC for it
@@ -180,15 +182,15 @@ def _lift_admin_mac(vfc: VfControl, alloc: Allocation, original: str) -> None:
     Drivers that refuse a zero MAC (bnxt) get the recorded one directly.
     """
     if alloc.dpdk:
-        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, original)
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, original, retry)
         return
     try:
-        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, ZERO_MAC)
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, ZERO_MAC, retry)
     except (netlink.InvalidArgument, CNIError):
-        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, original)
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, original, retry)
 
 
-def restore_admin_mac(vfc: VfControl, alloc: Allocation) -> list[str]:
+def restore_admin_mac(vfc: VfControl, alloc: Allocation, retry: float) -> list[str]:
     """Put the PF's reading of the VF's MAC back to the recorded one, zero included.
 
     Runs after the netdev is home, and whether or not ADD set a MAC: igb
@@ -206,7 +208,7 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation) -> list[str]:
     if info is None or info.mac == orig.pf.mac:
         return []
     try:
-        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, orig.pf.mac)
+        _set_admin_mac(vfc, alloc.pf_netdev, alloc.vf_index, orig.pf.mac, retry)
     except netlink.InvalidArgument as exc:
         if orig.pf.mac != ZERO_MAC:
             return [f"mac: {exc}"]
@@ -262,7 +264,7 @@ def _move(
         return moved
 
 
-def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str) -> LinkInfo:
+def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str, retry: float) -> LinkInfo:
     """Move the VF netdev into the pod as ``ifname``, give it ``mac`` (None: its own), bring it up.
 
     On failure the netdev may be in the pod; :func:`restore` brings it back.
@@ -274,7 +276,7 @@ def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str) -> LinkI
         if link is None:
             raise CNIError(Code.DEVICE, f"{ifname} vanished from {netns} right after the move")
         if mac is not None:
-            _set_effective_mac(pod, link.index, mac)
+            _set_effective_mac(pod, link.index, mac, retry)
         else:
             mac = _program_own_mac(pod, link)
         pod.set_up(link.index, True)
@@ -306,7 +308,7 @@ def _program_own_mac(ns: Namespace, link: LinkInfo) -> str:
     return link.mac
 
 
-def _set_effective_mac(ns: Namespace, index: int, mac: str) -> None:
+def _set_effective_mac(ns: Namespace, index: int, mac: str, retry: float) -> None:
     """Give the (down) VF netdev ``mac``, once the PF side holds it as admin MAC or none."""
     reset = False
     # After an admin MAC change the VF driver may still be resetting; the
@@ -331,7 +333,7 @@ def _set_effective_mac(ns: Namespace, index: int, mac: str) -> None:
             log.debug("setting MAC %s: %s; retrying", mac, exc)
         except netlink.NetlinkError as exc:
             log.debug("setting MAC %s: %s; retrying", mac, exc)
-        time.sleep(MAC_RETRY_DELAY)
+        time.sleep(retry)
     if ns.get(index).mac != mac:
         raise CNIError(Code.DEVICE, f"the VF netdev did not take MAC {mac}")
 
@@ -384,7 +386,7 @@ def _await_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) ->
     )
 
 
-def restore_netdev(vfc: VfControl, alloc: Allocation) -> None:
+def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float) -> None:
     """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames.
 
     ``vfc`` serves only to lift an admin MAC set before ADD that the netdev
@@ -441,8 +443,8 @@ def restore_netdev(vfc: VfControl, alloc: Allocation) -> None:
                 # carry yet; igbvf takes it when it resets (at ADD, or at a
                 # new VF's first open) and then refuses any other MAC.  The
                 # admin MAC goes back after, in restore_admin_mac.
-                _lift_admin_mac(vfc, alloc, orig.pf.mac)
-            _set_effective_mac(host, link.index, orig.mac)
+                _lift_admin_mac(vfc, alloc, orig.pf.mac, retry)
+            _set_effective_mac(host, link.index, orig.mac, retry)
         if orig.mtu and link.mtu != orig.mtu:
             host.set_mtu(link.index, orig.mtu)
         if orig.promisc is not None and link.promisc != orig.promisc:
@@ -451,15 +453,15 @@ def restore_netdev(vfc: VfControl, alloc: Allocation) -> None:
             host.set_alias(link.index, orig.alias)
 
 
-def restore(vfc: VfControl, alloc: Allocation) -> None:
+def restore(vfc: VfControl, alloc: Allocation, retry: float) -> None:
     """Give the VF back as it was found; raises CNIError listing what could not be restored."""
     # PF side first: some drivers refuse to reset a VF's MAC through its
     # netdev while the PF still holds an untrusted admin MAC for it.
-    failures = restore_pf_settings(vfc, alloc)
+    failures = restore_pf_settings(vfc, alloc, retry)
     try:
-        restore_netdev(vfc, alloc)
+        restore_netdev(vfc, alloc, retry)
     except (netlink.NetlinkError, CNIError, sysfs.SysfsError) as exc:
         failures.append(f"netdev: {exc}")
-    failures += restore_admin_mac(vfc, alloc)
+    failures += restore_admin_mac(vfc, alloc, retry)
     if failures:
         raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} could not be fully restored", "; ".join(failures))

@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO
 
 from sriov_cni import __version__, attachments, vfstate
@@ -20,26 +20,29 @@ from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings
+from sriov_cni.paths import Paths
 from sriov_cni.plugin import allocate, bind, config, delegate, log, pool, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation, FileStore, Store
-
-# How long DEL and GC wait for a VF another call is changing (an ADD still
-# running for the same attachment, typically) before answering "try again":
-# longer than any ADD should take; a holder stuck longer is a bug, and the
-# runtime retries.
-CLAIM_WAIT = 30.0
 
 ABOUT = f"sriov CNI plugin {__version__}"
 
 
 @dataclass(frozen=True)
 class Deps:
-    """What the commands act on; tests substitute the PF-side VF control."""
+    """What the commands act on; tests substitute the PF-side VF control and shorten the waits."""
 
     vf_control: Callable[[], netlink.VfControl] = netlink.KernelVfControl
     store: Callable[[str], Store] = FileStore
+    # How long DEL and GC wait for a VF another call is changing (an ADD still
+    # running for the same attachment, typically) before answering "try again":
+    # longer than any ADD should take; a holder stuck longer is a bug, and the
+    # runtime retries.
+    claim_wait: float = 30.0
+    # Between attempts at a VF's MAC (see bind).
+    mac_retry_delay: float = bind.MAC_RETRY_DELAY
+    paths: Paths = Paths()
 
 
 # --- records -----------------------------------------------------------------
@@ -107,12 +110,12 @@ def _candidates(conf: NetConf) -> allocate.Candidates:
     return allocate.Candidates(pool.pool_vfs(conf.pool))
 
 
-def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation) -> None:
+def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, retry: float) -> None:
     """Put back a VF whose container died without DEL, and free its address."""
     logger.info(
         "reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns
     )
-    bind.restore(vfc, stale)
+    bind.restore(vfc, stale, retry)
     ipam_type = conf.ipam_type
     if ipam_type and stale.network == conf.name:
         env = dict(cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
@@ -220,14 +223,15 @@ def _add(
             alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
             try:
-                return _set_up(cmd, conf, vfc, host, lease, ipam)
+                return _set_up(cmd, deps, conf, vfc, host, lease, ipam)
             except BaseException:
-                _roll_back(vfc, lease)
+                _roll_back(vfc, lease, deps)
                 raise
 
 
 def _set_up(
     cmd: CmdArgs,
+    deps: Deps,
     conf: NetConf,
     vfc: netlink.VfControl,
     host: netlink.Namespace,
@@ -236,19 +240,24 @@ def _set_up(
 ) -> Result:
     """ADD's phases on the VF it holds, in order; whatever they changed, :func:`_roll_back` undoes from the record."""
     if lease.stale is not None:
-        _reclaim_stale(cmd, conf, vfc, lease.stale, ipam)
+        _reclaim_stale(cmd, conf, vfc, lease.stale, ipam, deps.mac_retry_delay)
     _record_changes(vfc, host, lease, conf.pf_settings)
-    bind.apply_pf_settings(vfc, lease.alloc)
-    iface, index = _plug(conf, lease)
+    bind.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
+    iface, index = _plug(conf, lease, deps)
     ipam_result = _address(lease.alloc, index, ipam)
     return _result(conf, iface, ipam_result)
 
 
 def _reclaim_stale(
-    cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, ipam: delegate.IpamCall | None
+    cmd: CmdArgs,
+    conf: NetConf,
+    vfc: netlink.VfControl,
+    stale: Allocation,
+    ipam: delegate.IpamCall | None,
+    retry: float,
 ) -> None:
     """The dead container's VF put back and its address freed, before this ADD changes anything."""
-    _reclaim(cmd, conf, vfc, stale)
+    _reclaim(cmd, conf, vfc, stale, retry)
     if ipam is not None and not ipam.succeeded():
         # It ran before the dead container's address was freed, which a
         # full range needed.
@@ -267,11 +276,11 @@ def _record_changes(vfc: netlink.VfControl, host: netlink.Namespace, lease: Leas
     lease.save()
 
 
-def _plug(conf: NetConf, lease: Lease) -> tuple[Interface, int | None]:
+def _plug(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int | None]:
     """The pod's interface, and its link's index in the pod (None for a VF on a DPDK driver)."""
     if lease.alloc.dpdk:
         return _dpdk_interface(conf, lease.alloc), None
-    return _attach(conf, lease)
+    return _attach(conf, lease, deps)
 
 
 def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
@@ -282,17 +291,17 @@ def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
     return Interface(name=alloc.ifname, mac=mac, sandbox=alloc.netns, pci_id=alloc.vf_pci)
 
 
-def _attach(conf: NetConf, lease: Lease) -> tuple[Interface, int]:
+def _attach(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int]:
     """The VF's netdev into the pod, configured and tuned; with its index there."""
     alloc = lease.alloc
     # Recorded first: only a record that says so lets a restore take an
     # interface out of the pod's namespace.
     alloc.in_pod = True
     lease.save()
-    link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname)
+    link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname, deps.mac_retry_delay)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
-    for warning in tuning.apply_vf_tuning(alloc.vf_pci, alloc.netns, alloc.ifname):
+    for warning in tuning.apply_vf_tuning(deps.paths.state_file, alloc.vf_pci, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
     return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index
 
@@ -310,9 +319,9 @@ def _address(alloc: Allocation, index: int | None, ipam: delegate.IpamCall | Non
     return result
 
 
-def _roll_back(vfc: netlink.VfControl, lease: Lease) -> None:
+def _roll_back(vfc: netlink.VfControl, lease: Lease, deps: Deps) -> None:
     try:
-        _give_back(vfc, lease.alloc)
+        _give_back(vfc, lease.alloc, deps)
     except CNIError as exc:
         # Keep the record: the runtime's DEL after this failed ADD retries.
         logger.error("rollback: %s", exc)
@@ -323,21 +332,22 @@ def _roll_back(vfc: netlink.VfControl, lease: Lease) -> None:
 # --- DEL, GC -------------------------------------------------------------------
 
 
-def _give_back(vfc: netlink.VfControl, alloc: Allocation) -> None:
+def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
     """The VF as it was found, tuning included; raises CNIError when not fully restored."""
     if not alloc.dpdk:
         # Before the move out of the pod: the move closes the VF, and igbvf
         # frees its vectors then, after which affinity writes are ignored.
-        tuning.release_vf_tuning(alloc.vf_pci, alloc.netns if alloc.in_pod else None, alloc.ifname)
-    bind.restore(vfc, alloc)
+        netns = alloc.netns if alloc.in_pod else None
+        tuning.release_vf_tuning(deps.paths.state_file, alloc.vf_pci, netns, alloc.ifname)
+    bind.restore(vfc, alloc, deps.mac_retry_delay)
 
 
-def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
-    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`)."""
-    claim = store.claim(alloc.vf_pci, wait=CLAIM_WAIT)
+def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
+    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`), waited for ``deps.claim_wait``."""
+    claim = store.claim(alloc.vf_pci, wait=deps.claim_wait)
     if claim is None:
         raise CNIError(
-            Code.TRY_AGAIN, f"VF {alloc.vf_pci} stayed claimed by another CNI call for {CLAIM_WAIT:g} s"
+            Code.TRY_AGAIN, f"VF {alloc.vf_pci} stayed claimed by another CNI call for {deps.claim_wait:g} s"
         )
     with Lease(store, alloc, claim) as lease:
         if not lease.owned():
@@ -347,7 +357,7 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation) -> None:
             return
         # As recorded now: this attachment's ADD may have run on while this
         # call waited for its claim.
-        _give_back(vfc, lease.alloc)
+        _give_back(vfc, lease.alloc, deps)
         lease.forget()
     logger.info("released VF %s", alloc.vf_pci)
 
@@ -374,7 +384,7 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
             logger.info("no VF is allocated to this attachment; nothing to release")
         else:
             try:
-                _release(deps.vf_control(), store, alloc)
+                _release(deps.vf_control(), store, alloc, deps)
             except CNIError as exc:
                 errors.append(exc)
     finally:
@@ -397,7 +407,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
     for alloc in store.all():
         if alloc.network == cmd.conf["name"] and (alloc.container_id, alloc.ifname) not in valid:
             try:
-                _release(vfc, store, alloc)
+                _release(vfc, store, alloc, deps)
             except CNIError as exc:
                 errors.append(exc)
     if common.ipam_type:
@@ -544,7 +554,7 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], 
             opened.append(deps.vf_control())
         return opened[0]
 
-    scoped = Deps(vf_control=vf_control, store=deps.store)
+    scoped = replace(deps, vf_control=vf_control)
     handlers = {name: _device_errors(fn, scoped) for name, fn in COMMANDS.items()}
     try:
         with netlink.session():

@@ -14,12 +14,14 @@ import (stdlib and the sysfs-level modules only) and cost one failed
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sriov_cni.kernel import cpulist, sysfs
 from sriov_cni.kernel.irqs import affinity, default_affinity, device_irqs, irq_dir, pin, plan_pins, queue_irqs, vf_start
 from sriov_cni.kernel.netns import run_in_netns
 from sriov_cni.kernel.nlerrors import NetlinkError
 from sriov_cni.kernel.queues import apply_queues, clear_queues, tx_cpus
-from sriov_cni.nodestate import STATE_FILE, TuningError, pf_policy, read_state
+from sriov_cni.nodestate import TuningError, pf_policy, read_state
 
 
 def _vf_index(pf_pci: str, vf_pci: str) -> int:
@@ -29,8 +31,8 @@ def _vf_index(pf_pci: str, vf_pci: str) -> int:
     raise TuningError(f"{vf_pci} is not listed as a VF of {pf_pci}")
 
 
-def apply_vf_tuning(vf_pci: str, netns: str, ifname: str) -> list[str]:
-    """Apply the PF's policy to a VF that is up as ``ifname`` in ``netns``; return warnings.
+def apply_vf_tuning(state_file: Path, vf_pci: str, netns: str, ifname: str) -> list[str]:
+    """Apply the PF's policy in ``state_file`` to a VF that is up as ``ifname`` in ``netns``; return warnings.
 
     IRQ pins are written from the host (``/proc/irq`` is per host, and
     read-only in containers); RPS/XPS/RFS inside the pod's namespace with a
@@ -38,7 +40,7 @@ def apply_vf_tuning(vf_pci: str, netns: str, ifname: str) -> list[str]:
     better than a failed pod, so problems come back as warnings.
     """
     try:
-        state = read_state(STATE_FILE)
+        state = read_state(state_file)
     except TuningError as exc:
         return [str(exc)]
     if state is None:
@@ -70,8 +72,8 @@ def apply_vf_tuning(vf_pci: str, netns: str, ifname: str) -> list[str]:
     return warnings
 
 
-def release_vf_tuning(vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
-    """Leave no tuning on a VF leaving a pod.
+def release_vf_tuning(state_file: Path, vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
+    """Leave no tuning on a VF leaving a pod (none to leave when setup wrote no ``state_file``).
 
     Call it while the VF is still up in the pod, passing its ``netns`` and
     ``ifname``: once the VF closes (a move closes it) igbvf frees its
@@ -82,7 +84,7 @@ def release_vf_tuning(vf_pci: str, netns: str | None = None, ifname: str | None 
     netdev if it has one.  Best effort and silent: the VF is being freed,
     and a later apply overwrites whatever a failure leaves.
     """
-    if not STATE_FILE.exists():
+    if not state_file.exists():
         return
     try:
         default = default_affinity()

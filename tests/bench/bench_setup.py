@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from sriov_cni.kernel import sysfs  # noqa: E402  (needs the path set above)
 from sriov_cni.node import config as node_config, setup as node_setup, vfs  # noqa: E402
+from sriov_cni.paths import Paths  # noqa: E402
 
 
 def igb_pfs() -> list[str]:
@@ -60,7 +61,7 @@ def bare(pcis: list[str], count: int) -> float:
 def in_process(config: node_config.NodeConfig, data: Path, state: Path) -> float:
     start = time.perf_counter()
     plan = node_setup.plan(config, data, node_setup.NetlinkLinks())
-    node_setup.execute(plan, state, lambda line: None)
+    node_setup.execute(plan, Paths(state_file=state), lambda line: None)
     return time.perf_counter() - start
 
 

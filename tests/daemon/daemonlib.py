@@ -68,6 +68,18 @@ def exporter_of(daemon: int) -> int:
     raise LookupError("no exporter process found")
 
 
+def broken_children(tmp_path: Path) -> list[str]:
+    """A wrapper for Daemon under which every child fails as it starts.
+
+    Each child opens /dev/null first; here it is a read-only file in the
+    daemon's mount namespace.
+    """
+    null = tmp_path / "null"
+    null.write_bytes(b"")
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount --bind -o ro "$0" /dev/null && exec "$@"', str(null)]
+
+
 def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, name: str = "sriov",
          env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     """Run the shim as ``name`` (a symlink, as install-cni's copies are named)."""

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from daemonlib import Daemon, ipam_conf, ipam_env, shim, wait_for
+from daemonlib import Daemon, broken_children, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
 from sriov_cni.daemon import childpool, server, wire
 
@@ -39,13 +39,8 @@ VERSION_CONF = b'{"cniVersion": "1.0.0"}'
 
 
 def test_children_that_end_at_start_are_forked_again_only_after_a_while(tmp_path: Path) -> None:
-    # A node where every child fails as it starts: /dev/null, which each
-    # opens first, is a read-only file in the daemon's mount namespace.
-    null = tmp_path / "null"
-    null.write_bytes(b"")
-    wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-               'mount --bind -o ro "$0" /dev/null && exec "$@"', str(null)]
-    d = Daemon(tmp_path / "run", wrapper=wrapper)
+    # A node where every child fails as it starts.
+    d = Daemon(tmp_path / "run", wrapper=broken_children(tmp_path))
     assert d.proc.stderr is not None
     try:
         # The daemon's own warning (an OOM exemption it may not be allowed

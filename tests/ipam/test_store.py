@@ -125,21 +125,20 @@ class CountingStore(MemoryStore):
         return super().reserved()
 
 
-def test_a_long_run_of_taken_addresses_costs_one_listing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(allocator, "PROBE_LIMIT", 8)
+def test_a_long_run_of_taken_addresses_costs_one_listing() -> None:
     cfg = config.load({"name": "n", "ipam": {"ranges": [[{"subnet": "10.0.0.0/24"}]]}})
     s = CountingStore()
     with s.locked():
         for i in range(2, 200):  # .2-.199 taken, .200 onwards free
             s.ips[ipaddress.ip_address(f"10.0.0.{i}")] = B
-    got = allocator.allocate(s, cfg, A, {})
+    got = allocator.allocate(s, cfg, A, {}, probe_limit=8)
     assert str(got[0].ip) == "10.0.0.200"
     # 8 probes, one listing, then a single probe at the first unlisted address.
     assert (s.probes, s.listings) == (9, 1)
     assert s.last[0] == got[0].ip and s.hints[A] == [got[0].ip]
 
 
-def test_probing_without_listing_when_free_addresses_are_near(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probing_without_listing_when_free_addresses_are_near() -> None:
     cfg = config.load({"name": "n", "ipam": {"ranges": [[{"subnet": "10.0.0.0/16"}]]}})
     s = CountingStore()
     with s.locked():

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from nodetree import FakeLinks, Tree
 from sriov_cni.cli import main
 from sriov_cni.node import config as node_config, irqbalance, setup as node_setup
+from sriov_cni.paths import Paths
 
 TUNED = "pfs: [{pf: eth0, numVfs: 2, tuning: {}}, {pf: eth1, numVfs: 1}]"
 
@@ -82,10 +83,10 @@ def node(tree: Tree) -> Tree:
     return tree
 
 
-def setup(text: str, tmp_path: Path, links: FakeLinks) -> list[str]:
+def setup(text: str, tmp_path: Path, links: FakeLinks, systemd_run: Path = Paths.systemd_run) -> list[str]:
     out: list[str] = []
     plan = node_setup.plan(node_config.parse(text), tmp_path / "data", links)
-    node_setup.execute(plan, tmp_path / "run" / "node.json", out.append)
+    node_setup.execute(plan, Paths(state_file=tmp_path / "run" / "node.json", systemd_run=systemd_run), out.append)
     return out
 
 
@@ -148,27 +149,26 @@ def test_a_later_run_without_tuning_lifts_the_bans(node: Tree, links: FakeLinks,
     assert ask(script(tmp_path), node.devices / "0000:01:00.0", 31).stdout == ""
 
 
-def test_stop_without_systemd_ends_irqbalance(node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(irqbalance, "SYSTEMD_RUN", tmp_path / "no-systemd")
+def test_stop_without_systemd_ends_irqbalance(node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer]) -> None:
+    no_systemd = tmp_path / "no-systemd"
     b = balancers("--foreground")
-    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links)  # sees the unreaped zombie as ended
+    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links, no_systemd)  # sees the unreaped zombie as ended
     assert out[0] == f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it again)"
     assert b.proc.poll() == 0
     assert not script(tmp_path).exists()
-    assert setup("irqbalance: stop\n" + TUNED, tmp_path, links)[0] == "irqbalance: not running: unchanged"
+    assert setup("irqbalance: stop\n" + TUNED, tmp_path, links, no_systemd)[0] == "irqbalance: not running: unchanged"
 
 
 def test_stop_under_systemd_disables_the_unit(node: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     systemd = tmp_path / "systemd"
     systemd.mkdir()
-    monkeypatch.setattr(irqbalance, "SYSTEMD_RUN", systemd)
     # A systemctl that records its calls; the unit counts as enabled.
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "systemctl").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'calls'}\n")
     (bindir / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links)
+    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links, systemd)
     assert out[0] == "irqbalance: irqbalance.service stopped and disabled"
     assert (tmp_path / "calls").read_text().splitlines() == [
         "is-enabled --quiet irqbalance.service",

@@ -9,6 +9,7 @@ import pytest
 from nodetree import FakeLinks, Tree
 from sriov_cni.kernel import sysfs
 from sriov_cni.node import config as node_config, setup as node_setup
+from sriov_cni.paths import Paths
 from sriov_cni.vfstore import Allocation, FileStore
 
 CONFIG = """
@@ -26,7 +27,7 @@ def run(text: str, tmp_path: Path, links: FakeLinks, dry: bool = False) -> list[
     if dry:
         node_setup.show(plan, out.append)
     else:
-        node_setup.execute(plan, tmp_path / "run" / "node.json", out.append)
+        node_setup.execute(plan, Paths(state_file=tmp_path / "run" / "node.json"), out.append)
     return out
 
 

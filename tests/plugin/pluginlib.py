@@ -242,6 +242,10 @@ class Node:
         self.data_dir = tmp_path / "data"
         self.ipam_dir = tmp_path / "ipam"
         self.fake = FakeVfControl()
+        # How long DEL and GC wait for a VF's claim, and the pause between
+        # attempts at a VF's MAC; a test that waits them out shortens them.
+        self.claim_wait = commands.Deps.claim_wait
+        self.mac_retry_delay = commands.Deps.mac_retry_delay
         self.pfs: list[PF] = []
         self.peer_ns = f"svpeer-{self.token}"
         sh("ip", "netns", "add", self.peer_ns)
@@ -359,7 +363,8 @@ class Node:
 
     def deps(self) -> commands.Deps:
         fake = self.fake
-        return commands.Deps(vf_control=lambda: fake, store=FileStore)
+        return commands.Deps(vf_control=lambda: fake, store=FileStore, claim_wait=self.claim_wait,
+                             mac_retry_delay=self.mac_retry_delay)
 
     def run(self, env: dict[str, str], stdin: bytes) -> Outcome:
         out, err = io.StringIO(), io.StringIO()

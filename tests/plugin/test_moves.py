@@ -78,7 +78,7 @@ def test_admin_mac_is_retried_while_the_driver_answers_busy(node: Node, monkeypa
     # i40e answers EBUSY while it applies a VF MAC; ADD must wait it out.
     pf = node.add_pf(1)
     pod = node.pod()
-    monkeypatch.setattr(bind, "MAC_RETRY_DELAY", 0)
+    node.mac_retry_delay = 0
     answers = [netlink.Busy("setting admin MAC: Device or resource busy", 16)] * 3
     set_mac = node.fake.set_mac
 
@@ -104,7 +104,7 @@ def test_admin_mac_is_read_back_until_the_driver_shows_it(node: Node, monkeypatc
     # not enough, the PF's reading must show it before the netdev is set.
     pf = node.add_pf(1)
     pod = node.pod()
-    monkeypatch.setattr(bind, "MAC_RETRY_DELAY", 0)
+    node.mac_retry_delay = 0
     ignored = [2]
     set_mac = node.fake.set_mac
 
@@ -125,7 +125,7 @@ def test_admin_mac_is_read_back_until_the_driver_shows_it(node: Node, monkeypatc
 
 def test_admin_mac_the_driver_never_shows_fails_the_add(ready: Ready, monkeypatch: pytest.MonkeyPatch) -> None:
     node, pod, before = ready
-    monkeypatch.setattr(bind, "MAC_RETRY_DELAY", 0)
+    node.mac_retry_delay = 0
     monkeypatch.setattr(node.fake, "set_mac", lambda pf_name, vf, mac: None)
 
     res = node.cni("ADD", node.conf(mac="02:aa:bb:cc:dd:03"), netns=pod)

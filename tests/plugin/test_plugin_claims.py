@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from sriov_cni.kernel.vfsettings import PfSettings, Vlan
-from sriov_cni.plugin import commands
 from sriov_cni.vfstore import Allocation, FileStore, MemoryStore, Store
 
 from pluginlib import Node
@@ -79,13 +78,13 @@ def test_add_passes_over_a_free_vf_still_claimed(node: Node) -> None:
     assert res.out["interfaces"][0]["pciID"] == pf.vfs[1].pci
 
 
-def test_del_waits_for_the_claim_then_answers_try_again(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_del_waits_for_the_claim_then_answers_try_again(node: Node) -> None:
     pf = node.add_pf(1)
     pod = node.pod()
     conf = node.conf(vlan=7)
     node.add(conf, netns=pod)
     during = node.picture()
-    monkeypatch.setattr(commands, "CLAIM_WAIT", 0.3)
+    node.claim_wait = 0.3
 
     with claimed_elsewhere(node.data_dir, pf.vfs[0].pci):
         res = node.cni("DEL", conf, netns=pod)

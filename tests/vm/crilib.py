@@ -270,6 +270,8 @@ class DaemonSetPod:
     containers: dict[str, str]  # name -> container ID of the running containers
     init_logs: dict[str, str]
     attempts: dict[str, int] = field(default_factory=dict)
+    # What the last readiness probe printed.
+    probed: str = ""
 
     def log(self, name: str) -> str:
         """What container ``name`` wrote in its latest attempt, as kubelet keeps it (CRI log lines)."""
@@ -281,12 +283,51 @@ class DaemonSetPod:
         self.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=self.containers[name], timeout=0),
                                        timeout=CRI_TIMEOUT)
 
+    def stop(self, name: str) -> pb.ContainerStatus:
+        """Container ``name`` stopped as kubelet stops a pod's: SIGTERM, then SIGKILL after the grace period."""
+        grace = int(self.template.spec.get("terminationGracePeriodSeconds", 30))
+        self.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=self.containers[name], timeout=grace),
+                                       timeout=CRI_TIMEOUT + grace)
+        return self.cri.container_status(self.containers[name])
+
     def restart(self, name: str) -> None:
         """Start container ``name`` again as kubelet does: a new container, the next attempt, same sandbox."""
         [spec] = [c for c in self.template.spec["containers"] if c["name"] == name]
         self.attempts[name] = self.attempts.get(name, 0) + 1
         config = self.template.container_config(spec, self.config, self.image, self.attempts[name])
         self.containers[name] = self.cri.start_container(self.pod_id, self.config, config)
+
+    def pid(self, name: str) -> int:
+        """The node's pid of container ``name``'s process (the runtime's verbose status says it)."""
+        resp = self.cri.runtime.ContainerStatus(
+            pb.ContainerStatusRequest(container_id=self.containers[name], verbose=True), timeout=CRI_TIMEOUT)
+        return int(json.loads(resp.info["info"])["pid"])
+
+    def ready(self, name: str) -> bool:
+        """kubelet's readinessProbe of container ``name``: its command, run in it (ExecSync), exits 0."""
+        [spec] = [c for c in self.template.spec["containers"] if c["name"] == name]
+        probe = spec["readinessProbe"]
+        _refuse_unknown(f"the readinessProbe of {name}", probe, {"exec", "periodSeconds", "timeoutSeconds"})
+        # This guest's root is its initramfs, which runc cannot pivot_root
+        # away from: it mounts the container's root over / and chroots into
+        # it, and an exec that joins that mount namespace starts in the
+        # initramfs. On a node the exec starts in the container's root; here
+        # it gets there by chroot (the initramfs has busybox), and runs the
+        # probe as written.
+        cmd = ["/bin/busybox", "chroot", f"/proc/{self.pid(name)}/root", *probe["exec"]["command"]]
+        timeout = probe.get("timeoutSeconds", 1)
+        try:
+            resp = self.cri.runtime.ExecSync(
+                pb.ExecSyncRequest(container_id=self.containers[name], cmd=cmd, timeout=timeout), timeout=CRI_TIMEOUT)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            # A probe that times out failed, to kubelet as here (this guest
+            # starts Python slowly while the daemon itself starts).
+            self.probed = f"timed out after {timeout} s"
+            return False
+        self.probed = (resp.stdout + resp.stderr).decode(errors="replace")
+        return bool(resp.exit_code == 0)
 
     def running(self, name: str) -> bool:
         """Whether container ``name`` runs; fails the test with its log once it has exited."""
@@ -307,7 +348,7 @@ class PodTemplate:
         self.labels = {str(k): str(v) for k, v in template["metadata"]["labels"].items()}
         self.spec: Mapping[str, Any] = template["spec"]
         _refuse_unknown("the pod template", self.spec, POD_FIELDS_NOT_FOR_CRI | {
-            "hostNetwork", "hostPID", "initContainers", "containers", "volumes"})
+            "hostNetwork", "hostPID", "initContainers", "containers", "volumes", "terminationGracePeriodSeconds"})
         self.host_network = bool(self.spec.get("hostNetwork"))
         self.host_pid = bool(self.spec.get("hostPID"))
         self.volumes = {v["name"]: self._volume(v, config_maps, scratch) for v in self.spec["volumes"]}
@@ -322,6 +363,9 @@ class PodTemplate:
             kind = host.get("type", "")
             if kind == "DirectoryOrCreate":
                 path.mkdir(mode=0o755, parents=True, exist_ok=True)
+            elif kind == "Directory":
+                if not path.is_dir():
+                    pytest.fail(f"volume {volume['name']}: {path} is not a directory; kubelet would not start the pod")
             elif kind == "":
                 pass  # kubelet checks nothing
             else:
@@ -344,7 +388,8 @@ class PodTemplate:
     def container_config(self, container: Mapping[str, Any], pod: pb.PodSandboxConfig,
                          image: str | None = None, attempt: int = 0) -> pb.ContainerConfig:
         _refuse_unknown(f"container {container['name']}", container, CONTAINER_FIELDS_NOT_FOR_CRI | {
-            "image", "imagePullPolicy", "command", "args", "env", "securityContext", "resources", "volumeMounts"})
+            "image", "imagePullPolicy", "command", "args", "env", "securityContext", "resources", "volumeMounts",
+            "readinessProbe"})
         env = {e["name"]: _env_value(e) for e in container.get("env", [])}
         mounts = []
         for m in container.get("volumeMounts", []):

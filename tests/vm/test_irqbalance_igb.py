@@ -76,10 +76,8 @@ class Irqbalance:
 
 
 @pytest.fixture
-def node(tmp_path: Path, sriov: object, monkeypatch: pytest.MonkeyPatch) -> Node:
-    n = Node(tmp_path)
-    monkeypatch.setattr(tuning, "STATE_FILE", n.state)
-    return n
+def node(tmp_path: Path, sriov: object) -> Node:
+    return Node(tmp_path)
 
 
 @pytest.fixture
@@ -158,7 +156,7 @@ def test_ban_holds_from_before_setup_through_vf_irqs_and_a_restart(
 
     # A pod's VF on each PF comes up: irqbalance meets their IRQs only now.
     vf0 = vf_up_in(netns(), pf0, 0)
-    assert tuning.apply_vf_tuning(vf0, "", "net1") == []  # no RPS/XPS policy: the pod side is not entered
+    assert tuning.apply_vf_tuning(node.state, vf0, "", "net1") == []  # no RPS/XPS policy: the pod side is not entered
     names = interrupts()
     pins += [names["net1-rx-0"], names["net1-tx-0"]]
     assert_ours(pins, cpu)

@@ -16,13 +16,15 @@ Needs the image as an OCI archive where the guest sees it, made on the host:
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import ExitStack
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,8 @@ NODE_DIRS = ("/opt/cni/bin", "/etc/cni/net.d", "/var/lib/cni", "/run/sriov-cni")
 # Where the conflist keeps the plugin's records and sriov-ipam's leases: the
 # node's /var/lib/cni, which the daemon's pod mounts.
 NODE_DATA = Path("/var/lib/cni")
+# deploy/10-sriov.conflist's network.
+NETWORK = "sriovnet"
 VFS = 2
 
 
@@ -144,38 +148,49 @@ def node_config(written: str, pf: str) -> str:
     return yaml.safe_dump(conf)
 
 
-def daemon_answers() -> bool:
-    with socket.socket(socket.AF_UNIX) as s:
-        try:
-            s.connect(DEFAULT_SOCKET)
-        except OSError:
-            return False
-    return True
+@dataclass
+class Deployment:
+    """The DaemonSet on this node: its template, and the pod that runs it now."""
+
+    template: PodTemplate
+    pod: DaemonSetPod
 
 
-@pytest.fixture
-def daemonset(node: Node, sriov: Sriov, igb_pfs: list[str]) -> Iterator[DaemonSetPod]:
-    """The DaemonSet's pod, serving the node's socket; stopped and removed after the test."""
+@pytest.fixture(scope="module")
+def deployment(node: Node, igb_pfs: list[str]) -> Iterator[Deployment]:
+    """The DaemonSet's pod, serving the node's socket, shared by the module's tests; removed after them.
+
+    A test that stops its daemon starts it again, or replaces the pod, before
+    it ends.
+    """
+    sriov = Sriov(igb_pfs)
     docs = manifests()
     cm = docs["ConfigMap"]
     [key] = cm["data"]
     template = PodTemplate(docs["DaemonSet"], {cm["metadata"]["name"]: {key: node_config(cm["data"][key], igb_pfs[0])}},
                            Path(tempfile.mkdtemp(dir=node.scratch)))
-    pod = template.run(node.cri, node.logs)
+    deployed = Deployment(template, template.run(node.cri, node.logs))
     try:
-        wait_serving(node, pod)
-        yield pod
+        wait_serving(node, deployed.pod)
+        yield deployed
     finally:
-        node.cri.stop_pod(pod.pod_id)
-        node.cri.remove_pod(pod.pod_id)
+        node.cri.stop_pod(deployed.pod.pod_id)
+        node.cri.remove_pod(deployed.pod.pod_id)
+        sriov.restore()
+
+
+@pytest.fixture
+def daemonset(deployment: Deployment) -> DaemonSetPod:
+    return deployment.pod
 
 
 def wait_serving(node: Node, pod: DaemonSetPod) -> None:
     try:
-        wait_until(lambda: pod.running("daemon") and daemon_answers(), CRI_TIMEOUT,
-                   f"the daemon container to serve {DEFAULT_SOCKET}")
+        wait_until(lambda: pod.running("daemon") and pod.ready("daemon"), CRI_TIMEOUT,
+                   f"the daemon container to be ready, serving {DEFAULT_SOCKET}")
     except pytest.fail.Exception as exc:
-        pytest.fail(f"{exc}\ndaemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
+        pytest.fail(f"{exc}\nits readiness probe said: {pod.probed}\n"
+                    f"daemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
                     f"{sorted(p.name for p in Path(DEFAULT_SOCKET).parent.iterdir())}\n"
                     f"containerd's log:\n{node.containerd_says()}")
 
@@ -200,6 +215,58 @@ def remove_pods(node: Node, *pod_ids: str) -> None:
     for pod_id in pod_ids:
         node.cri.stop_pod(pod_id)
         node.cri.remove_pod(pod_id)
+
+
+def calls_running(pod: DaemonSetPod) -> int:
+    """Calls the daemon container's children run now: each leads its own process group (idle ones do not)."""
+    pid = pod.pid("daemon")
+    running = 0
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            running += os.getpgid(int(child)) == int(child)
+        except ProcessLookupError:
+            pass  # ended meanwhile
+    return running
+
+
+@contextmanager
+def ipam_held() -> Iterator[None]:
+    """sriov-ipam's lock on the conflist's network held here: calls wait in their IPAM step, in flight.
+
+    They wait up to its lock timeout (30 s), then fail "busy".
+    """
+    store = NODE_DATA / "ipam" / NETWORK
+    store.mkdir(mode=0o755, parents=True, exist_ok=True)
+    fd = os.open(store / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def shim_call(command: str, container: str, pf: str) -> subprocess.CompletedProcess[str]:
+    """The conflist's sriov plugin run as libcni runs it: /opt/cni/bin/sriov, the shim, with its config."""
+    conf = render_conflist(pf, NODE_DATA)
+    plugin = {"cniVersion": conf["cniVersion"], "name": conf["name"], **conf["plugins"][0]}
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container, "CNI_NETNS": "/var/run/netns/none",
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["/opt/cni/bin/sriov"], input=json.dumps(plugin), env=env, capture_output=True, text=True,
+                          timeout=CRI_TIMEOUT)
+
+
+def failed_with(call: Future[Any], text: str, daemonset: DaemonSetPod) -> None:
+    """The CRI call failed with the CNI error the shim printed, as kubelet reports it."""
+    with pytest.raises(grpc.RpcError) as failed:
+        call.result(timeout=CRI_TIMEOUT)
+    assert text in str(failed.value.details()), f"{failed.value.details()}\ndaemon's log:\n{daemonset.log('daemon')}"
+
+
+def nothing_held(node: Node, pf: str, before: dict[int, dict[str, Any]], daemonset_pod: str) -> None:
+    """Every VF as found, no record, no lease, and no pod but the DaemonSet's."""
+    assert_as_found(vf_picture(pf), before)
+    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
+    assert set(node.cri.pods()) == {daemonset_pod}
 
 
 def queue_irq_cpus(vf_pci: str) -> dict[str, str]:
@@ -239,8 +306,11 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
     assert len(leases(NODE_DATA)) == 2
     for ns in netns.values():
         wait_pod_carrier(ns)
+    # The daemon, not privileged, exempted itself from the OOM killer.
+    assert Path(f"/proc/{daemonset.pid('daemon')}/oom_score_adj").read_text() == "-1000\n"
     # The node config tunes the PF, so the daemon pinned each VF's queue
-    # IRQs to one CPU as its pod started: it can write /proc/irq.
+    # IRQs to one CPU as its pod started: it writes the host's /proc/irq
+    # through its mount of it.
     for vf_pci in vf_pcis:
         cpus = queue_irq_cpus(vf_pci)
         assert cpus and all(re.fullmatch(r"\d+", c) for c in cpus.values()), (vf_pci, cpus)
@@ -251,40 +321,107 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
 
     remove_pods(node, *pods.values())
 
-    assert_as_found(vf_picture(pf), before)
-    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
+    nothing_held(node, pf, before, daemonset.pod_id)
     assert not any(Path(ns).exists() for ns in netns.values())
-    assert set(node.cri.pods()) == {daemonset.pod_id}
 
 
-def test_daemon_killed_pod_start_fails_with_nothing_lost_then_starts_once_restarted(
+def test_daemon_killed_while_pods_start_and_stop_loses_nothing_and_the_retries_succeed(
         node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
     pf = igb_pfs[0]
     sriov_network(node, pf)
     before = vf_picture(pf)
+    attached = node.cri.run_pod(new_pod("attached", "default", node.logs))
 
-    daemonset.kill("daemon")
-    with pytest.raises(grpc.RpcError) as failed:
-        node.cri.run_pod(new_pod("early", "default", node.logs))
+    with ThreadPoolExecutor(2) as pool:
+        with ipam_held():
+            starting = pool.submit(node.cri.run_pod, new_pod("starting", "default", node.logs))
+            stopping = pool.submit(node.cri.stop_pod, attached)
+            wait_until(lambda: calls_running(daemonset) == 2, CRI_TIMEOUT, "an ADD and a DEL to run in the daemon")
+            # SIGKILL to the container: the daemon and the children running
+            # the calls die with it.
+            daemonset.kill("daemon")
+            failed_with(starting, "ended without an answer", daemonset)
+            failed_with(stopping, "ended without an answer", daemonset)
+        # While it is down, a call is not even taken.
+        failed_with(pool.submit(node.cri.run_pod, new_pod("early", "default", node.logs)),
+                    "sriov-cni daemon is not reachable", daemonset)
 
-    # The shim's answer reached kubelet: the daemon is down, try again.
-    assert "sriov-cni daemon is not reachable" in str(failed.value.details()), failed.value.details()
-    assert_as_found(vf_picture(pf), before)
-    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
-    # What containerd kept of the failed sandbox (its namespace, when the
-    # DEL of its cleanup failed too), kubelet removes once the daemon is back.
-    failed_pods = set(node.cri.pods()) - {daemonset.pod_id}
-
+    # kubelet restarts the container in the same sandbox, and retries: the
+    # failed sandboxes' DELs (which find what the killed calls left), the
+    # stop, the start.
     daemonset.restart("daemon")
     wait_serving(node, daemonset)
-    remove_pods(node, *failed_pods)
-    pod_id = node.cri.run_pod(new_pod("retried", "default", node.logs))
+    remove_pods(node, *(set(node.cri.pods()) - {daemonset.pod_id}))
+    nothing_held(node, pf, before, daemonset.pod_id)
+    pod_id = node.cri.run_pod(new_pod("starting", "default", node.logs))
 
     _, eth0 = pod_addresses(node, pod_id)
     assert eth0["parentdev"] in [d.name for d in vf_pci_dirs(pf)]
     assert records(NODE_DATA) == [eth0["parentdev"]] and len(leases(NODE_DATA)) == 1
     remove_pods(node, pod_id)
-    assert_as_found(vf_picture(pf), before)
-    assert records(NODE_DATA) == [] and leases(NODE_DATA) == []
-    assert set(node.cri.pods()) == {daemonset.pod_id}
+    nothing_held(node, pf, before, daemonset.pod_id)
     assert not list(Path("/run/netns").glob("cni-*"))
+
+
+def test_sigterm_lets_a_pod_start_in_flight_end_and_refuses_new_calls(
+        node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
+    pf = igb_pfs[0]
+    sriov_network(node, pf)
+    before = vf_picture(pf)
+
+    with ThreadPoolExecutor(2) as pool:
+        with ipam_held():
+            starting = pool.submit(node.cri.run_pod, new_pod("in-flight", "default", node.logs))
+            wait_until(lambda: calls_running(daemonset) == 1, CRI_TIMEOUT, "the pod's ADD to run in the daemon")
+            # kubelet stopping the DaemonSet's pod: SIGTERM, SIGKILL after
+            # terminationGracePeriodSeconds.
+            stopped = pool.submit(daemonset.stop, "daemon")
+            wait_until(lambda: "new calls are refused, 1 running" in daemonset.log("daemon"), CRI_TIMEOUT,
+                       "the daemon to say it stops")
+            # A new call, as libcni makes it: straight to the node's shim
+            # (a RunPodSandbox here can take longer than the drain to reach it).
+            late = shim_call("ADD", "late", pf)
+            assert late.returncode == 1 and json.loads(late.stdout) == {
+                "cniVersion": "1.0.0", "code": 11, "msg": "the sriov-cni daemon is stopping; nothing ran"}, late
+            # Only the call in flight holds a VF.
+            assert len(records(NODE_DATA)) == 1 and leases(NODE_DATA) == []
+        pod_id = starting.result(timeout=CRI_TIMEOUT)
+        status = stopped.result(timeout=CRI_TIMEOUT)
+    assert status.exit_code == 0, daemonset.log("daemon")
+    assert "stopped, no call running" in daemonset.log("daemon")
+    _, eth0 = pod_addresses(node, pod_id)
+    assert records(NODE_DATA) == [eth0["parentdev"]] and len(leases(NODE_DATA)) == 1
+
+    daemonset.restart("daemon")
+    wait_serving(node, daemonset)
+    remove_pods(node, *(set(node.cri.pods()) - {daemonset.pod_id}))
+    nothing_held(node, pf, before, daemonset.pod_id)
+
+
+def test_pods_attached_under_one_image_tag_are_deleted_by_the_daemonset_of_another(
+        node: Node, deployment: Deployment, igb_pfs: list[str]) -> None:
+    # The second tag names the same image (a retag; no registry here to
+    # build and pull another version from): what this shows is the rolling
+    # update itself, a new pod whose install and setup run again while pods
+    # hold VFs, and whose daemon DELs what the old pod's attached.  The
+    # records of older versions reading in newer code are the host's tests
+    # (tests/plugin/test_vf_store.py).
+    pf = igb_pfs[0]
+    sriov_network(node, pf)
+    before = vf_picture(pf)
+    attached = node.cri.run_pod(new_pod("attached", "default", node.logs))
+    _, eth0 = pod_addresses(node, attached)
+
+    old = deployment.pod
+    image = old.template.spec["containers"][0]["image"]
+    upgraded = image.rsplit(":", 1)[0] + ":upgraded"
+    run("ctr", "--address", str(node.containerd), "--namespace", "k8s.io", "images", "tag", "--force", image, upgraded)
+    assert old.stop("daemon").exit_code == 0
+    remove_pods(node, old.pod_id)
+    deployment.pod = deployment.template.run(node.cri, node.logs, image=upgraded)
+    wait_serving(node, deployment.pod)
+    assert deployment.pod.config.metadata.uid != old.config.metadata.uid
+    assert records(NODE_DATA) == [eth0["parentdev"]] and len(leases(NODE_DATA)) == 1
+
+    remove_pods(node, attached)
+    nothing_held(node, pf, before, deployment.pod.pod_id)

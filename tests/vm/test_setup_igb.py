@@ -58,11 +58,9 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path, sriov: Sriov, monkeypatch: pytest.MonkeyPatch) -> Node:
+def node(tmp_path: Path, sriov: Sriov) -> Node:
     # ``sriov`` puts every PF back to 0 VFs at teardown.
-    n = Node(tmp_path)
-    monkeypatch.setattr(tuning, "STATE_FILE", n.state)
-    return n
+    return Node(tmp_path)
 
 
 def interrupts() -> dict[str, int]:
@@ -172,7 +170,7 @@ def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(node: Node, igb_pfs:
     subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", host_name, "name", "net1"], check=True)
     subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "net1", "up"], check=True)
 
-    assert tuning.apply_vf_tuning(vf_pci, f"/run/netns/{ns}", "net1") == []
+    assert tuning.apply_vf_tuning(node.state, vf_pci, f"/run/netns/{ns}", "net1") == []
     # igbvf requested its vectors on open, named after the pod-side name.
     names = interrupts()
     want = str(cpus[(index + 1) % len(cpus)])
@@ -182,7 +180,7 @@ def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(node: Node, igb_pfs:
 
     # Released while still up in the pod, as the plugin's DEL does: a
     # closed igbvf's vectors ignore affinity writes.
-    tuning.release_vf_tuning(vf_pci, f"/run/netns/{ns}", "net1")
+    tuning.release_vf_tuning(node.state, vf_pci, f"/run/netns/{ns}", "net1")
     assert (affinity(names["net1-rx-0"]), affinity(names["net1-tx-0"])) == (all_cpus, all_cpus)
     assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_cpus") == "0"
     assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_flow_cnt") == "0"
