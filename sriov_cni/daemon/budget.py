@@ -6,7 +6,8 @@ one child per call would grow the daemon's cgroup past its limit, and the
 kernel's OOM killer would then pick the daemon itself, failing every call in
 flight.  So the daemon admits only as many children as its memory budget
 holds (:func:`admission`); the calls beyond wait in the listen queue, where
-the shim waits for its answer.
+the shim waits for its answer.  The requests the daemon reads meanwhile
+(intake) hold memory of the same budget: their share is set aside first.
 
 The budget is the daemon's cgroup limit: ``memory.max`` on cgroup v2,
 ``memory.limit_in_bytes`` on cgroup v1, the lowest along the path up to the
@@ -28,17 +29,29 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from sriov_cni.daemon import wire
+
 MiB = 1 << 20
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF = Path("/proc/self")
 # Memory one child adds to the daemon's cgroup while it serves an ADD with a
 # delegated IPAM plugin: the daemon's pages it writes (Python writes the
-# reference count of every object it merely uses, so a call copies about
-# 4 MiB of them), its own heap, and the IPAM executable it runs.  Measured
-# with tests/bench/bench_burst.py on the host fixtures with host-local:
-# 5.4 to 6.4 MiB per child across caps of 11 to 25; an idle child that has
-# served a call keeps about 6 MiB of it until --child-idle ends it.
+# reference count of every object it merely uses), its own heap, and the
+# IPAM executable it runs.  Assumed only until the first child has served a
+# call: each child then reports the memory it alone holds (private_bytes),
+# and the cap follows the largest (Admission.children_at), so it holds for
+# another Python, another plugin configuration or a later version of the
+# code.  The IPAM executable runs for a few milliseconds of a call and is
+# left to HEADROOM.  Measured with tests/bench/bench_burst.py on the host
+# fixtures with host-local: 6.4 MiB per child at a cap of 13.
 CHILD_COST = 7 * MiB
+# Bytes of requests the daemon reads at once, by their announced lengths,
+# when no budget bounds it: an honest request is a few KiB.
+PENDING_BYTES = 32 * MiB
+# With a budget, the requests being read get this share of it (5 MiB of
+# 160 MiB: still a thousand honest requests), and never less than one
+# request of the largest size the wire allows.
+PENDING_SHARE = 1 / 32
 # Kept free of children: page cache the calls' files and logs fill, a
 # larger-than-measured call, and what the kernel charges beside the pages
 # (page tables, socket buffers).
@@ -133,6 +146,19 @@ def cgroup_limit(root: Path = CGROUP_ROOT, proc: Path = PROC_SELF) -> tuple[int,
     return None if cgroup is None else cgroup.lowest_limit()
 
 
+def private_bytes(proc: Path = PROC_SELF) -> int:
+    """Memory only this process holds: the pages it wrote since its fork (or the daemon did), or mapped anew.
+
+    Reading it takes about half a millisecond in a child of the daemon.
+    """
+    total = 0
+    with open(proc / "smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def resident_bytes(proc: Path = PROC_SELF) -> int:
     """The process's resident memory now (VmRSS)."""
     for line in (proc / "status").read_text().splitlines():
@@ -143,22 +169,39 @@ def resident_bytes(proc: Path = PROC_SELF) -> int:
 
 @dataclass(frozen=True)
 class Admission:
-    """How many calls run at once, and why."""
+    """How many calls run at once, how many bytes of requests are read meanwhile, and why."""
 
     children: int
     budget: int | None
     source: str
+    pending_bytes: int = PENDING_BYTES
+    # The daemon's size when it started serving, and --max-children.
+    daemon_bytes: int = 0
+    most: int = 0
 
     def describe(self) -> str:
         calls = f"at most {self.children} call{'s' if self.children > 1 else ''} at once"
         if self.budget is None:
             return f"{calls} (no memory limit found: --max-children)"
-        return f"{calls} (memory budget {self.budget / MiB:.0f} MiB from {self.source})"
+        return (f"{calls} and {self.pending_bytes / MiB:.1f} MiB of requests being read "
+                f"(memory budget {self.budget / MiB:.0f} MiB from {self.source})")
+
+
+    def children_at(self, child: int) -> int:
+        """The cap once a child is known to hold ``child`` bytes."""
+        if self.budget is None:
+            return self.children
+        return min(self.most, children_for(self.budget, self.daemon_bytes, child))
+
+
+def pending_for(budget: int) -> int:
+    """Bytes of requests being read that ``budget`` sets aside."""
+    return max(wire.MAX_REQUEST, min(PENDING_BYTES, int(budget * PENDING_SHARE)))
 
 
 def children_for(budget: int, daemon: int, child: int = CHILD_COST) -> int:
-    """Children that fit in ``budget`` bytes beside a daemon of ``daemon`` bytes; at least one."""
-    return max(1, int((budget * (1 - HEADROOM) - daemon) // child))
+    """Children that fit in ``budget`` bytes beside a daemon of ``daemon`` bytes and its requests; at least one."""
+    return max(1, int((budget * (1 - HEADROOM) - daemon - pending_for(budget)) // child))
 
 
 def admission(max_children: int, flag: int | None = None, root: Path = CGROUP_ROOT,
@@ -175,7 +218,9 @@ def admission(max_children: int, flag: int | None = None, root: Path = CGROUP_RO
         if found is None:
             return Admission(max_children, None, "")
         budget, source = found[0], str(found[1])
-    return Admission(min(max_children, children_for(budget, resident_bytes(proc))), budget, source)
+    daemon = resident_bytes(proc)
+    return Admission(min(max_children, children_for(budget, daemon)), budget, source, pending_for(budget), daemon,
+                     max_children)
 
 
 def _set_oom_score_adj(value: int) -> None:

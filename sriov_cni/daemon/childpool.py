@@ -68,7 +68,9 @@ def spare(channel: socket.socket, daemon: int, messages: int, request_timeout: f
         with call.conn:
             more = serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}", report)
         # After the answer, and before this child waits again: the daemon
-        # reads it when told so (metrics.drain).
+        # reads it when told so (metrics.drain), and sizes its cap by what
+        # its children hold (Children.held).
+        report.held(budget.private_bytes())
         report.send(channel)
         if not more:
             return
@@ -77,8 +79,11 @@ def spare(channel: socket.socket, daemon: int, messages: int, request_timeout: f
 class Children:
     """The daemon's children: each starting, waiting for a call, or running one."""
 
-    def __init__(self, max_children: int, idle: float) -> None:
-        self.max = max_children
+    def __init__(self, admitted: budget.Admission, idle: float) -> None:
+        self.admitted = admitted
+        self.max = admitted.children
+        # The most a child has held after a call (0: none has reported yet).
+        self.child_bytes = 0
         self.idle = idle
         # The daemon's end of each child's channel (intake.hand_over).
         self.channels: dict[int, socket.socket] = {}
@@ -154,11 +159,26 @@ class Children:
         for (pid,) in struct.iter_unpack("=i", data):
             # A pid not found was reaped already.
             if pid in self.channels:
-                metrics.drain(pid, self.channels[pid])
+                self.held(metrics.drain(pid, self.channels[pid]))
                 if pid in self.starting:
                     self.starting.remove(pid)
                     self.failures = 0
                 self.waiting[pid] = now
+
+    def held(self, child_bytes: int) -> None:
+        """A child held ``child_bytes`` after a call: the cap follows the most any has held.
+
+        Said once a child first reports, then whenever the cap changes.
+        """
+        if child_bytes <= self.child_bytes:
+            return
+        first, self.child_bytes = not self.child_bytes, child_bytes
+        cap = self.admitted.children_at(child_bytes)
+        if first or cap != self.max:
+            self.max = cap
+            sys.stderr.write(f"sriov-cni daemon: a call's child holds {child_bytes / budget.MiB:.1f} MiB: "
+                             f"at most {cap} call{'s' if cap > 1 else ''} at once\n")
+            sys.stderr.flush()
 
     def on_wake(self) -> None:
         while True:
@@ -217,9 +237,16 @@ class Children:
         return min(times, default=None)
 
     def retire(self, now: float) -> None:
-        """End the children that have served calls and waited ``idle`` since, giving back their pages."""
-        for pid, since in list(self.waiting.items()):
-            if pid in self.served and since + self.idle <= now:
+        """End the children that have served calls and waited ``idle`` since, giving back their pages.
+
+        And waiting ones past a cap that fell (children hold more than
+        assumed), the longest waiting first.
+        """
+        # Those ended here already keep their channel until reaped.
+        excess = sum(1 for channel in self.channels.values() if channel.fileno() != -1) - self.max
+        for pid, since in sorted(self.waiting.items(), key=lambda item: item[1]):
+            if (pid in self.served and since + self.idle <= now) or excess > 0:
+                excess -= 1
                 del self.waiting[pid]
                 self.channels[pid].close()  # the child reads the end of its channel and ends
 

@@ -7,8 +7,9 @@ connection, checks the caller is root, and reads the whole request without
 blocking, many at once, each within the request timeout; only a complete,
 checked request (:class:`Call`) is handed to a child.  What a caller can
 make the daemon hold is bounded too: at most ``max_pending`` connections
-(the oldest one still sending makes way for a new one) and PENDING_BYTES
-of requests being read.
+(the oldest one still sending makes way for a new one) and ``pending_bytes``
+of requests being read (budget.Admission: a share of the daemon's memory
+budget).
 
 Every refusal is answered here, as the wire's REFUSED with a CNI error
 object; the caller's descriptors are closed, and the connection once the
@@ -35,9 +36,6 @@ from sriov_cni import __version__
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.daemon import metrics, wire
 
-# Requests being read at once may hold this many bytes (by their announced
-# lengths); an honest request is a few KiB.
-PENDING_BYTES = 32 << 20
 _FD = array.array("i").itemsize
 
 
@@ -152,12 +150,13 @@ class Intake:
     """Connections being read and complete calls waiting for a child, in the daemon's selector."""
 
     def __init__(self, listener: socket.socket, selector: selectors.BaseSelector, request_timeout: float,
-                 programs: Collection[str], max_pending: int) -> None:
+                 programs: Collection[str], max_pending: int, pending_bytes: int) -> None:
         self.listener = listener
         self.selector = selector
         self.timeout = request_timeout
         self.programs = programs
         self.max_pending = max_pending
+        self.max_pending_bytes = pending_bytes
         # In the order accepted: the first is the next to time out.
         self.reading: dict[int, _Reading] = {}
         self.ready: collections.OrderedDict[int, Call] = collections.OrderedDict()
@@ -288,7 +287,7 @@ class Intake:
                     f"the request's environment and working directory take {size} bytes, "
                     f"more than the {wire.MAX_REQUEST} the sriov-cni daemon accepts",
                 )
-            if self.pending_bytes + size > PENDING_BYTES:
+            if self.pending_bytes + size > self.max_pending_bytes:
                 return CNIError(Code.TRY_AGAIN, f"the sriov-cni daemon is reading {self.pending_bytes} bytes "
                                                 "of other requests; nothing ran")
             self.pending_bytes += size

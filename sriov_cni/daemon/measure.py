@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sriov_cni import safepath
+from sriov_cni.daemon import budget
 from sriov_cni.daemon.programs import Program
 
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
@@ -70,16 +71,6 @@ def timed_claims() -> Iterator[list[tuple[float, bool]]]:
         FileStore.claim = claim  # type: ignore[method-assign]
 
 
-def _private_kib() -> int:
-    """Memory only this child holds: pages it wrote after the fork, or mapped anew."""
-    total = 0
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                total += int(line.split()[1])
-    return total
-
-
 def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure, name: str,
                  reply: Callable[[int], None], claims: list[tuple[float, bool]]) -> None:
     """Run the call as :func:`call.serve_one` does, and write what it cost; ``claims`` fills as it runs."""
@@ -105,7 +96,7 @@ def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, 
         "seconds": elapsed,
         "cpu_seconds": cpu,
         "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        "private_kib": _private_kib(),
+        "private_kib": budget.private_bytes() // 1024,
         "claims": claims,
     }
     # A reader sees a whole file or none; a measurement, not state, so not

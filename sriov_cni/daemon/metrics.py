@@ -130,8 +130,9 @@ def handed(pid: int, body: bytes) -> None:
     _in_flight[pid] = _InFlight(program, command_label(env.get("CNI_COMMAND", "")), time.monotonic())
 
 
-def drain(pid: int, channel: socket.socket) -> None:
-    """Count the calls child ``pid`` reported on its ``channel``."""
+def drain(pid: int, channel: socket.socket) -> int:
+    """Count the calls child ``pid`` reported on its ``channel``; the most bytes it said it held, or 0."""
+    held = 0
     while True:
         try:
             message = channel.recv(4096, socket.MSG_DONTWAIT)
@@ -139,15 +140,16 @@ def drain(pid: int, channel: socket.socket) -> None:
             # Nothing more (EAGAIN), or closed here already: the daemon
             # closes the channel of a waiting child to end it, and such a
             # child has no call to report on.
-            return
+            return held
         if not message:
-            return
+            return held
         call = _in_flight.pop(pid, None)
         if call is None:
             continue  # not handed a call: nothing to report on
         report = json.loads(message)
         _count(call.program, call.command, str(report["result"]), float(report["seconds"]))
         CLAIMS_REFUSED.inc(int(report["claimsRefused"]))
+        held = max(held, int(report["privateBytes"]))
 
 
 def refused(code: int) -> None:
@@ -203,6 +205,7 @@ class Report:
         self._result = ""
         self._out = bytearray()
         self._claims_refused = 0
+        self._private = 0
 
     def stdout(self) -> IO[str]:
         """The caller's stdout (descriptor 1), as ``open(1, "w")`` would give it, keeping what the call writes."""
@@ -230,8 +233,13 @@ class Report:
         """The VF claims the call tried (measure.timed_claims): those it found held are counted."""
         self._claims_refused = sum(1 for _, got in claims if not got)
 
+    def held(self, private: int) -> None:
+        """The bytes the child alone holds after the call (budget.private_bytes)."""
+        self._private = private
+
     def send(self, channel: socket.socket) -> None:
-        message = {"result": self._result, "seconds": self._seconds, "claimsRefused": self._claims_refused}
+        message = {"result": self._result, "seconds": self._seconds, "claimsRefused": self._claims_refused,
+                   "privateBytes": self._private}
         try:
             channel.send(json.dumps(message).encode())
         except OSError:

@@ -35,6 +35,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sriov_cni import __version__, safepath, vfstore
@@ -123,20 +124,8 @@ def _warm_netlink() -> None:
         pass  # only a head start lost; the calls open their own handles
 
 
-def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
-          max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
-          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
-          drain_timeout: float = DRAIN_TIMEOUT, metrics_address: tuple[str, int] | None = None,
-          data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR)) -> int:
-    """Listen on ``path`` until SIGTERM, then wait up to ``drain_timeout`` seconds for the calls running.
-
-    Returns how many calls still ran when it stopped.
-    ``memory_budget``: bytes the daemon and its children may hold, instead
-    of its cgroup's limit.  ``metrics_address``: where to serve Prometheus
-    metrics, with the pool of the store in ``data_dir`` (:mod:`metrics`).
-    """
-    # Import everything a request needs now, in the parent, so each child
-    # starts warm.
+def _warm_up() -> Measure | None:
+    """Import and warm everything a call needs, in the parent, so each child starts warm."""
     import sriov_cni.ipam.main  # noqa: F401
     import sriov_cni.plugin.commands  # noqa: F401
 
@@ -150,11 +139,11 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if measure is not None:
         import cProfile  # noqa: F401  imported once here, not in every measured call
         import resource  # noqa: F401
-    # Before the daemon exempts itself from the OOM killer: the exporter
-    # need not be.
-    exporter = None if metrics_address is None else metrics.start(metrics_address, data_dir)
-    admitted = budget.admission(max_children, memory_budget)
-    unprotected = budget.protect_daemon()
+    return measure
+
+
+def _listen(path: str) -> socket.socket:
+    """The daemon's socket at ``path``, root-only, non-blocking: waiting children poll it."""
     # Private when the directory is ours; an existing one holding others'
     # files (/run) is used as it is, and refused when others may write it.
     # The socket itself is root-only either way (the umask below).
@@ -171,12 +160,34 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
         os.umask(old_umask)
     listener.listen(socket.SOMAXCONN)
     listener.setblocking(False)
+    return listener
+
+
+def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
+          max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
+          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
+          drain_timeout: float = DRAIN_TIMEOUT, metrics_address: tuple[str, int] | None = None,
+          data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR)) -> int:
+    """Listen on ``path`` until SIGTERM, then wait up to ``drain_timeout`` seconds for the calls running.
+
+    Returns how many calls still ran when it stopped.
+    ``memory_budget``: bytes the daemon and its children may hold, instead
+    of its cgroup's limit.  ``metrics_address``: where to serve Prometheus
+    metrics, with the pool of the store in ``data_dir`` (:mod:`metrics`).
+    """
+    measure = _warm_up()
+    # Before the daemon exempts itself from the OOM killer: the exporter
+    # need not be.
+    exporter = None if metrics_address is None else metrics.start(metrics_address, data_dir)
+    admitted = budget.admission(max_children, memory_budget)
+    unprotected = budget.protect_daemon()
+    listener = _listen(path)
     max_pending = _descriptors_for(MAX_PENDING, admitted.children)
     selector = selectors.DefaultSelector()
-    children = childpool.Children(admitted.children, child_idle)
+    children = childpool.Children(admitted, child_idle)
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
-    calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending)
+    calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending, admitted.pending_bytes)
     stop = _Stop(drain_timeout)
     metrics.watch(children, calls)
     if exporter is not None:
@@ -191,6 +202,12 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
+    return _loop(selector, children, calls, stop, spare)
+
+
+def _loop(selector: selectors.BaseSelector, children: childpool.Children, calls: intake.Intake, stop: _Stop,
+          spare: Callable[[socket.socket], None]) -> int:
+    """Hand calls to children, keep spares forked, until a stop ends; how many calls still ran then."""
     while True:
         if stop.deadline is not None:
             if stop.over(children, calls):
@@ -199,7 +216,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
             children.fork(spare)
         # With MAX_CHILDREN calls running, further ones wait here until a
         # child waits again or ends.
-        while children.waiting and (call := calls.take()) is not None:
+        while children.waiting and children.running() < children.max and (call := calls.take()) is not None:
             if not children.hand(call):
                 calls.put_back(call)
         if (broken := children.cannot_start()) is not None:

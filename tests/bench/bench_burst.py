@@ -15,7 +15,19 @@ daemon in a fresh cgroup, back to back, so that a shared machine's slow
 spells fall on all three.  Printed per run: the seconds for the
 ADDs and for the DELs, the peak of the cgroup (daemon + children + IPAM),
 the OOM kills in it, the calls that failed, whether the daemon outlived the
-run, and how many calls at once the daemon admitted (from its banner).
+run, and how many calls at once the daemon admitted (from its banner, and
+once its children said what they hold, the cap it followed).
+Beside them, the CPU seconds the cgroup used (the daemon, its children and
+their IPAM) and those of the callers (the shims and this process starting
+them), the cores all of that kept busy on average, and the cores the rest
+of the machine kept busy meanwhile.  The last line for each N says what
+that leaves a burst to gain: a burst of the same CPU time cannot take less
+than that time spread over every core, and a burst that keeps fewer cores
+busy than there are waits on something else.  What it waits on is measured
+next, in the same run: every ADD moves its VF into the pod's namespace and
+every DEL moves it back, and N such moves of spare veth ends (with ``ip``)
+one after another and all at once show how much of that the kernel runs
+one at a time (a move takes the kernel's one RTNL lock).
 Asserts nothing; exits non-zero only when the fixtures cannot be built.
 
     python3 tests/bench/bench_burst.py                       # N = 8, 32, 64, limit 160Mi
@@ -27,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -66,8 +79,38 @@ class Run:
     oom_kills: int
     failed: int
     alive: bool
-    banner: str
+    admitted: str
     errors: list[str]
+    cpu_s: float
+    callers_cpu_s: float
+    machine_busy_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.add_s + self.del_s
+
+    @property
+    def ours(self) -> float:
+        """Cores the calls kept busy, on average."""
+        return (self.cpu_s + self.callers_cpu_s) / self.seconds
+
+    @property
+    def others(self) -> float:
+        """Cores the rest of the machine kept busy meanwhile, on average."""
+        return max(0.0, self.machine_busy_s / self.seconds - self.ours)
+
+
+def callers_cpu_s() -> float:
+    """CPU seconds of this process and of the children it waited for (the shims)."""
+    own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+
+
+def busy_cores_s() -> float:
+    """Seconds the machine's cores spent busy since boot, all cores together (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def burst(node: HostNode, work: Path, shim: Path, pods: list[str], n: int, together: bool,
@@ -115,15 +158,48 @@ def burst(node: HostNode, work: Path, shim: Path, pods: list[str], n: int, toget
         return time.perf_counter() - t0
 
     try:
+        busy, cpu_start, callers_start = busy_cores_s(), cgroup.cpu_seconds(), callers_cpu_s()
         add_s = phase("ADD")
         del_s = phase("DEL")
+        machine_busy, callers = busy_cores_s() - busy, callers_cpu_s() - callers_start
         alive = proc.poll() is None
-        peak, kills = cgroup.peak(), cgroup.oom_kills()
+        peak, kills, cpu = cgroup.peak(), cgroup.oom_kills(), cgroup.cpu_seconds() - cpu_start
     finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait()
+        # The cap the daemon followed once its children said what they hold.
+        assert proc.stderr is not None
+        followed = [line.partition("holds ")[2] for line in proc.stderr.read().splitlines() if " holds " in line]
         daemon.stop()
         cgroup.remove()
-    return Run(n, add_s, del_s, peak, kills, len(errors), alive,
-               banner, errors)
+    admitted = banner.partition(", ")[2].partition(" (")[0]
+    if followed:
+        admitted += f"; then, a child holding {followed[-1]}"
+    return Run(n, add_s, del_s, peak, kills, len(errors), alive, admitted, errors, cpu, callers, machine_busy)
+
+
+def namespace_moves(pods: list[str], together: bool) -> float:
+    """Seconds for a veth end moved into each of ``pods`` and back, with ``ip``, at once or one by one."""
+    token = uuid.uuid4().hex[:5]
+    ends = [f"bm{token}{i}" for i in range(len(pods))]
+    for end in ends:
+        subprocess.run(["ip", "link", "add", end, "type", "veth", "peer", "name", end + "p"], check=True)
+    there = [["ip", "link", "set", end, "netns", pod] for end, pod in zip(ends, pods)]
+    back = [["ip", "-n", pod, "link", "set", end, "netns", "1"] for end, pod in zip(ends, pods)]
+    try:
+        t0 = time.perf_counter()
+        for commands in (there, back):
+            if together:
+                for p in [subprocess.Popen(command) for command in commands]:
+                    p.wait()
+            else:
+                for command in commands:
+                    subprocess.run(command, check=True)
+        return time.perf_counter() - t0
+    finally:
+        for end in ends:
+            subprocess.run(["ip", "link", "del", end], check=False, stderr=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -147,10 +223,12 @@ def main() -> None:
         subprocess.run(["ip", "netns", "add", name], check=True)
     pods = [f"/var/run/netns/{name}" for name in names]
     lines: list[str] = []
+    cores = os.cpu_count() or 1
     try:
         print(f"{VFS} veth VFs, one PF, host-local IPAM, the daemon's cgroup: {limit / MiB:.0f} MiB", flush=True)
         header = (f"{'N':>3} {'mode':>18} {'ADDs s':>7} {'DELs s':>7} {'at once/1 by 1':>14} {'peak MiB':>8} "
-                  f"{'OOM kills':>9} {'failed':>6} {'daemon':>6}  admitted")
+                  f"{'OOM kills':>9} {'failed':>6} {'daemon':>6} {'CPU s':>6} {'callers CPU s':>13} "
+                  f"{'cores busy':>10} {'others busy':>11}  admitted")
         print(header, flush=True)
         lines.append(header)
         for n in args.sizes:
@@ -159,21 +237,34 @@ def main() -> None:
                 for mode, together, limited in MODES:
                     runs[mode].append(burst(node, work, shimdir / "sriov", pods, n, together,
                                             limit if limited else None))
-            seq = statistics.median(r.add_s + r.del_s for r in runs[MODES[0][0]])
+            seq = statistics.median(r.seconds for r in runs[MODES[0][0]])
             for mode, _, _ in MODES:
                 rs = runs[mode]
-                total = statistics.median(r.add_s + r.del_s for r in rs)
-                admitted = rs[-1].banner.partition(", ")[2].partition(" (")[0]
+                total = statistics.median(r.seconds for r in rs)
+                admitted = rs[-1].admitted
                 line = (f"{n:>3} {mode:>18} {statistics.median(r.add_s for r in rs):7.2f} "
                         f"{statistics.median(r.del_s for r in rs):7.2f} {total / seq:14.2f} "
                         f"{max(r.peak for r in rs) / MiB:8.1f} {sum(r.oom_kills for r in rs):>9} "
-                        f"{sum(r.failed for r in rs):>6} {'alive' if all(r.alive for r in rs) else 'DIED':>6}  "
-                        f"{admitted}")
+                        f"{sum(r.failed for r in rs):>6} {'alive' if all(r.alive for r in rs) else 'DIED':>6} "
+                        f"{statistics.median(r.cpu_s for r in rs):6.2f} "
+                        f"{statistics.median(r.callers_cpu_s for r in rs):13.2f} "
+                        f"{statistics.median(r.ours for r in rs):10.2f} "
+                        f"{statistics.median(r.others for r in rs):11.2f}  {admitted}")
                 print(line, flush=True)
                 lines.append(line)
                 for r in rs:
                     for error in r.errors[:3]:
                         print(f"    {error}", flush=True)
+            # The calls' CPU time spread over every core: the fastest a burst
+            # can be, unless it costs less CPU than the calls one by one.
+            ours = statistics.median(r.ours for r in runs[MODES[0][0]])
+            line = (f"{n:>3} one by one kept {ours:.2f} cores busy: on {cores} cores, a burst of the same CPU time "
+                    f"takes at least {ours / cores:.2f}x their time")
+            moves = [namespace_moves(names[:n], together) for together in (False, True)]
+            line += (f"; {n} moves to a namespace and back take {moves[0]:.2f} s one by one, "
+                     f"{moves[1]:.2f} s at once ({moves[1] / moves[0]:.2f}x)")
+            print(line, flush=True)
+            lines.append(line)
     finally:
         for name in names:
             subprocess.run(["ip", "netns", "del", name], check=False)

@@ -8,13 +8,19 @@ memory cgroup.
 
 from __future__ import annotations
 
+import array
+import json
+import os
+import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from sriov_cni.daemon import budget
+from sriov_cni.cni import Code
+from sriov_cni.daemon import budget, wire
 
 MiB = 1 << 20
 # What cgroup v1 shows for no limit (PAGE_COUNTER_MAX pages, in bytes).
@@ -111,16 +117,35 @@ def test_no_memory_hierarchy_is_none(tmp_path: Path) -> None:
 def test_the_cap_is_what_fits_beside_the_daemon_with_headroom(tmp_path: Path) -> None:
     root = v2_tree(tmp_path, {"": str(160 * MiB)})
     proc = proc_with(tmp_path, "0::/", rss_kib=45 * 1024)
-    fits = int((160 * MiB * (1 - budget.HEADROOM) - 45 * MiB) // budget.CHILD_COST)
+    # The requests being read take their share first: 5 MiB of 160.
+    fits = int((160 * MiB * (1 - budget.HEADROOM) - 45 * MiB - 5 * MiB) // budget.CHILD_COST)
     assert 1 < fits < 64
     found = budget.admission(64, None, root, proc)
-    assert found == budget.Admission(fits, 160 * MiB, str(root / "memory.max"))
+    assert found == budget.Admission(fits, 160 * MiB, str(root / "memory.max"), 5 * MiB, 45 * MiB, 64)
     assert f"at most {fits} calls at once" in found.describe() and "160 MiB" in found.describe()
     # --max-children stays an upper bound, and a budget too small for one
     # child still serves calls one at a time.
     assert budget.admission(3, None, root, proc).children == 3
-    assert budget.admission(64, 40 * MiB, root, proc) == budget.Admission(1, 40 * MiB, "--memory-budget")
+    assert budget.admission(64, 40 * MiB, root, proc) == budget.Admission(1, 40 * MiB, "--memory-budget",
+                                                                          40 * MiB // 32, 45 * MiB, 64)
     assert budget.Admission(1, 40 * MiB, "--memory-budget").describe().startswith("at most 1 call at once")
+
+
+def test_once_children_report_what_they_hold_the_cap_follows_it(tmp_path: Path) -> None:
+    root = v2_tree(tmp_path, {"": str(160 * MiB)})
+    found = budget.admission(64, None, root, proc_with(tmp_path, "0::/", rss_kib=45 * 1024))
+    # 160 MiB less an eighth, the daemon's 45 and the requests' 5: 90 MiB.
+    assert [found.children_at(size) for size in (3 * MiB, 6 * MiB, 9 * MiB, 200 * MiB)] == [30, 15, 10, 1]
+    assert found.children_at(1 * MiB) == 64  # --max-children still bounds it
+    assert budget.admission(64, None, tmp_path / "none", tmp_path / "none").children_at(100 * MiB) == 64
+
+
+def test_the_requests_being_read_get_a_share_of_the_budget_and_room_for_one_of_each_size(tmp_path: Path) -> None:
+    proc = proc_with(tmp_path, "0::/", rss_kib=45 * 1024)
+    root = v2_tree(tmp_path, {"": "max"})
+    assert budget.admission(64, None, root, proc).pending_bytes == budget.PENDING_BYTES
+    assert budget.admission(64, 16 * MiB, root, proc).pending_bytes == wire.MAX_REQUEST
+    assert budget.admission(64, 64 << 30, root, proc).pending_bytes == budget.PENDING_BYTES
 
 
 def test_the_flag_overrides_the_cgroup(tmp_path: Path) -> None:
@@ -160,6 +185,7 @@ def test_the_daemon_names_its_cap_and_budget_when_it_starts(tmp_path: Path) -> N
         assert proc.stderr is not None
         proc.stderr.close()
     assert "listening on" in banner and "memory budget 100 MiB from --memory-budget" in banner, banner
+    assert "3.1 MiB of requests being read" in banner, banner
     assert "at most" in banner and "at most 64 " not in banner, banner
 
 
@@ -168,3 +194,49 @@ def test_a_budget_that_is_not_a_size_is_refused_before_listening(tmp_path: Path)
                           timeout=60)
     assert proc.returncode == 2 and "--memory-budget" in proc.stderr and "not a size" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _announce(sock: Path, size: int) -> socket.socket:
+    """A caller that announces a request of ``size`` bytes, with its three descriptors, and sends no more."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(sock))
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        fds = array.array("i", [null] * wire.DESCRIPTORS).tobytes()
+        conn.sendmsg([struct.pack(wire.HEADER, size)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+    finally:
+        os.close(null)
+    return conn
+
+
+def _refused(conn: socket.socket, code: int, says: str) -> None:
+    conn.settimeout(30)
+    answer = conn.recv(65536)
+    assert answer[:1] == bytes([wire.REFUSED]), answer
+    error = json.loads(answer[1:])
+    assert error["code"] == code and says in error["msg"], error
+
+
+def test_a_request_past_the_budgets_share_for_requests_is_refused(tmp_path: Path) -> None:
+    # 32 MiB sets aside room for one request of the largest size: while one
+    # such is being read, the next is told to try again.
+    proc = subprocess.Popen(daemon_command(tmp_path, "--memory-budget", "32Mi"), stderr=subprocess.PIPE, text=True)
+    sock = tmp_path / "run" / "plugin.sock"
+    try:
+        assert proc.stderr is not None
+        assert f"{wire.MAX_REQUEST / MiB:.1f} MiB of requests being read" in proc.stderr.readline()
+        with _announce(sock, wire.MAX_REQUEST) as first:
+            with _announce(sock, 1000) as second:
+                _refused(second, Code.TRY_AGAIN, "bytes of other requests; nothing ran")
+            # The first, cut short, is refused and gives its share back: a
+            # request of the largest size is read again.
+            first.shutdown(socket.SHUT_WR)
+            _refused(first, Code.DECODE, "truncated request")
+        with _announce(sock, wire.MAX_REQUEST) as third:
+            third.shutdown(socket.SHUT_WR)
+            _refused(third, Code.DECODE, "truncated request")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        assert proc.stderr is not None
+        proc.stderr.close()

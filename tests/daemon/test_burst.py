@@ -10,6 +10,7 @@ are charged there as in the DaemonSet's pod.  Not timed.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -116,6 +117,14 @@ def test_a_burst_of_64_adds_in_a_small_cgroup_all_succeed_and_the_daemon_lives(s
     assert small.cgroup.oom_kills() == 0
     assert small.proc.poll() is None, "the daemon died"
     assert small.host_vfs() == before and small.records() == []
+    # The cap followed what the children said they held, and that many of
+    # them fit in the limit.
+    assert small.proc.stderr is not None
+    said = next(line for line in small.proc.stderr if "a call's child holds" in line)
+    found = re.search(r"holds ([0-9.]+) MiB: at most (\d+) calls? at once", said)
+    assert found, said
+    held, cap = float(found[1]) * MiB, int(found[2])
+    assert 1 * MiB < held < 32 * MiB and 1 <= cap < BURST and cap * held < 112 * MiB, said
 
 
 def may_lower_oom_score_adj() -> bool:

@@ -1,8 +1,9 @@
-"""A memory cgroup of its own for a daemon under test: its limit, its peak, its OOM kills.
+"""A memory cgroup of its own for a daemon under test: its limit, its peak, its OOM kills, its CPU time.
 
 Made below the cgroup this process is in (cgroup v1's memory controller or
 cgroup v2), so that it needs no knowledge of the machine's layout.  Shared
-by the daemon tests and the burst benchmark.
+by the daemon tests and the burst benchmark.  On cgroup v1 the CPU time is
+counted by the cpuacct controller, in a cgroup of the same name there.
 """
 
 from __future__ import annotations
@@ -33,11 +34,19 @@ class MemoryCgroup:
         no_swap = self.path / ("memory.swap.max" if self.v2 else "memory.swappiness")
         if no_swap.exists():
             no_swap.write_text("0")
+        self.cpuacct: Path | None = None
+        if not self.v2:
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                if "cpuacct" in controllers.split(","):
+                    mount = parent.mount.parent / ",".join(sorted(controllers.split(",")))
+                    self.cpuacct = mount / path.lstrip("/") / self.path.name
+                    self.cpuacct.mkdir()
 
     def wrap(self, command: list[str]) -> list[str]:
         """``command``, started inside the cgroup (before it forks anything)."""
-        procs = self.path / "cgroup.procs"
-        return ["/bin/sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *command]
+        joins = " && ".join(f"echo $$ > {cgroup / 'cgroup.procs'}" for cgroup in (self.path, self.cpuacct) if cgroup)
+        return ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *command]
 
     def _read(self, name: str) -> str:
         return (self.path / name).read_text()
@@ -55,6 +64,18 @@ class MemoryCgroup:
                 return int(value)
         raise LookupError(f"no oom_kill count in {self.path} (a kernel older than 4.13?)")
 
+    def cpu_seconds(self) -> float:
+        """CPU time the cgroup's processes used, user and system, since it was made."""
+        if self.v2:
+            for line in self._read("cpu.stat").splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+            raise LookupError(f"no usage_usec in {self.path / 'cpu.stat'}")
+        if self.cpuacct is None:
+            raise LookupError("this process is in no cpuacct cgroup: /proc/self/cgroup names none")
+        return int((self.cpuacct / "cpuacct.usage").read_text()) / 1e9
+
     def pids(self) -> list[int]:
         return [int(pid) for pid in self._read("cgroup.procs").split()]
 
@@ -64,3 +85,5 @@ class MemoryCgroup:
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.05)
         os.rmdir(self.path)
+        if self.cpuacct is not None:
+            os.rmdir(self.cpuacct)
