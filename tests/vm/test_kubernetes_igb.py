@@ -405,7 +405,7 @@ def test_pods_attached_under_one_image_tag_are_deleted_by_the_daemonset_of_anoth
     # update itself, a new pod whose install and setup run again while pods
     # hold VFs, and whose daemon DELs what the old pod's attached.  The
     # records of older versions reading in newer code are the host's tests
-    # (tests/plugin/test_vf_store.py).
+    # (tests/test_vf_store.py).
     pf = igb_pfs[0]
     sriov_network(node, pf)
     before = vf_picture(pf)
