@@ -276,7 +276,7 @@ def free_port() -> int:
 
 def test_the_example_alert_rules_are_valid_and_fire_as_the_readme_says(tmp_path: Path) -> None:
     if PROMTOOL is None:
-        pytest.skip(NOT_INSTALLED)
+        pytest.fail(NOT_INSTALLED)
     check = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     pf = 'pf="ens1f0",pci="0000:af:00.0",instance="node1:9731",job="sriov-cni"'
@@ -330,7 +330,7 @@ def _annotations(alert: str, labels: dict[str, str]) -> dict[str, str]:
 
 def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> None:
     if PROMETHEUS is None:
-        pytest.skip(NOT_INSTALLED)
+        pytest.fail(NOT_INSTALLED)
     rc, out = rig.call("ADD", 0, rig.conf())
     assert rc == 0, out
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(RULES)],
