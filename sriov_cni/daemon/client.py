@@ -47,11 +47,7 @@ def via_daemon(path: str) -> int | None:
         try:
             # Connected: the call waits for the daemon like any running call.
             conn.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, _struct.pack("ll", 0, 0))
-            conn.sendmsg(
-                [frame[: wire.HEADER_SIZE]],
-                [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _struct.pack("3i", 0, 1, 2))],
-            )
-            conn.sendall(frame[wire.HEADER_SIZE :])
+            wire.send_request(conn, frame, (0, 1, 2))
             answer = _recv_answer(conn)
         except OSError:
             answer = b""

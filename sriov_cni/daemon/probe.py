@@ -11,7 +11,6 @@ touches no VF, record or address.
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import select
@@ -72,8 +71,7 @@ def _call(conn: socket.socket, path: str, deadline: float, fds: tuple[int, int, 
     frame = wire.encode_request(__version__, "sriov", "/", {"CNI_COMMAND": "VERSION"})
     conn.settimeout(max(0.001, deadline - time.monotonic()))
     conn.connect(path)
-    conn.sendmsg([frame[: wire.HEADER_SIZE]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
-    conn.sendall(frame[wire.HEADER_SIZE :])
+    wire.send_request(conn, frame, fds)
     answer = b""
     while True:
         conn.settimeout(max(0.001, deadline - time.monotonic()))

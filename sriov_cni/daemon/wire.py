@@ -27,6 +27,7 @@ starts with ``-S`` and must stay fast.
 
 from __future__ import annotations
 
+import _socket
 import _struct
 
 # The request's length field; the shim's MAX_REQUEST.
@@ -48,6 +49,13 @@ def encode_request(version: str, program: str, cwd: str, env: dict[str, str]) ->
     fields = [version, program, cwd] + [f"{k}={v}" for k, v in env.items()]
     body = "\0".join(fields).encode("utf-8", "surrogateescape")
     return _struct.pack(HEADER, len(body)) + body
+
+
+def send_request(conn: _socket.socket, frame: bytes, fds: tuple[int, int, int]) -> None:
+    """Send an encoded request, the caller's stdin, stdout and stderr attached to its header."""
+    rights = _struct.pack(f"{DESCRIPTORS}i", *fds)
+    conn.sendmsg([frame[:HEADER_SIZE]], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+    conn.sendall(frame[HEADER_SIZE:])
 
 
 def request_size(header: bytes) -> int:
