@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -10,7 +11,7 @@ import click
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
 from sriov_cni.daemon import budget, client, install, metrics, probe, server
-from sriov_cni.kernel import irqs, netlink, sysfs
+from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
 from sriov_cni.paths import Paths
 from sriov_cni import vfstore as store
@@ -58,6 +59,12 @@ def main() -> None:
     """Node-side SR-IOV: create VFs, pin their IRQs, show who uses them."""
 
 
+def _node_paths() -> Paths:
+    """The node's paths; a caller of :func:`main` may pass others as its context object (a test, a tree)."""
+    given = click.get_current_context().find_object(Paths)
+    return Paths() if given is None else given
+
+
 @main.command(help=SETUP_HELP)
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Node config (YAML).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
@@ -66,11 +73,12 @@ def main() -> None:
 def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None) -> None:
     try:
         config = node_config.load(config_path)
-        plan = node_setup.plan(config, data_dir, node_setup.NetlinkLinks())
+        paths = _node_paths() if state_file is None else replace(_node_paths(), state_file=state_file)
+        plan = node_setup.plan(config, paths, data_dir, node_setup.NetlinkLinks())
         if dry_run:
-            node_setup.show(plan, click.echo)
+            node_setup.show(plan, paths, click.echo)
         else:
-            node_setup.execute(plan, Paths(state_file=state_file or nodestate.STATE_FILE), click.echo)
+            node_setup.execute(plan, paths, click.echo)
     except _EXPECTED as exc:
         raise CommandError(str(exc)) from exc
 
@@ -81,7 +89,7 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
 def status(as_json: bool, data_dir: Path) -> None:
     """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins, irqbalance."""
     try:
-        pfs = node_status.current(data_dir)
+        pfs = node_status.current(_node_paths(), data_dir)
     except _EXPECTED as exc:
         raise CommandError(str(exc)) from exc
     if as_json:
@@ -128,15 +136,14 @@ def daemon(socket_path: str, request_timeout: float, max_children: int, child_id
         size = None if memory_budget is None else budget.parse_size(memory_budget)
     except budget.BudgetError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from exc
-    # Set before the children fork: they run the calls.
-    irqs.proc_irq = proc_irq
     try:
         address = None if metrics_address is None else metrics.parse_address(metrics_address)
     except metrics.MetricsError as exc:
         raise click.BadParameter(str(exc), param_hint="--metrics-address") from exc
     try:
         running = server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size,
-                               drain_timeout, address, data_dir)
+                               drain_timeout, address, data_dir,
+                               _node_paths() if proc_irq is None else replace(_node_paths(), proc_irq=proc_irq))
     except metrics.MetricsError as exc:
         raise CommandError(f"cannot serve metrics: {exc}") from exc
     except (CNIError, OSError) as exc:

@@ -1,8 +1,10 @@
 """Where on the node the code finds what lies outside its data directories, in one value.
 
 The entry points (the ``sriov`` plugin's :func:`~sriov_cni.plugin.commands.run`,
-``sriov-cni setup``) build one :class:`Paths` and pass it down, as host-local
-passes its data directory; a test builds one over a temporary tree.
+the ``sriov-cni`` commands, the daemon's children) build one :class:`Paths`
+and pass it down, as host-local passes its data directory; the kernel layer
+takes the roots it needs as plain arguments.  A test builds one over a
+temporary tree that describes PFs, VFs and their IRQs.
 """
 
 from __future__ import annotations
@@ -19,3 +21,9 @@ class Paths:
     state_file: Path = nodestate.STATE_FILE
     # Where systemd keeps its runtime state; present only when it is PID 1.
     systemd_run: Path = Path("/run/systemd/system")
+    # sysfs and procfs as the host mounted them.
+    sys: Path = Path("/sys")
+    proc: Path = Path("/proc")
+    # The host's /proc/irq: elsewhere in a container that is not privileged,
+    # whose runtime makes /proc/irq read-only (``sriov-cni daemon --proc-irq``).
+    proc_irq: Path = Path("/proc/irq")

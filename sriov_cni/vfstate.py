@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from pathlib import Path
 
 from sriov_cni.kernel import netns, sysfs
 from sriov_cni.vfstore import Allocation
@@ -34,15 +35,15 @@ def netns_alive(alloc: Allocation) -> bool:
     return alloc.netns_inode is None or inode == alloc.netns_inode
 
 
-def vf_state(vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
+def vf_state(sys_root: Path, vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
     """Classify one VF; ``in_host`` says whether a netdev name exists in the host namespace."""
     if alloc is not None:
         return VfState.ALLOCATED if netns_alive(alloc) else VfState.STALE
-    if sysfs.driver(vf_pci) in sysfs.DPDK_DRIVERS:
+    if sysfs.driver(sys_root, vf_pci) in sysfs.DPDK_DRIVERS:
         return VfState.FREE
     # sysfs lists a VF's netdev only while it is in the host namespace; the
     # netlink look-up confirms it (and keeps a test tree of sysfs honest).
-    names = sysfs.netdevs(vf_pci)
+    names = sysfs.netdevs(sys_root, vf_pci)
     if names and in_host(names[0]):
         return VfState.FREE
     return VfState.IN_USE

@@ -30,7 +30,7 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
     if request.param == "fake":
         tree: Tree = request.getfixturevalue("tree")
         tree.igb(vfs=1)
-        yield FakeHost()
+        yield FakeHost(tree.sys)
         return
     if os.geteuid() != 0:
         pytest.fail("the kernel's side needs root (a network namespace)")

@@ -21,6 +21,7 @@ from sriov_cni.daemon import intake, metrics, wire
 from sriov_cni.daemon.measure import Measure, run_measured, timed_claims
 from sriov_cni.daemon.programs import PROGRAMS, Program
 from sriov_cni.daemon.watchdog import Watchdog
+from sriov_cni.paths import Paths
 
 
 def _become_caller(call: intake.Call, report: metrics.Report) -> tuple[str, Program, dict[str, str]]:
@@ -72,7 +73,7 @@ def _read_stdin(timeout: float) -> bytes:
 
 
 def serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, null: int,
-              measure: Measure | None, name: str, report: metrics.Report) -> bool:
+              measure: Measure | None, name: str, report: metrics.Report, paths: Paths) -> bool:
     """Runs in a child, from the call handed over to the answer.
 
     Whether the child may serve another call: not after a refusal.
@@ -114,9 +115,9 @@ def serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, nul
     else:
         with timed_claims() as claims:
             if measure is None:
-                reply(run(env, stdin, sys.stdout, sys.stderr))
+                reply(run(env, stdin, sys.stdout, sys.stderr, paths))
             else:
-                run_measured(program, run, env, stdin, measure, name, reply, claims)
+                run_measured(program, run, env, stdin, paths, measure, name, reply, claims)
         report.claimed(claims)
         return True
     # Nothing has run: the shim prints the reason, the Python client runs

@@ -22,6 +22,7 @@ from sriov_cni.daemon.call import serve_one
 from sriov_cni.daemon.measure import Measure
 from sriov_cni.daemon.watchdog import Watchdog
 from sriov_cni.kernel import lifetime
+from sriov_cni.paths import Paths
 
 # Children forked ahead, each waiting to take the next call.  Two, so that
 # a second call arriving at once need not wait for its fork either.
@@ -33,7 +34,7 @@ START_BACKOFF_MAX = 30.0
 
 
 def spare(channel: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int,
-          measure: Measure | None) -> None:
+          measure: Measure | None, paths: Paths) -> None:
     """Runs in a forked child: serves the calls the daemon hands it, one at a time, until it ends.
 
     The daemon keeps such children forked ahead of the calls, so a call
@@ -66,7 +67,7 @@ def spare(channel: socket.socket, daemon: int, messages: int, request_timeout: f
         os.setpgid(0, 0)
         report = metrics.Report()
         with call.conn:
-            more = serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}", report)
+            more = serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}", report, paths)
         # After the answer, and before this child waits again: the daemon
         # reads it when told so (metrics.drain), and sizes its cap by what
         # its children hold (Children.held).

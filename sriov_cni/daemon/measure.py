@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from sriov_cni import safepath
 from sriov_cni.daemon import budget
 from sriov_cni.daemon.programs import Program
+from sriov_cni.paths import Paths
 
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
@@ -71,8 +72,8 @@ def timed_claims() -> Iterator[list[tuple[float, bool]]]:
         FileStore.claim = claim  # type: ignore[method-assign]
 
 
-def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, measure: Measure, name: str,
-                 reply: Callable[[int], None], claims: list[tuple[float, bool]]) -> None:
+def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, paths: Paths, measure: Measure,
+                 name: str, reply: Callable[[int], None], claims: list[tuple[float, bool]]) -> None:
     """Run the call as :func:`call.serve_one` does, and write what it cost; ``claims`` fills as it runs."""
     import cProfile
     import resource
@@ -80,9 +81,9 @@ def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, 
     profiler = cProfile.Profile() if measure.profile else None
     start, cpu_start = time.perf_counter(), time.process_time()
     if profiler is not None:
-        code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr)
+        code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr, paths)
     else:
-        code = run(env, stdin, sys.stdout, sys.stderr)
+        code = run(env, stdin, sys.stdout, sys.stderr, paths)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     reply(code)  # closes the caller's stdout before the statistics are gathered
     base = os.path.join(measure.directory, name)

@@ -64,6 +64,7 @@ from sriov_cni.cni import Code
 from sriov_cni.daemon import wire
 from sriov_cni.kernel import lifetime, sysfs
 from sriov_cni.node import status
+from sriov_cni.paths import Paths
 from sriov_cni.vfstate import VfState
 
 # A series per created counter and histogram, "_created", would double the
@@ -341,7 +342,7 @@ class Exporter:
             pass  # the exporter is not reading: it gives up on this scrape
 
 
-def start(address: tuple[str, int], data_dir: Path) -> Exporter:
+def start(address: tuple[str, int], data_dir: Path, paths: Paths) -> Exporter:
     """Fork the exporter, serving on ``address``; raises MetricsError when it cannot listen there.
 
     Called before the daemon listens or forks any child: the exporter
@@ -357,7 +358,7 @@ def start(address: tuple[str, int], data_dir: Path) -> Exporter:
             ours.close()
             os.close(alive_w)
             if os.fork() == 0:
-                _exporter(theirs, alive_r, address, data_dir)
+                _exporter(theirs, alive_r, address, data_dir, paths)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -376,9 +377,10 @@ def start(address: tuple[str, int], data_dir: Path) -> Exporter:
 class _Scrape(Collector):
     """In the exporter: the daemon's metrics, asked for at each scrape, and the pool, read then."""
 
-    def __init__(self, daemon: socket.socket, data_dir: Path) -> None:
+    def __init__(self, daemon: socket.socket, data_dir: Path, paths: Paths) -> None:
         self._daemon = daemon
         self._data_dir = data_dir
+        self._paths = paths
         self._lock = threading.Lock()  # scrapes run in threads of their own
         self._sequence = 0
 
@@ -390,7 +392,7 @@ class _Scrape(Collector):
         yield up
         if text is not None:
             yield from text_string_to_metric_families(text)
-        yield from pool(self._data_dir)
+        yield from pool(self._paths, self._data_dir)
 
     def _ask_daemon(self) -> str | None:
         with self._lock:
@@ -413,11 +415,11 @@ class _Scrape(Collector):
             return None
 
 
-def pool(data_dir: Path) -> Iterator[Metric]:
+def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     """The pool per PF, as ``sriov-cni status --json`` shows it now."""
     readable = GaugeMetricFamily("sriov_cni_pool_up", "Whether the pool could be read for this scrape")
     try:
-        pfs = status.current(data_dir)
+        pfs = status.current(paths, data_dir)
     except Exception as exc:  # a scrape shows the failure; the exporter serves the next one
         sys.stderr.write(f"sriov-cni daemon: metrics: cannot read the VF pool: {exc}\n")
         readable.add_metric([], 0)
@@ -456,10 +458,10 @@ def pool(data_dir: Path) -> Iterator[Metric]:
 
 
 def _exporter(daemon: socket.socket, alive: int, address: tuple[str, int],
-              data_dir: Path) -> None:  # pragma: no cover - runs in the exporter
+              data_dir: Path, paths: Paths) -> None:  # pragma: no cover - runs in the exporter
     lifetime.close_all_but({0, 1, 2, daemon.fileno(), alive})
     registry = CollectorRegistry()
-    registry.register(_Scrape(daemon, data_dir))
+    registry.register(_Scrape(daemon, data_dir, paths))
     # A restarted daemon's predecessor's exporter may hold the port for a
     # moment after that daemon ended: it ends once it reads so.
     deadline = time.monotonic() + 5

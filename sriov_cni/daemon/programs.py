@@ -2,8 +2,9 @@
 
 A child that has become its caller (:mod:`call`) runs one of them with the
 caller's environment, its stdin read to the end, and its stdout and stderr:
-exactly the code the executable would run in process.  What it returns is
-the executable's exit status.
+exactly the code the executable would run in process, on the node paths
+the daemon was started with.  What it returns is the executable's exit
+status.
 """
 
 from __future__ import annotations
@@ -11,21 +12,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import IO
 
-Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str]], int]
+from sriov_cni.paths import Paths
+
+Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str], Paths], int]
 
 
-def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
+def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], paths: Paths) -> int:
     from sriov_cni.plugin import commands, log
 
     commands.configure_logging_from_env(env)
     try:
-        return commands.run(env, stdin, stdout, stderr)
+        return commands.run(env, stdin, stdout, stderr, commands.Deps(paths=paths))
     finally:
         # The child serves other calls after this one (server.CALLS_PER_CHILD).
         log.close()
 
 
-def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
+def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], paths: Paths) -> int:
     from sriov_cni.ipam import main as ipam_main
     from sriov_cni.cni import dispatch
 

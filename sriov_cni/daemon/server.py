@@ -44,6 +44,7 @@ from sriov_cni.daemon import budget, childpool, intake, metrics
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.daemon.measure import Measure
 from sriov_cni.daemon.programs import PROGRAMS
+from sriov_cni.paths import Paths
 
 # Seconds a caller has to send its request, and then to end its stdin: one
 # that sends nothing (or half a request) must not hold a connection slot,
@@ -167,18 +168,19 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
           max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
           calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
           drain_timeout: float = DRAIN_TIMEOUT, metrics_address: tuple[str, int] | None = None,
-          data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR)) -> int:
+          data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR), paths: Paths = Paths()) -> int:
     """Listen on ``path`` until SIGTERM, then wait up to ``drain_timeout`` seconds for the calls running.
 
     Returns how many calls still ran when it stopped.
     ``memory_budget``: bytes the daemon and its children may hold, instead
     of its cgroup's limit.  ``metrics_address``: where to serve Prometheus
     metrics, with the pool of the store in ``data_dir`` (:mod:`metrics`).
+    ``paths``: where the calls and the metrics find the node.
     """
     measure = _warm_up()
     # Before the daemon exempts itself from the OOM killer: the exporter
     # need not be.
-    exporter = None if metrics_address is None else metrics.start(metrics_address, data_dir)
+    exporter = None if metrics_address is None else metrics.start(metrics_address, data_dir, paths)
     admitted = budget.admission(max_children, memory_budget)
     unprotected = budget.protect_daemon()
     listener = _listen(path)
@@ -195,7 +197,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     daemon = os.getpid()
 
     def spare(channel: socket.socket) -> None:
-        childpool.spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure)
+        childpool.spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure, paths)
 
     served = "" if exporter is None else f", metrics on http://{exporter.address}/metrics"
     sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}{served}\n")

@@ -43,21 +43,17 @@ class Pin:
     detail: str = ""
 
 
-# Where the host's /proc/irq is reached, when not there: a container that is
-# not privileged gets /proc/irq read-only from its runtime, and reaches a
-# writable mount of it elsewhere (``sriov-cni daemon --proc-irq``).
-proc_irq: Path | None = None
+# ``irq_root`` below is where the host's /proc/irq is reached: not always
+# there, since a container that is not privileged gets /proc/irq read-only
+# from its runtime and reaches a writable mount of it elsewhere
+# (``sriov-cni daemon --proc-irq``).  ``sys_root`` is sysfs' mount point.
 
 
-def _proc_irq() -> Path:
-    return proc_irq or sysfs.PROC / "irq"
+def irq_dir(irq_root: Path, irq: int) -> Path:
+    return irq_root / str(irq)
 
 
-def irq_dir(irq: int) -> Path:
-    return _proc_irq() / str(irq)
-
-
-def _action_name(irq: int) -> str:
+def _action_name(irq_root: Path, irq: int) -> str:
     """The name the driver gave the IRQ (last column of /proc/interrupts), "" when unrequested.
 
     /proc/irq/<n>/ holds one directory per action, named like that column;
@@ -65,20 +61,20 @@ def _action_name(irq: int) -> str:
     hosts with many CPUs.
     """
     try:
-        entries = list(os.scandir(irq_dir(irq)))
+        entries = list(os.scandir(irq_dir(irq_root, irq)))
     except OSError:
         return ""
     names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
     return names[0] if names else ""
 
 
-def device_irqs(pci: str) -> list[int]:
+def device_irqs(sys_root: Path, irq_root: Path, pci: str) -> list[int]:
     """A PCI function's MSI/MSI-X IRQs that the kernel has set up (``/proc/irq/<n>`` exists)."""
     try:
-        listed = os.listdir(sysfs.pci_dir(pci) / "msi_irqs")
+        listed = os.listdir(sysfs.pci_dir(sys_root, pci) / "msi_irqs")
     except OSError:
         return []
-    return sorted(int(n) for n in listed if n.isdigit() and irq_dir(int(n)).is_dir())
+    return sorted(int(n) for n in listed if n.isdigit() and irq_dir(irq_root, int(n)).is_dir())
 
 
 def classify(irq: int, name: str) -> QueueIrq | None:
@@ -90,14 +86,14 @@ def classify(irq: int, name: str) -> QueueIrq | None:
     return QueueIrq(irq=irq, name=name, kind=m.group("kind").lower(), queue=int(m.group("queue")))
 
 
-def queue_irqs(pci: str) -> list[QueueIrq]:
+def queue_irqs(sys_root: Path, irq_root: Path, pci: str) -> list[QueueIrq]:
     """The device's requested queue IRQs, by queue index then IRQ number."""
-    found = (classify(irq, _action_name(irq)) for irq in device_irqs(pci))
+    found = (classify(irq, _action_name(irq_root, irq)) for irq in device_irqs(sys_root, irq_root, pci))
     return sorted((q for q in found if q is not None), key=lambda q: (q.queue, q.irq))
 
 
-def affinity(irq: int) -> list[int]:
-    return cpulist.parse_list((irq_dir(irq) / "smp_affinity_list").read_text())
+def affinity(irq_root: Path, irq: int) -> list[int]:
+    return cpulist.parse_list((irq_dir(irq_root, irq) / "smp_affinity_list").read_text())
 
 
 def plan_pins(irqs: list[QueueIrq], cpus: list[int], start: int) -> list[tuple[QueueIrq, int]]:
@@ -119,14 +115,14 @@ def vf_start(vf_index: int, queues: int) -> int:
     return (vf_index + 1) * max(queues, 1)
 
 
-def pin(irq: QueueIrq, cpu: int) -> Pin:
+def pin(irq_root: Path, irq: QueueIrq, cpu: int) -> Pin:
     """Pin one IRQ to one CPU, writing only when it is elsewhere, and read back."""
-    path = irq_dir(irq.irq) / "smp_affinity_list"
+    path = irq_dir(irq_root, irq.irq) / "smp_affinity_list"
     try:
-        if affinity(irq.irq) == [cpu]:
+        if affinity(irq_root, irq.irq) == [cpu]:
             return Pin(irq, cpu, "unchanged")
         sysfs.write(path, str(cpu))
-        now = affinity(irq.irq)
+        now = affinity(irq_root, irq.irq)
     except sysfs.SysfsError as exc:
         if exc.errno in _MANAGED:
             return Pin(irq, cpu, "skipped", "kernel-managed IRQ, affinity not changeable")
@@ -138,9 +134,9 @@ def pin(irq: QueueIrq, cpu: int) -> Pin:
     return Pin(irq, cpu, "pinned")
 
 
-def pin_device(pci: str, cpus: list[int], start: int) -> list[Pin]:
-    return [pin(q, cpu) for q, cpu in plan_pins(queue_irqs(pci), cpus, start)]
+def pin_device(sys_root: Path, irq_root: Path, pci: str, cpus: list[int], start: int) -> list[Pin]:
+    return [pin(irq_root, q, cpu) for q, cpu in plan_pins(queue_irqs(sys_root, irq_root, pci), cpus, start)]
 
 
-def default_affinity() -> list[int]:
-    return cpulist.parse_mask((_proc_irq() / "default_smp_affinity").read_text())
+def default_affinity(irq_root: Path) -> list[int]:
+    return cpulist.parse_mask((irq_root / "default_smp_affinity").read_text())

@@ -14,6 +14,7 @@ import functools
 import os
 import socket
 import stat
+from pathlib import Path
 from typing import Callable
 
 from sriov_cni.kernel.nlerrors import NetlinkError, NetnsNotFound
@@ -62,7 +63,7 @@ _MS_REC = 0x4000
 _MS_SLAVE = 0x80000
 
 
-def _private_sysfs() -> None:
+def _private_sysfs(at: Path) -> None:
     # sysfs shows the netdevs of the namespace that mounted it, so a fresh
     # mount in a private mount namespace shows the pod's interfaces
     # (what `ip netns exec` does).
@@ -71,19 +72,21 @@ def _private_sysfs() -> None:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
     if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
         raise OSError(ctypes.get_errno(), "making / a slave mount")
-    libc.umount2(b"/sys", 2)  # MNT_DETACH; nothing mounted there is fine
-    if libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None) != 0:
+    target = os.fsencode(at)
+    libc.umount2(target, 2)  # MNT_DETACH; nothing mounted there is fine
+    if libc.mount(b"sysfs", target, b"sysfs", 0, None) != 0:
         raise OSError(ctypes.get_errno(), "mounting sysfs")
 
 
-def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: bool = False) -> None:
+def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: Path | None = None) -> None:
     """Run ``func`` with the calling context inside the network namespace ``path``.
 
-    /proc/sys/net and (with ``own_sysfs``) /sys/class/net reflect the
-    namespace of the process that looks, so ``func`` runs in a short-lived
-    forked child that enters the namespace; this process never leaves its
-    own.  ``path`` None runs ``func`` here.  An OSError in ``func`` is
-    reported as NetlinkError carrying its errno.
+    /proc/sys/net and sysfs' class/net reflect the namespace of the process
+    that looks (sysfs: of the one that mounted it; ``own_sysfs`` mounts a
+    fresh one at that path), so ``func`` runs in a short-lived forked child
+    that enters the namespace; this process never leaves its own.  ``path``
+    None runs ``func`` here.  An OSError in ``func`` is reported as
+    NetlinkError carrying its errno.
     """
     if path is None:
         func()
@@ -97,8 +100,8 @@ def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: bool 
             message = b""
             try:
                 _enter(path)
-                if own_sysfs:
-                    _private_sysfs()
+                if own_sysfs is not None:
+                    _private_sysfs(own_sysfs)
                 func()
                 code = 0
             except OSError as exc:

@@ -1,10 +1,9 @@
 """What sysfs says about PFs and VFs: PCI addresses, VF indexes, drivers, netdevs.
 
-``SYS`` and ``PROC`` are the roots every sysfs and procfs path in the package
-is built from, here and in the modules that read or write their own corner
-(CPUs, IRQs and queues for tuning, the VF count and driver binding in
-:mod:`sriov_cni.node.vfs`); tests point them at a temporary tree that
-describes PFs and VFs.
+Every function that reads the node takes sysfs' mount point ``root`` first
+(``/sys`` on a node; the entry points carry it down), as the IRQ and queue
+modules take theirs: no root is a module global, so a test
+describes PFs and VFs in a temporary tree and passes its root.
 """
 
 from __future__ import annotations
@@ -14,9 +13,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-SYS = Path("/sys")
-PROC = Path("/proc")
 
 PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
@@ -51,8 +47,8 @@ def is_pci_address(value: str) -> bool:
     return bool(PCI_ADDRESS.fullmatch(value.lower()))
 
 
-def pci_dir(pci: str) -> Path:
-    return SYS / "bus" / "pci" / "devices" / pci
+def pci_dir(root: Path, pci: str) -> Path:
+    return root / "bus" / "pci" / "devices" / pci
 
 
 def _link_name(path: Path | str) -> str | None:
@@ -69,36 +65,36 @@ def read_int(path: Path) -> int:
         raise SysfsError(f"cannot read {path}: {exc}") from exc
 
 
-def netdevs(pci: str) -> list[str]:
+def netdevs(root: Path, pci: str) -> list[str]:
     """Netdev names of a PCI function as the host network namespace sees them."""
     try:
-        return sorted(os.listdir(pci_dir(pci) / "net"))
+        return sorted(os.listdir(pci_dir(root, pci) / "net"))
     except OSError:
         return []
 
 
-def driver(pci: str) -> str | None:
-    return _link_name(pci_dir(pci) / "driver")
+def driver(root: Path, pci: str) -> str | None:
+    return _link_name(pci_dir(root, pci) / "driver")
 
 
-def numvfs(pf_pci: str) -> int:
-    return read_int(pci_dir(pf_pci) / "sriov_numvfs")
+def numvfs(root: Path, pf_pci: str) -> int:
+    return read_int(pci_dir(root, pf_pci) / "sriov_numvfs")
 
 
-def totalvfs(pf_pci: str) -> int:
-    return read_int(pci_dir(pf_pci) / "sriov_totalvfs")
+def totalvfs(root: Path, pf_pci: str) -> int:
+    return read_int(pci_dir(root, pf_pci) / "sriov_totalvfs")
 
 
-def is_pf(pci: str) -> bool:
-    return (pci_dir(pci) / "sriov_totalvfs").exists()
+def is_pf(root: Path, pci: str) -> bool:
+    return (pci_dir(root, pci) / "sriov_totalvfs").exists()
 
 
-def vf_pcis(pf_pci: str) -> dict[int, str]:
+def vf_pcis(root: Path, pf_pci: str) -> dict[int, str]:
     """Every VF of a PF by index."""
     out: dict[int, str] = {}
     # Plain strings per link: a pool of many VFs is resolved on every ADD,
     # and building a Path for each virtfn link was most of that cost.
-    base = str(pci_dir(pf_pci))
+    base = str(pci_dir(root, pf_pci))
     try:
         entries = os.listdir(base)
     except OSError:
@@ -112,37 +108,37 @@ def vf_pcis(pf_pci: str) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def resolve_pf(name: str) -> PF:
+def resolve_pf(root: Path, name: str) -> PF:
     """A PF given by netdev name or PCI address."""
     if is_pci_address(name):
         pci = name.lower()
-        if not pci_dir(pci).exists():
+        if not pci_dir(root, pci).exists():
             raise SysfsError(f"no PCI device {pci}")
     else:
-        pci_link = SYS / "class" / "net" / name / "device"
+        pci_link = root / "class" / "net" / name / "device"
         target = _link_name(pci_link)
         if target is None:
             raise SysfsError(f"no network device {name!r} on this node")
         pci = target
-    if not is_pf(pci):
+    if not is_pf(root, pci):
         raise SysfsError(f"{name} is not an SR-IOV physical function (no sriov_totalvfs)")
-    names = netdevs(pci)
+    names = netdevs(root, pci)
     return PF(pci=pci, netdev=names[0] if names else None)
 
 
-def resolve_vf(pci: str) -> VF:
+def resolve_vf(root: Path, pci: str) -> VF:
     """A VF given by its PCI address, with its PF and index."""
     pci = pci.lower()
     if not is_pci_address(pci):
         raise SysfsError(f"{pci!r} is not a PCI address (expected DDDD:BB:DD.F)")
-    if not pci_dir(pci).exists():
+    if not pci_dir(root, pci).exists():
         raise SysfsError(f"no PCI device {pci}")
-    pf_pci = _link_name(pci_dir(pci) / "physfn")
+    pf_pci = _link_name(pci_dir(root, pci) / "physfn")
     if pf_pci is None:
         raise SysfsError(f"{pci} is not an SR-IOV virtual function (no physfn)")
-    for index, candidate in vf_pcis(pf_pci).items():
+    for index, candidate in vf_pcis(root, pf_pci).items():
         if candidate == pci:
-            pf_names = netdevs(pf_pci)
+            pf_names = netdevs(root, pf_pci)
             return VF(pci=pci, index=index, pf=PF(pf_pci, pf_names[0] if pf_names else None))
     raise SysfsError(f"{pci} is not listed as a VF of {pf_pci}")
 
@@ -162,14 +158,14 @@ def write(path: Path, value: str) -> None:
 
 
 
-def physfn(vf_pci: str) -> str | None:
+def physfn(root: Path, vf_pci: str) -> str | None:
     """The PF of a VF, from its ``physfn`` link alone (one readlink)."""
-    return _link_name(pci_dir(vf_pci) / "physfn")
+    return _link_name(pci_dir(root, vf_pci) / "physfn")
 
 
-def netdev_link(name: str) -> tuple[int, bool]:
+def netdev_link(root: Path, name: str) -> tuple[int, bool]:
     """A host netdev's MTU and administrative up flag, as sysfs shows them."""
-    base = SYS / "class" / "net" / name
+    base = root / "class" / "net" / name
     try:
         mtu = int((base / "mtu").read_text())
         flags = int((base / "flags").read_text(), 16)

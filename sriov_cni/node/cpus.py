@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sriov_cni.kernel import cpulist, sysfs
 from sriov_cni.nodestate import TuningError
 
 
-def _cpu_file(name: str) -> list[int]:
+def _cpu_file(sys_root: Path, name: str) -> list[int]:
     try:
-        text = (sysfs.SYS / "devices" / "system" / "cpu" / name).read_text().strip()
+        text = (sys_root / "devices" / "system" / "cpu" / name).read_text().strip()
     except OSError:
         return []
     # Kernels built with NO_HZ_FULL but booted without nohz_full= print
@@ -18,30 +20,30 @@ def _cpu_file(name: str) -> list[int]:
     return cpulist.parse_list(text)
 
 
-def online_cpus() -> list[int]:
-    return _cpu_file("online")
+def online_cpus(sys_root: Path) -> list[int]:
+    return _cpu_file(sys_root, "online")
 
 
-def isolated_cpus() -> list[int]:
+def isolated_cpus(sys_root: Path) -> list[int]:
     """CPUs the kernel keeps free of housekeeping: ``isolcpus=`` and ``nohz_full=``."""
-    return sorted(set(_cpu_file("isolated")) | set(_cpu_file("nohz_full")))
+    return sorted(set(_cpu_file(sys_root, "isolated")) | set(_cpu_file(sys_root, "nohz_full")))
 
 
-def numa_node(pci: str) -> int:
+def numa_node(sys_root: Path, pci: str) -> int:
     try:
-        return sysfs.read_int(sysfs.pci_dir(pci) / "numa_node")
+        return sysfs.read_int(sysfs.pci_dir(sys_root, pci) / "numa_node")
     except sysfs.SysfsError:
         return -1
 
 
-def local_cpus(pci: str) -> list[int]:
+def local_cpus(sys_root: Path, pci: str) -> list[int]:
     """CPUs nearest the device: its NUMA node's, else ``local_cpulist``, else every online CPU."""
-    online = online_cpus()
-    node = numa_node(pci)
+    online = online_cpus(sys_root)
+    node = numa_node(sys_root, pci)
     path = (
-        sysfs.SYS / "devices" / "system" / "node" / f"node{node}" / "cpulist"
+        sys_root / "devices" / "system" / "node" / f"node{node}" / "cpulist"
         if node >= 0
-        else sysfs.pci_dir(pci) / "local_cpulist"
+        else sysfs.pci_dir(sys_root, pci) / "local_cpulist"
     )
     try:
         near = cpulist.parse_list(path.read_text())
@@ -50,7 +52,7 @@ def local_cpus(pci: str) -> list[int]:
     return sorted(set(near) & set(online)) or online
 
 
-def choose_irq_cpus(pci: str, explicit: list[int] | None, exclude: list[int]) -> list[int]:
+def choose_irq_cpus(sys_root: Path, pci: str, explicit: list[int] | None, exclude: list[int]) -> list[int]:
     """The CPUs a device's queue IRQs go to.
 
     ``explicit`` None means NUMA-local.  Excluded and isolated CPUs are
@@ -58,8 +60,8 @@ def choose_irq_cpus(pci: str, explicit: list[int] | None, exclude: list[int]) ->
     CPUs serve (remote but better than an isolated core), while an explicit
     list that empties is a configuration error.
     """
-    online = set(online_cpus())
-    banned = set(exclude) | set(isolated_cpus())
+    online = set(online_cpus(sys_root))
+    banned = set(exclude) | set(isolated_cpus(sys_root))
     if explicit is not None:
         offline = sorted(set(explicit) - online)
         if offline:
@@ -68,7 +70,7 @@ def choose_irq_cpus(pci: str, explicit: list[int] | None, exclude: list[int]) ->
         if not chosen:
             raise TuningError("irqCpus leaves no CPU once excluded and isolated CPUs are removed")
         return chosen
-    chosen = sorted(set(local_cpus(pci)) - banned) or sorted(online - banned)
+    chosen = sorted(set(local_cpus(sys_root, pci)) - banned) or sorted(online - banned)
     if not chosen:
         raise TuningError("every online CPU is excluded or isolated: no CPU left for queue IRQs")
     return chosen

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sriov_cni import nodestate
-from sriov_cni.kernel import sysfs
 
 UNIT = "irqbalance.service"
 STOP_TIMEOUT = 10.0
@@ -70,8 +69,8 @@ def _option(args: list[str], long: str, short: str) -> str | None:
     return found
 
 
-def _instance(pid: int) -> Instance | None:
-    base = sysfs.PROC / str(pid)
+def _instance(proc: Path, pid: int) -> Instance | None:
+    base = proc / str(pid)
     try:
         if (base / "comm").read_text().strip() != "irqbalance":
             return None
@@ -109,18 +108,18 @@ def _rescan(instance: Instance) -> None:
     os.kill(instance.pid, signal.SIGHUP)
 
 
-def running() -> list[Instance]:
-    """Running irqbalance processes, found by ``/proc/<pid>/comm``."""
+def running(proc: Path) -> list[Instance]:
+    """Running irqbalance processes, found by ``<proc>/<pid>/comm``."""
     try:
-        entries = os.listdir(sysfs.PROC)
+        entries = os.listdir(proc)
     except OSError:
         return []
-    found = (_instance(int(e)) for e in entries if e.isdigit())
+    found = (_instance(proc, int(e)) for e in entries if e.isdigit())
     return sorted((i for i in found if i is not None), key=lambda i: i.pid)
 
 
-def pids() -> list[int]:
-    return [i.pid for i in running()]
+def pids(proc: Path) -> list[int]:
+    return [i.pid for i in running(proc)]
 
 
 def script_text(pf_pcis: list[str]) -> str:
@@ -172,14 +171,14 @@ def _write_script(path: Path, text: str) -> bool:
     return True
 
 
-def ban(script: Path, pf_pcis: list[str]) -> list[str]:
+def ban(proc: Path, script: Path, pf_pcis: list[str]) -> list[str]:
     """Write the policy script and have the irqbalance using it ask it again; one line per outcome."""
     if not pf_pcis and not script.exists():
         return []  # nothing pinned, and no earlier ban to lift
     written = _write_script(script, script_text(pf_pcis))
     which = ", ".join(sorted(pf_pcis)) or "no PF"
     lines = [f"irqbalance: policy script {script} bans the IRQs of {which} and their VFs: {'written' if written else 'unchanged'}"]
-    for instance in running():
+    for instance in running(proc):
         if instance.policy_script is not None and os.path.realpath(instance.policy_script) == os.path.realpath(script):
             if written:
                 _rescan(instance)
@@ -197,7 +196,7 @@ def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=60)
 
 
-def stop(systemd_run: Path) -> list[str]:
+def stop(proc: Path, systemd_run: Path) -> list[str]:
     """Stop irqbalance, and disable its unit where systemd runs (``systemd_run`` exists); one line per outcome."""
     lines = []
     systemd = systemd_run.is_dir() and shutil.which("systemctl") is not None
@@ -209,7 +208,7 @@ def stop(systemd_run: Path) -> list[str]:
     # Whatever systemd did not stop (or everything, without systemd) gets
     # SIGTERM.  Nothing then says how it was started, so nothing can disable
     # it: if what started it starts it again, the next setup stops it again.
-    stopped = pids()
+    stopped = pids(proc)
     for pid in stopped:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -219,7 +218,7 @@ def stop(systemd_run: Path) -> list[str]:
     deadline = time.monotonic() + STOP_TIMEOUT
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = [pid for pid in pids() if pid in left]
+        left = [pid for pid in pids(proc) if pid in left]
     if left:
         raise OSError(f"irqbalance (pid {', '.join(map(str, left))}) still runs {STOP_TIMEOUT:.0f} s after SIGTERM")
     if stopped:

@@ -70,12 +70,12 @@ class Plan:
     irqbalance: str  # the node config's irqbalance mode
 
 
-def _policy(pf: sysfs.PF, spec: TuningSpec) -> Policy:
-    irq_cpus = cpus.choose_irq_cpus(pf.pci, spec.irq_cpus, spec.exclude_cpus)
+def _policy(paths: Paths, pf: sysfs.PF, spec: TuningSpec) -> Policy:
+    irq_cpus = cpus.choose_irq_cpus(paths.sys, pf.pci, spec.irq_cpus, spec.exclude_cpus)
     rps_cpus: list[int] = []
     if spec.rps:
         # The kernel rejects an RPS mask of isolated CPUs only (EINVAL).
-        rps_cpus = sorted(set(spec.rps_cpus or irq_cpus) - set(cpus.isolated_cpus()))
+        rps_cpus = sorted(set(spec.rps_cpus or irq_cpus) - set(cpus.isolated_cpus(paths.sys)))
         if not rps_cpus:
             raise TuningError("rpsCpus leaves no CPU once isolated CPUs are removed")
     return Policy(irq_cpus=irq_cpus, rps_cpus=rps_cpus, rfs_flow_entries=spec.rfs_flow_entries, xps=spec.xps)
@@ -92,8 +92,8 @@ def _describe(policy: Policy) -> str:
     return ", ".join(parts)
 
 
-def _run_tuning(pf: sysfs.PF, policy: Policy, pinned: dict[str, int]) -> str:
-    pins = irqs.pin_device(pf.pci, policy.irq_cpus, 0)
+def _run_tuning(paths: Paths, pf: sysfs.PF, policy: Policy, pinned: dict[str, int]) -> str:
+    pins = irqs.pin_device(paths.sys, paths.proc_irq, pf.pci, policy.irq_cpus, 0)
     failed = [p for p in pins if p.result == "failed"]
     if failed:
         p = failed[0]
@@ -108,14 +108,16 @@ def _run_tuning(pf: sysfs.PF, policy: Policy, pinned: dict[str, int]) -> str:
     if pf.netdev and (policy.rps_cpus or policy.xps):
         try:
             xps = queues.tx_cpus(pins) if policy.xps else None
-            writes = queues.apply_queues(pf.netdev, policy.rps_cpus, policy.rfs_flow_entries, xps)
+            writes = queues.apply_queues(paths.sys, pf.netdev, policy.rps_cpus, policy.rfs_flow_entries, xps)
         except sysfs.SysfsError as exc:
             raise SetupError(f"{pf.netdev}: RPS/XPS: {exc}") from exc
         summary += f", queue maps {'unchanged' if not writes else f'{writes} written'}"
     return summary
 
 
-def _driver_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], fresh: bool) -> Step | None:
+def _driver_step(
+    paths: Paths, target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], fresh: bool
+) -> Step | None:
     """Put the PF's VFs on ``spec.vf_driver``; ``kernel`` takes DPDK-bound VFs back to their own driver.
 
     Allocated VFs are left alone: a pod is using them as they are.  With
@@ -126,8 +128,8 @@ def _driver_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allo
 
     def misplaced() -> list[str]:
         out = []
-        for vf in sysfs.vf_pcis(pf.pci).values():
-            current = sysfs.driver(vf)
+        for vf in sysfs.vf_pcis(paths.sys, pf.pci).values():
+            current = sysfs.driver(paths.sys, vf)
             wrong = current in sysfs.DPDK_DRIVERS if driver is None else current != driver
             if wrong and vf not in taken:
                 out.append(vf)
@@ -135,7 +137,7 @@ def _driver_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allo
 
     def rebind() -> str:
         try:
-            n = sum(vfs.bind(vf, driver) for vf in misplaced())
+            n = sum(vfs.bind(paths.sys, vf, driver) for vf in misplaced())
         except vfs.VfError as exc:
             raise SetupError(str(exc)) from exc
         return f"{n} VFs rebound"
@@ -150,15 +152,17 @@ def _driver_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allo
     return Step(target, f"VFs on {spec.vf_driver}", rebind if pending else None)
 
 
-def _check_pf(where: str, spec: PfSpec, pf: sysfs.PF) -> None:
-    if sysfs.driver(pf.pci) is None:
+def _check_pf(paths: Paths, where: str, spec: PfSpec, pf: sysfs.PF) -> None:
+    if sysfs.driver(paths.sys, pf.pci) is None:
         raise SetupError(f"{where}.pf: {spec.pf} has no driver bound: {vfs.explain(errno.ENOENT)}")
-    total = sysfs.totalvfs(pf.pci)
+    total = sysfs.totalvfs(paths.sys, pf.pci)
     if spec.num_vfs > total:
         raise SetupError(f"{where}.numVfs: {spec.num_vfs} is more than {spec.pf} supports (sriov_totalvfs {total})")
 
 
-def _numvfs_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], current: int) -> Step:
+def _numvfs_step(
+    paths: Paths, target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], current: int
+) -> Step:
     if current == spec.num_vfs:
         return Step(target, f"sriov_numvfs {current}")
     owners = [a for a in allocations if a.pf_pci == pf.pci]
@@ -168,12 +172,12 @@ def _numvfs_step(target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allo
             f"refusing to change {spec.pf} from {current} to {spec.num_vfs} VFs: the change goes through 0 "
             f"and would destroy allocated VFs: {who}"
         )
-    return Step(target, f"sriov_numvfs {current} -> {spec.num_vfs}", functools.partial(_create_vfs, spec, pf))
+    return Step(target, f"sriov_numvfs {current} -> {spec.num_vfs}", functools.partial(_create_vfs, paths, spec, pf))
 
 
-def _create_vfs(spec: PfSpec, pf: sysfs.PF) -> str:
+def _create_vfs(paths: Paths, spec: PfSpec, pf: sysfs.PF) -> str:
     try:
-        enabled = vfs.set_numvfs(pf.pci, spec.num_vfs, spec.vf_driver == "kernel")
+        enabled = vfs.set_numvfs(paths.sys, pf.pci, spec.num_vfs, spec.vf_driver == "kernel")
     except vfs.VfError as exc:
         raise SetupError(str(exc)) from exc
     if enabled != spec.num_vfs:
@@ -181,14 +185,14 @@ def _create_vfs(spec: PfSpec, pf: sysfs.PF) -> str:
     return "done"
 
 
-def _link_steps(where: str, target: str, spec: PfSpec, pf: sysfs.PF, links: Links) -> list[Step]:
+def _link_steps(paths: Paths, where: str, target: str, spec: PfSpec, pf: sysfs.PF, links: Links) -> list[Step]:
     """The PF netdev's MTU raised to the config's, and its link up."""
     if pf.netdev is None:
         if spec.mtu is not None or spec.tuning is not None:
             raise SetupError(f"{where}: {spec.pf} has no netdev, so mtu and tuning cannot apply")
         return []
     steps: list[Step] = []
-    mtu, up = sysfs.netdev_link(pf.netdev)
+    mtu, up = sysfs.netdev_link(paths.sys, pf.netdev)
     if spec.mtu is not None:
         if mtu >= spec.mtu:
             steps.append(Step(target, f"MTU {mtu} (>= {spec.mtu})"))
@@ -213,39 +217,39 @@ def _bring_up(links: Links, netdev: str) -> str:
 
 
 def _tuning_step(
-    where: str, target: str, tuning: TuningSpec, pf: sysfs.PF, pinned: dict[str, int]
+    paths: Paths, where: str, target: str, tuning: TuningSpec, pf: sysfs.PF, pinned: dict[str, int]
 ) -> tuple[Step, Policy]:
     """Pin the PF's queue IRQs (and set its queue maps) by the policy decided now; the pins go into ``pinned``."""
     try:
-        policy = _policy(pf, tuning)
+        policy = _policy(paths, pf, tuning)
     except TuningError as exc:
         raise SetupError(f"{where}.tuning: {exc}") from exc
-    run = functools.partial(_run_tuning, pf, policy, pinned)
-    return Step(target, _describe(policy), run, functools.partial(_planned_pins, pf, policy)), policy
+    run = functools.partial(_run_tuning, paths, pf, policy, pinned)
+    return Step(target, _describe(policy), run, functools.partial(_planned_pins, paths, pf, policy)), policy
 
 
-def _planned_pins(pf: sysfs.PF, policy: Policy) -> list[str]:
+def _planned_pins(paths: Paths, pf: sysfs.PF, policy: Policy) -> list[str]:
     # Pins as the IRQs are now; a VF count change or link up re-requests
     # them, and the run pins whatever exists at that point.
     return [
         f"IRQ {q.irq} ({q.name}) -> CPU {cpu}"
-        for q, cpu in irqs.plan_pins(irqs.queue_irqs(pf.pci), policy.irq_cpus, 0)
+        for q, cpu in irqs.plan_pins(irqs.queue_irqs(paths.sys, paths.proc_irq, pf.pci), policy.irq_cpus, 0)
     ]
 
 
 def _pf_steps(
-    index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], links: Links
+    paths: Paths, index: int, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], links: Links
 ) -> tuple[list[Step], dict[str, Any]]:
     """The steps for one ``pfs`` entry, and what the state file will record of it."""
     where = f"pfs[{index}]"
     target = f"{pf.netdev or spec.pf} ({pf.pci})"
-    _check_pf(where, spec, pf)
-    current = sysfs.numvfs(pf.pci)
-    steps = [_numvfs_step(target, spec, pf, allocations, current)]
-    driver_step = _driver_step(target, spec, pf, allocations, fresh=current != spec.num_vfs)
+    _check_pf(paths, where, spec, pf)
+    current = sysfs.numvfs(paths.sys, pf.pci)
+    steps = [_numvfs_step(paths, target, spec, pf, allocations, current)]
+    driver_step = _driver_step(paths, target, spec, pf, allocations, fresh=current != spec.num_vfs)
     if driver_step is not None:
         steps.append(driver_step)
-    steps += _link_steps(where, target, spec, pf, links)
+    steps += _link_steps(paths, where, target, spec, pf, links)
     record: dict[str, Any] = {
         "netdev": pf.netdev,
         "numVfs": spec.num_vfs,
@@ -254,13 +258,13 @@ def _pf_steps(
         "pins": {},
     }
     if spec.tuning is not None:
-        step, policy = _tuning_step(where, target, spec.tuning, pf, record["pins"])
+        step, policy = _tuning_step(paths, where, target, spec.tuning, pf, record["pins"])
         steps.append(step)
         record["tuning"] = nodestate.policy_json(policy)
     return steps, record
 
 
-def plan(config: NodeConfig, data_dir: Path, links: Links) -> Plan:
+def plan(config: NodeConfig, paths: Paths, data_dir: Path, links: Links) -> Plan:
     allocations = read_allocations(data_dir)
     steps: list[Step] = []
     pfs: dict[str, Any] = {}
@@ -268,12 +272,12 @@ def plan(config: NodeConfig, data_dir: Path, links: Links) -> Plan:
     rfs = 0
     for index, spec in enumerate(config.pfs):
         try:
-            pf = sysfs.resolve_pf(spec.pf)
+            pf = sysfs.resolve_pf(paths.sys, spec.pf)
         except sysfs.SysfsError as exc:
             raise SetupError(f"pfs[{index}].pf: {exc}") from exc
         if pf.pci in pfs:
             raise SetupError(f"pfs[{index}].pf: {spec.pf} is {pf.pci}, which an earlier entry already configures")
-        pf_steps, record = _pf_steps(index, spec, pf, allocations, links)
+        pf_steps, record = _pf_steps(paths, index, spec, pf, allocations, links)
         steps += pf_steps
         pfs[pf.pci] = record
         if spec.tuning is not None:
@@ -282,17 +286,18 @@ def plan(config: NodeConfig, data_dir: Path, links: Links) -> Plan:
     if rfs:
         # One table for the whole host, sized for the biggest request.
         want = cpulist.next_pow2(rfs)
-        current = queues.sock_flow_entries()
+        current = queues.sock_flow_entries(paths.proc)
         if current >= want:
             steps.append(Step("host", f"rps_sock_flow_entries {current} (>= {want})"))
         else:
-            steps.append(Step("host", f"rps_sock_flow_entries {current} -> {want}", lambda: _flow_entries(rfs)))
+            raise_entries = functools.partial(_flow_entries, paths, rfs)
+            steps.append(Step("host", f"rps_sock_flow_entries {current} -> {want}", raise_entries))
     return Plan(steps=steps, state={"pfs": pfs}, tuned=tuned, irqbalance=config.irqbalance)
 
 
-def _flow_entries(entries: int) -> str:
+def _flow_entries(paths: Paths, entries: int) -> str:
     try:
-        queues.raise_sock_flow_entries(entries)
+        queues.raise_sock_flow_entries(paths.proc, entries)
     except sysfs.SysfsError as exc:
         raise SetupError(f"rps_sock_flow_entries: {exc}") from exc
     return "done"
@@ -302,9 +307,10 @@ def _irqbalance(plan_: Plan, paths: Paths) -> list[str]:
     """Ban or stop irqbalance before anything is pinned, so that it cannot move a fresh pin back."""
     try:
         if plan_.irqbalance == "ban":
-            return irqbalance.ban(irqbalance.policy_script(paths.state_file), [pf.pci for pf in plan_.tuned])
+            script = irqbalance.policy_script(paths.state_file)
+            return irqbalance.ban(paths.proc, script, [pf.pci for pf in plan_.tuned])
         if plan_.irqbalance == "stop":
-            return irqbalance.stop(paths.systemd_run)
+            return irqbalance.stop(paths.proc, paths.systemd_run)
     except OSError as exc:
         raise SetupError(f"irqbalance: {exc.strerror or exc}") from exc
     return []
@@ -331,16 +337,16 @@ def execute(plan_: Plan, paths: Paths, echo: Callable[[str], None]) -> None:
         except OSError as exc:
             raise SetupError(f"cannot write {state_file}: {exc.strerror or exc}") from exc
         echo(f"state {state_file}: written")
-    running = irqbalance.pids() if plan_.tuned and plan_.irqbalance == "leave" else []
+    running = irqbalance.pids(paths.proc) if plan_.tuned and plan_.irqbalance == "leave" else []
     if running:
         irqs = sorted(int(irq) for record in plan_.state["pfs"].values() for irq in record["pins"])
         echo(f"warning: {irqbalance.advice(running, irqs)}")
 
 
-def show(plan_: Plan, echo: Callable[[str], None]) -> None:
+def show(plan_: Plan, paths: Paths, echo: Callable[[str], None]) -> None:
     """The plan for ``--dry-run``: what each step would do, changing nothing."""
     echo("dry run: nothing is changed")
-    running = irqbalance.pids()
+    running = irqbalance.pids(paths.proc)
     if plan_.irqbalance == "ban" and plan_.tuned:
         which = ", ".join(pf.pci for pf in plan_.tuned)
         echo(f"irqbalance: policy script bans the IRQs of {which} and their VFs: would write if changed")

@@ -9,45 +9,46 @@ from typing import Any
 
 from sriov_cni.kernel import cpulist, irqs, netlink, sysfs
 from sriov_cni.node import irqbalance
+from sriov_cni.paths import Paths
 from sriov_cni.vfstate import VfState, vf_state
 from sriov_cni.vfstore import Allocation, read_allocations
 
 
-def _irq_pins(pci: str) -> list[dict[str, Any]]:
+def _irq_pins(paths: Paths, pci: str) -> list[dict[str, Any]]:
     out = []
-    for q in irqs.queue_irqs(pci):
+    for q in irqs.queue_irqs(paths.sys, paths.proc_irq, pci):
         try:
-            cpus = cpulist.format_list(irqs.affinity(q.irq))
+            cpus = cpulist.format_list(irqs.affinity(paths.proc_irq, q.irq))
         except (OSError, cpulist.CpuListError):
             cpus = "?"
         out.append({"irq": q.irq, "name": q.name, "cpus": cpus})
     return out
 
 
-def _link(netdev: str | None) -> tuple[int | None, str]:
+def _link(paths: Paths, netdev: str | None) -> tuple[int | None, str]:
     if netdev is None:
         return None, "none"
     try:
-        mtu, up = sysfs.netdev_link(netdev)
+        mtu, up = sysfs.netdev_link(paths.sys, netdev)
     except sysfs.SysfsError:
         return None, "?"
     return mtu, "up" if up else "down"
 
 
-def _count(read: Callable[[str], int], pci: str) -> int | None:
+def _count(read: Callable[[Path, str], int], paths: Paths, pci: str) -> int | None:
     try:
-        return read(pci)
+        return read(paths.sys, pci)
     except sysfs.SysfsError:
         return None
 
 
-def _vf(index: int, pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> dict[str, Any]:
-    names = sysfs.netdevs(pci)
-    state = vf_state(pci, alloc, in_host)
+def _vf(paths: Paths, index: int, pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> dict[str, Any]:
+    names = sysfs.netdevs(paths.sys, pci)
+    state = vf_state(paths.sys, pci, alloc, in_host)
     return {
         "index": index,
         "pci": pci,
-        "driver": sysfs.driver(pci),
+        "driver": sysfs.driver(paths.sys, pci),
         "netdev": names[0] if names else None,
         "state": state.value,
         "allocation": None
@@ -58,36 +59,36 @@ def _vf(index: int, pci: str, alloc: Allocation | None, in_host: Callable[[str],
             "ifname": alloc.ifname,
             "netns": alloc.netns,
         },
-        "irqs": _irq_pins(pci),
+        "irqs": _irq_pins(paths, pci),
     }
 
 
-def gather(data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any]]:
+def gather(paths: Paths, data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any]]:
     """One record per PF (anything with ``sriov_totalvfs``), VFs in index order."""
     allocs = {a.vf_pci: a for a in read_allocations(data_dir)}
     try:
-        devices = sorted(os.listdir(sysfs.SYS / "bus" / "pci" / "devices"))
+        devices = sorted(os.listdir(paths.sys / "bus" / "pci" / "devices"))
     except OSError:
         devices = []
-    balancers = irqbalance.running()
+    balancers = irqbalance.running(paths.proc)
     out = []
     for pci in devices:
-        if not sysfs.is_pf(pci):
+        if not sysfs.is_pf(paths.sys, pci):
             continue
-        names = sysfs.netdevs(pci)
+        names = sysfs.netdevs(paths.sys, pci)
         netdev = names[0] if names else None
-        mtu, link = _link(netdev)
-        vfs = [_vf(i, vf, allocs.get(vf), in_host) for i, vf in sysfs.vf_pcis(pci).items()]
+        mtu, link = _link(paths, netdev)
+        vfs = [_vf(paths, i, vf, allocs.get(vf), in_host) for i, vf in sysfs.vf_pcis(paths.sys, pci).items()]
         out.append(
             {
                 "pci": pci,
                 "netdev": netdev,
-                "driver": sysfs.driver(pci),
-                "numVfs": _count(sysfs.numvfs, pci),
-                "totalVfs": _count(sysfs.totalvfs, pci),
+                "driver": sysfs.driver(paths.sys, pci),
+                "numVfs": _count(sysfs.numvfs, paths, pci),
+                "totalVfs": _count(sysfs.totalvfs, paths, pci),
                 "mtu": mtu,
                 "link": link,
-                "irqs": _irq_pins(pci),
+                "irqs": _irq_pins(paths, pci),
                 # Banned only if every running irqbalance asks a policy
                 # script of setup's that names this PF.
                 "irqbalance": {
@@ -101,10 +102,10 @@ def gather(data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any
     return out
 
 
-def current(data_dir: Path) -> list[dict[str, Any]]:
+def current(paths: Paths, data_dir: Path) -> list[dict[str, Any]]:
     """:func:`gather`, with the host's network namespace saying which VF netdevs are in it."""
     with netlink.namespace() as host:
-        return gather(data_dir, lambda name: host.find(name) is not None)
+        return gather(paths, data_dir, lambda name: host.find(name) is not None)
 
 
 def _pins(irqs: list[dict[str, Any]]) -> str:

@@ -42,16 +42,16 @@ def explain(code: int) -> str:
     return _EXPLAIN.get(code, os.strerror(code))
 
 
-def _numvfs_path(pf_pci: str) -> Path:
-    return sysfs.pci_dir(pf_pci) / "sriov_numvfs"
+def _numvfs_path(sys_root: Path, pf_pci: str) -> Path:
+    return sysfs.pci_dir(sys_root, pf_pci) / "sriov_numvfs"
 
 
-def _write_count(pf_pci: str, count: int, timeout: float) -> None:
+def _write_count(sys_root: Path, pf_pci: str, count: int, timeout: float) -> None:
     failure: list[sysfs.SysfsError] = []
 
     def write() -> None:
         try:
-            sysfs.write(_numvfs_path(pf_pci), str(count))
+            sysfs.write(_numvfs_path(sys_root, pf_pci), str(count))
         except sysfs.SysfsError as exc:
             failure.append(exc)
 
@@ -64,41 +64,43 @@ def _write_count(pf_pci: str, count: int, timeout: float) -> None:
         raise VfError(f"{pf_pci}: cannot set sriov_numvfs to {count}: {explain(failure[0].errno)}")
 
 
-def _present(pf_pci: str, count: int, want_netdevs: bool) -> bool:
-    vfs = sysfs.vf_pcis(pf_pci)
+def _present(sys_root: Path, pf_pci: str, count: int, want_netdevs: bool) -> bool:
+    vfs = sysfs.vf_pcis(sys_root, pf_pci)
     if len(vfs) < count:
         return False
     for index in range(count):
         vf = vfs.get(index)
-        if vf is None or not (sysfs.pci_dir(vf) / "physfn").exists():
+        if vf is None or not (sysfs.pci_dir(sys_root, vf) / "physfn").exists():
             return False
-        if want_netdevs and not sysfs.netdevs(vf):
+        if want_netdevs and not sysfs.netdevs(sys_root, vf):
             return False
     return True
 
 
-def wait_for_vfs(pf_pci: str, count: int, want_netdevs: bool, timeout: float = APPEAR_TIMEOUT) -> None:
+def wait_for_vfs(sys_root: Path, pf_pci: str, count: int, want_netdevs: bool, timeout: float = APPEAR_TIMEOUT) -> None:
     """Wait until VFs 0..count-1 exist (and, for kernel drivers, have their netdevs)."""
     deadline = time.monotonic() + timeout
-    while not _present(pf_pci, count, want_netdevs):
+    while not _present(sys_root, pf_pci, count, want_netdevs):
         if time.monotonic() >= deadline:
             missing = [
-                f"VF {i}" for i, vf in sysfs.vf_pcis(pf_pci).items() if i < count and not sysfs.netdevs(vf)
+                f"VF {i}"
+                for i, vf in sysfs.vf_pcis(sys_root, pf_pci).items()
+                if i < count and not sysfs.netdevs(sys_root, vf)
             ]
             what = f" ({', '.join(missing)} without netdev; is the VF driver loaded?)" if missing else ""
             raise VfError(f"{pf_pci}: {count} VFs did not appear within {timeout:.0f} s{what}")
         time.sleep(_POLL)
 
 
-def set_numvfs(pf_pci: str, count: int, want_netdevs: bool, timeout: float = WRITE_TIMEOUT) -> int:
+def set_numvfs(sys_root: Path, pf_pci: str, count: int, want_netdevs: bool, timeout: float = WRITE_TIMEOUT) -> int:
     """Set the VF count (through 0 when VFs exist) and return what the driver enabled."""
-    if sysfs.numvfs(pf_pci) != 0:
-        _write_count(pf_pci, 0, timeout)
+    if sysfs.numvfs(sys_root, pf_pci) != 0:
+        _write_count(sys_root, pf_pci, 0, timeout)
     if count:
-        _write_count(pf_pci, count, timeout)
-    enabled = sysfs.numvfs(pf_pci)
+        _write_count(sys_root, pf_pci, count, timeout)
+    enabled = sysfs.numvfs(sys_root, pf_pci)
     if enabled:
-        wait_for_vfs(pf_pci, enabled, want_netdevs)
+        wait_for_vfs(sys_root, pf_pci, enabled, want_netdevs)
     return enabled
 
 
@@ -109,33 +111,33 @@ def _on(current: str | None, driver: str | None) -> bool:
     return current == driver
 
 
-def bind(vf_pci: str, driver: str | None) -> bool:
+def bind(sys_root: Path, vf_pci: str, driver: str | None) -> bool:
     """Bind a VF to ``driver``, or with None to the kernel's own driver for it; False when it already was.
 
     driver_override makes the probe pick exactly ``driver`` (a DPDK driver
     claims no device by ID); it is cleared afterwards so that a later rebind
     to the kernel driver is not blocked.
     """
-    current = sysfs.driver(vf_pci)
+    current = sysfs.driver(sys_root, vf_pci)
     # A VF on no driver, asked for none in particular, is left unbound.
     if current == driver or _on(current, driver):
         return False
     if driver is not None:
-        if not (sysfs.SYS / "bus" / "pci" / "drivers" / driver).is_dir():
+        if not (sys_root / "bus" / "pci" / "drivers" / driver).is_dir():
             raise VfError(f"{driver} driver is not loaded (modprobe {driver})")
-        if driver == "vfio-pci" and not (sysfs.pci_dir(vf_pci) / "iommu_group").exists():
+        if driver == "vfio-pci" and not (sysfs.pci_dir(sys_root, vf_pci) / "iommu_group").exists():
             raise VfError(f"{vf_pci} has no IOMMU group: enable VT-d/AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt")
-    override = sysfs.pci_dir(vf_pci) / "driver_override"
+    override = sysfs.pci_dir(sys_root, vf_pci) / "driver_override"
     try:
         if current is not None:
-            sysfs.write(sysfs.SYS / "bus" / "pci" / "drivers" / current / "unbind", vf_pci)
+            sysfs.write(sys_root / "bus" / "pci" / "drivers" / current / "unbind", vf_pci)
         if driver is not None:
             sysfs.write(override, driver)
-        sysfs.write(sysfs.SYS / "bus" / "pci" / "drivers_probe", vf_pci)
+        sysfs.write(sys_root / "bus" / "pci" / "drivers_probe", vf_pci)
         sysfs.write(override, "\n")
     except sysfs.SysfsError as exc:
         raise VfError(f"binding {vf_pci} to {driver or 'its kernel driver'}: {exc}") from exc
-    after = sysfs.driver(vf_pci)
+    after = sysfs.driver(sys_root, vf_pci)
     if not _on(after, driver):
         raise VfError(f"{vf_pci} is on {after or 'no driver'} after binding to {driver or 'its kernel driver'}")
     return True

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from sriov_cni.cni import CNIError, Code
@@ -59,7 +60,7 @@ class Host(Protocol):
 
 
 def _unrecorded_free(
-    candidates: list[sysfs.VF], taken: AbstractSet[str], in_host: Callable[[str], bool]
+    sys_root: Path, candidates: list[sysfs.VF], taken: AbstractSet[str], in_host: Callable[[str], bool]
 ) -> Iterator[sysfs.VF]:
     """The free VFs among those without a record, judged without reading any record.
 
@@ -68,17 +69,18 @@ def _unrecorded_free(
     the pool are taken.
     """
     for vf in candidates:
-        if vf.pci not in taken and vf_state(vf.pci, None, in_host) is VfState.FREE:
+        if vf.pci not in taken and vf_state(sys_root, vf.pci, None, in_host) is VfState.FREE:
             yield vf
 
 
-def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: Host) -> Lease:
+def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: Host, sys_root: Path) -> Lease:
     """Take the first free VF among ``candidates``, claim it and record it for ``attachment``.
 
     A stale VF (its container died without DEL) is taken only when no VF is
     free; the caller must put it back as it was before using it.  A VF whose
     claim another call holds (an ADD taking it, a DEL giving it back) is
     passed over.  Failure messages speak of the named VF, or of the pool.
+    ``sys_root``: the sysfs the candidates were read from.
     """
 
     def in_host(name: str) -> bool:
@@ -86,8 +88,8 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
 
     # The common case reads no record: the first VF that looks free, whose
     # claim no other call holds and which still has no record, is taken.
-    for vf in _unrecorded_free(candidates.vfs, store.ids(), in_host):
-        taken = _take(store, vf, attachment, None)
+    for vf in _unrecorded_free(sys_root, candidates.vfs, store.ids(), in_host):
+        taken = _take(store, sys_root, vf, attachment, None)
         if isinstance(taken, Lease):
             return taken
     # No VF that looked free could be taken.  The records are read, to
@@ -98,9 +100,9 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
     owners: list[str] = []
     for vf in candidates.vfs:
         alloc = store.get(vf.pci) if vf.pci in recorded else None
-        state = vf_state(vf.pci, alloc, in_host)
+        state = vf_state(sys_root, vf.pci, alloc, in_host)
         if state is VfState.FREE:
-            taken = _take(store, vf, attachment, None)
+            taken = _take(store, sys_root, vf, attachment, None)
             if isinstance(taken, Lease):
                 return taken
             owners.append(f"{vf.pci} ({taken})")
@@ -111,7 +113,7 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
         else:
             owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
     for vf, old in stale:
-        taken = _take(store, vf, attachment, old)
+        taken = _take(store, sys_root, vf, attachment, old)
         if isinstance(taken, Lease):
             return taken
         owners.append(f"{vf.pci} ({taken})")
@@ -124,7 +126,7 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
     )
 
 
-def _record(vf: sysfs.VF, attachment: Attachment) -> Allocation:
+def _record(sys_root: Path, vf: sysfs.VF, attachment: Attachment) -> Allocation:
     """The new record of ``vf`` given to ``attachment``, before anything is changed."""
     if not vf.pf.netdev:
         raise CNIError(Code.DEVICE, f"PF {vf.pf.pci} of VF {vf.pci} has no netdev to configure VFs through")
@@ -138,7 +140,7 @@ def _record(vf: sysfs.VF, attachment: Attachment) -> Allocation:
         ifname=attachment.ifname,
         netns=attachment.netns,
         netns_inode=attachment.netns_inode,
-        dpdk=sysfs.driver(vf.pci) in sysfs.DPDK_DRIVERS,
+        dpdk=sysfs.driver(sys_root, vf.pci) in sysfs.DPDK_DRIVERS,
     )
 
 
@@ -148,7 +150,7 @@ def _same_attachment(a: Allocation, b: Allocation) -> bool:
         b.container_id, b.ifname, b.network, b.netns, b.netns_inode, b.created)
 
 
-def _take(store: Store, vf: sysfs.VF, attachment: Attachment, old: Allocation | None) -> Lease | str:
+def _take(store: Store, sys_root: Path, vf: sysfs.VF, attachment: Attachment, old: Allocation | None) -> Lease | str:
     """``vf`` claimed and recorded for ``attachment``; or why not, as the "no free VF" error says it.
 
     ``old`` is the stale record the VF was chosen by, None for a VF chosen
@@ -176,7 +178,7 @@ def _take(store: Store, vf: sysfs.VF, attachment: Attachment, old: Allocation | 
             if stale is None or not _same_attachment(stale, old) or netns_alive(stale):
                 claim.release()
                 return "given back or reclaimed by another CNI call meanwhile"
-        new = _record(vf, attachment)
+        new = _record(sys_root, vf, attachment)
         if stale is not None:
             # The VF is still dirty from the dead container: its original
             # state is the stale record's, not what we would snapshot now.

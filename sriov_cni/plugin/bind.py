@@ -52,6 +52,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from sriov_cni.cni import CNIError, Code, log
@@ -74,14 +75,14 @@ HOME_POLL = 0.05
 ZERO_MAC = "00:00:00:00:00:00"
 
 
-def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation) -> OriginalState:
+def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation, sys_root: Path) -> OriginalState:
     """The VF's state before this allocation touches it."""
     info = vfc.vfs(alloc.pf_netdev).get(alloc.vf_index)
     if info is None:
         raise CNIError(Code.DEVICE, f"PF {alloc.pf_netdev} reports no VF {alloc.vf_index}")
     state = OriginalState(pf=info)
     if not alloc.dpdk:
-        names = sysfs.netdevs(alloc.vf_pci)
+        names = sysfs.netdevs(sys_root, alloc.vf_pci)
         link = host.find(names[0]) if names else None
         if link is None:
             raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} has no netdev in the host network namespace")
@@ -358,25 +359,25 @@ def _find_in_pod(pod: Namespace, alloc: Allocation, orig: OriginalState) -> Link
     return best[0] if best else None
 
 
-def _find_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) -> LinkInfo | None:
+def _find_home_link(host: Namespace, alloc: Allocation, orig: OriginalState, sys_root: Path) -> LinkInfo | None:
     link = host.find(orig.netdev)
     if link is not None:
         return link
     # When a pod's namespace is destroyed the kernel hands a physical netdev
     # back to the host under its pod-side name; sysfs knows it by PCI address.
-    for name in sysfs.netdevs(alloc.vf_pci):
+    for name in sysfs.netdevs(sys_root, alloc.vf_pci):
         link = host.find(name)
         if link is not None:
             return link
     return None
 
 
-def _await_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) -> LinkInfo:
+def _await_home_link(host: Namespace, alloc: Allocation, orig: OriginalState, sys_root: Path) -> LinkInfo:
     """The VF's netdev once the kernel has brought it back from a deleted pod namespace."""
     deadline = time.monotonic() + HOME_WAIT
     while time.monotonic() < deadline:
         time.sleep(HOME_POLL)
-        link = _find_home_link(host, alloc, orig)
+        link = _find_home_link(host, alloc, orig, sys_root)
         if link is not None:
             return link
     raise CNIError(
@@ -386,7 +387,7 @@ def _await_home_link(host: Namespace, alloc: Allocation, orig: OriginalState) ->
     )
 
 
-def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float) -> None:
+def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Path) -> None:
     """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames.
 
     ``vfc`` serves only to lift an admin MAC set before ADD that the netdev
@@ -412,17 +413,17 @@ def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float) -> None:
     with netlink.namespace() as host:
         # The move's own reading (under the recorded name) serves: every
         # field compared below is one that adding altnames leaves alone.
-        link = moved or _find_home_link(host, alloc, orig)
-        if link is None and alloc.in_pod and not pod_alive and sysfs.driver(alloc.vf_pci) not in (
+        link = moved or _find_home_link(host, alloc, orig, sys_root)
+        if link is None and alloc.in_pod and not pod_alive and sysfs.driver(sys_root, alloc.vf_pci) not in (
             None, *sysfs.DPDK_DRIVERS
         ):
             # Not home yet: until the kernel's cleanup of the pod's namespace
             # has run, the VF's netdev is in neither.  Dropping the record
             # now would leave the VF to come back later, renamed and
             # configured by the pod, with nothing to restore it from.
-            link = _await_home_link(host, alloc, orig)
+            link = _await_home_link(host, alloc, orig, sys_root)
         if link is None:
-            if pod_alive and sysfs.pci_dir(alloc.vf_pci).exists():
+            if pod_alive and sysfs.pci_dir(sys_root, alloc.vf_pci).exists():
                 # The pod still exists and so does the VF, yet neither side
                 # shows its netdev: reporting success would drop the record
                 # of a VF that may still sit in the pod.
@@ -453,13 +454,13 @@ def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float) -> None:
             host.set_alias(link.index, orig.alias)
 
 
-def restore(vfc: VfControl, alloc: Allocation, retry: float) -> None:
+def restore(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Path) -> None:
     """Give the VF back as it was found; raises CNIError listing what could not be restored."""
     # PF side first: some drivers refuse to reset a VF's MAC through its
     # netdev while the PF still holds an untrusted admin MAC for it.
     failures = restore_pf_settings(vfc, alloc, retry)
     try:
-        restore_netdev(vfc, alloc, retry)
+        restore_netdev(vfc, alloc, retry, sys_root)
     except (netlink.NetlinkError, CNIError, sysfs.SysfsError) as exc:
         failures.append(f"netdev: {exc}")
     failures += restore_admin_mac(vfc, alloc, retry)

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import IO
 
 from sriov_cni import __version__, attachments, vfstate
@@ -101,21 +102,21 @@ def _result(conf: NetConf, iface: Interface, ipam_result: Result | None) -> Resu
     return result
 
 
-def _candidates(conf: NetConf) -> allocate.Candidates:
+def _candidates(conf: NetConf, sys_root: Path) -> allocate.Candidates:
     if conf.device_id is not None:
         try:
-            return allocate.Candidates([sysfs.resolve_vf(conf.device_id)], named=True)
+            return allocate.Candidates([sysfs.resolve_vf(sys_root, conf.device_id)], named=True)
         except sysfs.SysfsError as exc:
             raise CNIError(Code.INVALID_CONFIG, f"deviceID {conf.device_id}: {exc}") from exc
-    return allocate.Candidates(pool.pool_vfs(conf.pool))
+    return allocate.Candidates(pool.pool_vfs(sys_root, conf.pool))
 
 
-def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, retry: float) -> None:
+def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, deps: Deps) -> None:
     """Put back a VF whose container died without DEL, and free its address."""
     logger.info(
         "reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns
     )
-    bind.restore(vfc, stale, retry)
+    bind.restore(vfc, stale, deps.mac_retry_delay, deps.paths.sys)
     ipam_type = conf.ipam_type
     if ipam_type and stale.network == conf.name:
         env = dict(cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
@@ -171,9 +172,9 @@ def _refuse_recorded(att: allocate.Attachment, store: Store) -> None:
         )
 
 
-def _refuse_taken_name(att: allocate.Attachment, conf: NetConf) -> None:
+def _refuse_taken_name(att: allocate.Attachment, conf: NetConf, sys_root: Path) -> None:
     """An ADD whose interface name the pod uses already is refused."""
-    if not conf.device_id or sysfs.driver(conf.device_id) not in sysfs.DPDK_DRIVERS:
+    if not conf.device_id or sysfs.driver(sys_root, conf.device_id) not in sysfs.DPDK_DRIVERS:
         with netlink.namespace(att.netns) as pod:
             if pod.find(att.ifname) is not None:
                 raise CNIError(Code.INVALID_CONFIG, f"interface {att.ifname} already exists in {att.netns}")
@@ -184,7 +185,7 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
     att = _attachment(cmd, conf)
     store = deps.store(conf.data_dir)
     _refuse_recorded(att, store)
-    candidates = _candidates(conf)
+    candidates = _candidates(conf, deps.paths.sys)
     _not_host(att.netns)
     # IPAM starts once the config has named VFs that exist and this is a new
     # attachment, and runs while the VF is chosen and set up: a Go IPAM
@@ -213,13 +214,13 @@ def _add(
     candidates: allocate.Candidates,
     ipam: delegate.IpamCall | None,
 ) -> Result:
-    _refuse_taken_name(att, conf)
+    _refuse_taken_name(att, conf, deps.paths.sys)
     vfc = deps.vf_control()
     with netlink.namespace() as host:
         # The claim is held until this ADD has returned or rolled back: a DEL
         # or another ADD reclaiming the VF (its pod's netns may vanish
         # meanwhile) waits.
-        with allocate.reserve(store, candidates, att, host) as lease:
+        with allocate.reserve(store, candidates, att, host, deps.paths.sys) as lease:
             alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
             try:
@@ -240,8 +241,8 @@ def _set_up(
 ) -> Result:
     """ADD's phases on the VF it holds, in order; whatever they changed, :func:`_roll_back` undoes from the record."""
     if lease.stale is not None:
-        _reclaim_stale(cmd, conf, vfc, lease.stale, ipam, deps.mac_retry_delay)
-    _record_changes(vfc, host, lease, conf.pf_settings)
+        _reclaim_stale(cmd, conf, vfc, lease.stale, ipam, deps)
+    _record_changes(vfc, host, lease, conf.pf_settings, deps.paths.sys)
     bind.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
     iface, index = _plug(conf, lease, deps)
     ipam_result = _address(lease.alloc, index, ipam)
@@ -254,24 +255,26 @@ def _reclaim_stale(
     vfc: netlink.VfControl,
     stale: Allocation,
     ipam: delegate.IpamCall | None,
-    retry: float,
+    deps: Deps,
 ) -> None:
     """The dead container's VF put back and its address freed, before this ADD changes anything."""
-    _reclaim(cmd, conf, vfc, stale, retry)
+    _reclaim(cmd, conf, vfc, stale, deps)
     if ipam is not None and not ipam.succeeded():
         # It ran before the dead container's address was freed, which a
         # full range needed.
         ipam.again()
 
 
-def _record_changes(vfc: netlink.VfControl, host: netlink.Namespace, lease: Lease, wanted: PfSettings) -> None:
+def _record_changes(
+    vfc: netlink.VfControl, host: netlink.Namespace, lease: Lease, wanted: PfSettings, sys_root: Path
+) -> None:
     """Record the VF's state and the PF-side settings about to change, before changing either.
 
     After a crash at any later point the record still restores everything.
     """
     alloc = lease.alloc
     if alloc.original is None:
-        alloc.original = bind.snapshot(vfc, host, alloc)
+        alloc.original = bind.snapshot(vfc, host, alloc, sys_root)
     alloc.applied = wanted
     lease.save()
 
@@ -301,7 +304,7 @@ def _attach(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int]:
     link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname, deps.mac_retry_delay)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
-    for warning in tuning.apply_vf_tuning(deps.paths.state_file, alloc.vf_pci, alloc.netns, alloc.ifname):
+    for warning in tuning.apply_vf_tuning(deps.paths, alloc.vf_pci, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
     return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index
 
@@ -338,8 +341,8 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
         # Before the move out of the pod: the move closes the VF, and igbvf
         # frees its vectors then, after which affinity writes are ignored.
         netns = alloc.netns if alloc.in_pod else None
-        tuning.release_vf_tuning(deps.paths.state_file, alloc.vf_pci, netns, alloc.ifname)
-    bind.restore(vfc, alloc, deps.mac_retry_delay)
+        tuning.release_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname)
+    bind.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys)
 
 
 def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
@@ -468,14 +471,14 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
             if actual is not None and actual != value:
                 problems.append(f"VF {key} is {actual}, expected {value}")
         if pod_link is not None and alloc.applied.mac is None:
-            problems += _unreceived_mac(alloc, info.mac, pod_link)
+            problems += _unreceived_mac(alloc, info.mac, pod_link, deps.paths.sys)
     if problems:
         raise CNIError(Code.DEVICE, f"{cmd.ifname} in {cmd.netns} does not match", "; ".join(problems))
     if conf.ipam_type:
         delegate.run_ipam("CHECK", cmd, conf.ipam_type)
 
 
-def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.LinkInfo) -> list[str]:
+def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.LinkInfo, sys_root: Path) -> list[str]:
     """The PF's MAC for the VF, where it shows that the VF cannot receive its pod MAC's traffic.
 
     With a ``mac`` the reading is compared with it like every applied
@@ -488,7 +491,7 @@ def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.Li
     if not reading or reading == pod_link.mac:
         return []
     if reading == bind.ZERO_MAC and (
-        not pod_link.carrier or sysfs.driver(alloc.pf_pci) not in vfsettings.OWN_MAC_IN_READING
+        not pod_link.carrier or sysfs.driver(sys_root, alloc.pf_pci) not in vfsettings.OWN_MAC_IN_READING
     ):
         return []
     return [f"PF {alloc.pf_netdev} holds MAC {reading} for VF {alloc.vf_index}, not {pod_link.mac}: "
@@ -500,13 +503,14 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
     _configure_log(conf, "-", "-", "-")
     if conf.pool and conf.device_id is None:
         try:
-            vfs = pool.pool_vfs(conf.pool)
+            vfs = pool.pool_vfs(deps.paths.sys, conf.pool)
         except CNIError as exc:
             raise CNIError(Code.NOT_AVAILABLE, "the VF pool is unusable", exc.msg) from exc
         store = deps.store(conf.data_dir)
         with netlink.namespace() as host:
             states = [
-                vfstate.vf_state(vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None) for vf in vfs
+                vfstate.vf_state(deps.paths.sys, vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None)
+                for vf in vfs
             ]
         usable = sum(s in (vfstate.VfState.FREE, vfstate.VfState.STALE) for s in states)
         if usable == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
 from sriov_cni.kernel import sysfs
@@ -60,14 +61,14 @@ def parse_pool_entry(entry: str) -> PoolEntry:
     return PoolEntry(pf, tuple(sorted(set(indexes))))
 
 
-def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
+def pool_vfs(sys_root: Path, entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
     """Every VF the pool names, in order, each once; bad entries are config errors."""
     out: list[sysfs.VF] = []
     seen: set[str] = set()
     for entry in entries:
         try:
-            pf = sysfs.resolve_pf(entry.pf)
-            count = sysfs.numvfs(pf.pci)
+            pf = sysfs.resolve_pf(sys_root, entry.pf)
+            count = sysfs.numvfs(sys_root, pf.pci)
         except sysfs.SysfsError as exc:
             raise CNIError(Code.INVALID_CONFIG, f"pfNames entry {str(entry)!r}: {exc}") from exc
         indexes = entry.indexes if entry.indexes is not None else tuple(range(count))
@@ -76,7 +77,7 @@ def pool_vfs(entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
                 Code.INVALID_CONFIG,
                 f"pfNames entry {str(entry)!r} asks for VF {indexes[-1]}, but {entry.pf} has sriov_numvfs={count}",
             )
-        vfs = sysfs.vf_pcis(pf.pci)
+        vfs = sysfs.vf_pcis(sys_root, pf.pci)
         for index in indexes:
             pci = vfs.get(index)
             if pci is None:

@@ -14,48 +14,47 @@ import (stdlib and the sysfs-level modules only) and cost one failed
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sriov_cni.kernel import cpulist, sysfs
 from sriov_cni.kernel.irqs import affinity, default_affinity, device_irqs, irq_dir, pin, plan_pins, queue_irqs, vf_start
 from sriov_cni.kernel.netns import run_in_netns
 from sriov_cni.kernel.nlerrors import NetlinkError
 from sriov_cni.kernel.queues import apply_queues, clear_queues, tx_cpus
 from sriov_cni.nodestate import TuningError, pf_policy, read_state
+from sriov_cni.paths import Paths
 
 
-def _vf_index(pf_pci: str, vf_pci: str) -> int:
-    for index, pci in sysfs.vf_pcis(pf_pci).items():
+def _vf_index(paths: Paths, pf_pci: str, vf_pci: str) -> int:
+    for index, pci in sysfs.vf_pcis(paths.sys, pf_pci).items():
         if pci == vf_pci:
             return index
     raise TuningError(f"{vf_pci} is not listed as a VF of {pf_pci}")
 
 
-def apply_vf_tuning(state_file: Path, vf_pci: str, netns: str, ifname: str) -> list[str]:
-    """Apply the PF's policy in ``state_file`` to a VF that is up as ``ifname`` in ``netns``; return warnings.
+def apply_vf_tuning(paths: Paths, vf_pci: str, netns: str, ifname: str) -> list[str]:
+    """Apply the PF's policy in ``paths.state_file`` to a VF that is up as ``ifname`` in ``netns``; return warnings.
 
     IRQ pins are written from the host (``/proc/irq`` is per host, and
-    read-only in containers); RPS/XPS/RFS inside the pod's namespace with a
+    read-only in containers, hence ``paths.proc_irq``); RPS/XPS/RFS inside the pod's namespace with a
     private sysfs mount.  Nothing here raises: a VF that works untuned is
     better than a failed pod, so problems come back as warnings.
     """
     try:
-        state = read_state(state_file)
+        state = read_state(paths.state_file)
     except TuningError as exc:
         return [str(exc)]
     if state is None:
         return []
-    pf_pci = sysfs.physfn(vf_pci)
+    pf_pci = sysfs.physfn(paths.sys, vf_pci)
     policy = pf_policy(state, pf_pci) if pf_pci else None
     if pf_pci is None or policy is None:
         return []
     warnings: list[str] = []
     try:
-        irqs = queue_irqs(vf_pci)
+        irqs = queue_irqs(paths.sys, paths.proc_irq, vf_pci)
         if not irqs:
             warnings.append(f"VF {vf_pci} has no queue IRQs to pin (is {ifname} up?)")
-        start = vf_start(_vf_index(pf_pci, vf_pci), len({q.queue for q in irqs}))
-        pins = [pin(q, cpu) for q, cpu in plan_pins(irqs, policy.irq_cpus, start)]
+        start = vf_start(_vf_index(paths, pf_pci, vf_pci), len({q.queue for q in irqs}))
+        pins = [pin(paths.proc_irq, q, cpu) for q, cpu in plan_pins(irqs, policy.irq_cpus, start)]
     except (TuningError, cpulist.CpuListError) as exc:
         return warnings + [f"VF {vf_pci}: {exc}"]
     warnings += [f"VF {vf_pci} IRQ {p.irq.irq} ({p.irq.name}): {p.detail}" for p in pins if p.result == "failed"]
@@ -63,17 +62,17 @@ def apply_vf_tuning(state_file: Path, vf_pci: str, netns: str, ifname: str) -> l
         xps = tx_cpus(pins) if policy.xps else None
 
         def in_pod() -> None:
-            apply_queues(ifname, policy.rps_cpus, policy.rfs_flow_entries, xps)
+            apply_queues(paths.sys, ifname, policy.rps_cpus, policy.rfs_flow_entries, xps)
 
         try:
-            run_in_netns(netns, in_pod, own_sysfs=True)
+            run_in_netns(netns, in_pod, own_sysfs=paths.sys)
         except (NetlinkError, sysfs.SysfsError) as exc:
             warnings.append(f"VF {vf_pci} RPS/XPS on {ifname}: {exc}")
     return warnings
 
 
-def release_vf_tuning(state_file: Path, vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
-    """Leave no tuning on a VF leaving a pod (none to leave when setup wrote no ``state_file``).
+def release_vf_tuning(paths: Paths, vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
+    """Leave no tuning on a VF leaving a pod (none to leave when setup wrote no ``paths.state_file``).
 
     Call it while the VF is still up in the pod, passing its ``netns`` and
     ``ifname``: once the VF closes (a move closes it) igbvf frees its
@@ -84,32 +83,32 @@ def release_vf_tuning(state_file: Path, vf_pci: str, netns: str | None = None, i
     netdev if it has one.  Best effort and silent: the VF is being freed,
     and a later apply overwrites whatever a failure leaves.
     """
-    if not state_file.exists():
+    if not paths.state_file.exists():
         return
     try:
-        default = default_affinity()
+        default = default_affinity(paths.proc_irq)
     except (OSError, cpulist.CpuListError):
         return
     # Every vector goes back to the default: the misc one started there,
     # and a closed VF's vectors have no names to tell queue from misc.
-    for irq in device_irqs(vf_pci):
+    for irq in device_irqs(paths.sys, paths.proc_irq, vf_pci):
         try:
-            if affinity(irq) != default:
-                sysfs.write(irq_dir(irq) / "smp_affinity", cpulist.format_mask(default))
+            if affinity(paths.proc_irq, irq) != default:
+                sysfs.write(irq_dir(paths.proc_irq, irq) / "smp_affinity", cpulist.format_mask(default))
         except (OSError, sysfs.SysfsError, cpulist.CpuListError):
             continue
     if netns is not None and ifname is not None:
         pod_name = ifname
 
         def in_pod() -> None:
-            clear_queues(pod_name)
+            clear_queues(paths.sys, pod_name)
 
         try:
-            run_in_netns(netns, in_pod, own_sysfs=True)
+            run_in_netns(netns, in_pod, own_sysfs=paths.sys)
         except NetlinkError:
             pass
-    for name in sysfs.netdevs(vf_pci):
+    for name in sysfs.netdevs(paths.sys, vf_pci):
         try:
-            clear_queues(name)
+            clear_queues(paths.sys, name)
         except (sysfs.SysfsError, cpulist.CpuListError):
             continue

@@ -369,29 +369,27 @@ def scale(work: Path) -> list[str]:
     from tests.support.fakes import FakeHost
     from tests.support.nodetree import Tree
 
-    from sriov_cni.kernel import sysfs
     from sriov_cni.plugin import allocate, pool
     from sriov_cni.vfstore import Allocation
     from tests.support.fakes import MemoryStore
 
-    saved = sysfs.SYS
     netns = "/proc/self/ns/net"
     inode = os.stat(netns).st_ino
-    host = FakeHost()
     trees: dict[int, Tree] = {}
     spent: dict[int, list[float]] = {size: [] for size in SCALE_POOLS}
     resolve: dict[int, list[float]] = {size: [] for size in SCALE_POOLS}
 
     def fill(size: int) -> None:
-        sysfs.SYS = trees[size].sys
+        sys_root = trees[size].sys
+        host = FakeHost(sys_root)
         t0 = time.perf_counter()
-        candidates = pool.pool_vfs([pool.parse_pool_entry("pf0")])
+        candidates = pool.pool_vfs(sys_root, [pool.parse_pool_entry("pf0")])
         resolve[size].append(time.perf_counter() - t0)
         store = MemoryStore()
         for n in range(size):
             attachment = allocate.Attachment(f"c-{n}", "net1", "net", netns, inode)
             t0 = time.perf_counter()
-            lease = allocate.reserve(store, allocate.Candidates(candidates), attachment, host)
+            lease = allocate.reserve(store, allocate.Candidates(candidates), attachment, host, sys_root)
             spent[size].append(time.perf_counter() - t0)
             lease.release()
 
@@ -412,7 +410,6 @@ def scale(work: Path) -> list[str]:
                 for _ in range(SCALE_POOLS[-1] // size):
                     fill(size)
     finally:
-        sysfs.SYS = saved
         for size in trees:
             shutil.rmtree(work / f"scale-{size}", ignore_errors=True)
     lines = [

@@ -33,35 +33,38 @@ from sriov_cni.kernel import sysfs  # noqa: E402  (needs the path set above)
 from sriov_cni.node import config as node_config, setup as node_setup, vfs  # noqa: E402
 from sriov_cni.paths import Paths  # noqa: E402
 
+SYS = Paths().sys
+
 
 def igb_pfs() -> list[str]:
-    net = sysfs.SYS / "class" / "net"
+    net = SYS / "class" / "net"
     return sorted(p.name for p in net.iterdir() if (p / "device" / "sriov_totalvfs").exists() and (p / "device" / "driver").resolve().name == "igb")
 
 
 def reset(pcis: list[str]) -> None:
     for pci in pcis:
-        if sysfs.numvfs(pci):
-            sysfs.write(sysfs.pci_dir(pci) / "sriov_numvfs", "0")
-        vfs.wait_for_vfs(pci, 0, want_netdevs=False)
+        if sysfs.numvfs(SYS, pci):
+            sysfs.write(sysfs.pci_dir(SYS, pci) / "sriov_numvfs", "0")
+        vfs.wait_for_vfs(SYS, pci, 0, want_netdevs=False)
     # VF removal finishes asynchronously; wait until no virtfn link is left.
     deadline = time.monotonic() + 30
-    while any(sysfs.vf_pcis(pci) for pci in pcis) and time.monotonic() < deadline:
+    while any(sysfs.vf_pcis(SYS, pci) for pci in pcis) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
 def bare(pcis: list[str], count: int) -> float:
     start = time.perf_counter()
     for pci in pcis:
-        sysfs.write(sysfs.pci_dir(pci) / "sriov_numvfs", str(count))
-        vfs.wait_for_vfs(pci, count, want_netdevs=True)
+        sysfs.write(sysfs.pci_dir(SYS, pci) / "sriov_numvfs", str(count))
+        vfs.wait_for_vfs(SYS, pci, count, want_netdevs=True)
     return time.perf_counter() - start
 
 
 def in_process(config: node_config.NodeConfig, data: Path, state: Path) -> float:
     start = time.perf_counter()
-    plan = node_setup.plan(config, data, node_setup.NetlinkLinks())
-    node_setup.execute(plan, Paths(state_file=state), lambda line: None)
+    paths = Paths(state_file=state)
+    plan = node_setup.plan(config, paths, data, node_setup.NetlinkLinks())
+    node_setup.execute(plan, paths, lambda line: None)
     return time.perf_counter() - start
 
 
@@ -82,7 +85,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     pfs = args.pf or igb_pfs()
-    pcis = [sysfs.resolve_pf(pf).pci for pf in pfs]
+    pcis = [sysfs.resolve_pf(SYS, pf).pci for pf in pfs]
     text = "pfs:\n" + "".join(
         f"  - {{pf: {pf}, numVfs: {args.vfs}, tuning: {{rps: true, xps: true, rfsFlowEntries: 32768}}}}\n" for pf in pfs
     )

@@ -98,9 +98,9 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     r.close()
 
 
-def status_json(state: Path) -> list[dict[str, Any]]:
-    """``sriov-cni status --json`` here, on the same sysfs tree (HostNode points sysfs.SYS at it)."""
-    result = CliRunner().invoke(cli.main, ["status", "--json", "--data-dir", str(state)])
+def status_json(rig: Rig) -> list[dict[str, Any]]:
+    """``sriov-cni status --json`` here, on the rig's sysfs tree, as the rig's daemon sees it."""
+    result = CliRunner().invoke(cli.main, ["status", "--json", "--data-dir", str(rig.state)], obj=rig.node.node.paths)
     assert result.exit_code == 0, result.output
     pfs: list[dict[str, Any]] = json.loads(result.output)["pfs"]
     return pfs
@@ -206,7 +206,7 @@ def test_a_call_whose_child_is_killed_counts_as_the_code_its_caller_got(rig: Rig
 
 def test_the_pool_gauges_equal_status_json_before_and_after_adds_and_dels(rig: Rig) -> None:
     def check() -> Samples:
-        expected = expected_pool(status_json(rig.state))
+        expected = expected_pool(status_json(rig))
         assert pool_of(rig.scrape()) == expected
         return expected
 
@@ -359,7 +359,7 @@ def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> 
                 for r in data["result"]}
 
     try:
-        expected = expected_pool(status_json(rig.state))
+        expected = expected_pool(status_json(rig))
         pool = wait_for(lambda: series('{__name__=~"%s"}' % "|".join(sorted(POOL))))
         assert pool == expected
         assert pool[key("sriov_cni_vfs", pf=rig.pfs[0].name, pci=rig.pfs[0].pci, state="allocated")] == 1

@@ -18,8 +18,9 @@ from sriov_cni.vfstore import Allocation, FileStore
 REPO = Path(__file__).resolve().parents[2]
 
 
-def invoke(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
+def invoke(tree: Tree, *args: str) -> tuple[int, str]:
+    """The command on ``tree``'s node, setup's state inside the tree unless ``--state-file``."""
+    result = CliRunner().invoke(main, list(args), obj=tree.paths(tree.sys.parent / "state.json"))
     return result.exit_code, result.output
 
 
@@ -27,7 +28,7 @@ def test_setup_dry_run(tree: Tree, tmp_path: Path) -> None:
     tree.igb()
     config = tmp_path / "node.yaml"
     config.write_text("pfs: [{pf: eth0, numVfs: 2}]\n")
-    code, out = invoke("setup", "--config", str(config), "--dry-run", "--data-dir", str(tmp_path / "data"))
+    code, out = invoke(tree, "setup", "--config", str(config), "--dry-run", "--data-dir", str(tmp_path / "data"))
     assert (code, out) == (0, "dry run: nothing is changed\neth0 (0000:01:00.0): sriov_numvfs 0 -> 2: would change\neth0 (0000:01:00.0): link up: unchanged\n")
 
 
@@ -42,13 +43,13 @@ def test_setup_errors_are_one_line(tree: Tree, tmp_path: Path, yaml_text: str, m
     tree.igb()
     config = tmp_path / "node.yaml"
     config.write_text(yaml_text)
-    code, out = invoke("setup", "--config", str(config), "--data-dir", str(tmp_path / "data"))
+    code, out = invoke(tree, "setup", "--config", str(config), "--data-dir", str(tmp_path / "data"))
     prefix = f"{config}: " if "got" in message else ""
     assert (code, out) == (1, f"Error: {prefix}{message}\n")
 
 
 def test_setup_missing_config(tree: Tree, tmp_path: Path) -> None:
-    code, out = invoke("setup", "--config", str(tmp_path / "none.yaml"))
+    code, out = invoke(tree, "setup", "--config", str(tmp_path / "none.yaml"))
     assert (code, out) == (1, f"Error: cannot read {tmp_path / 'none.yaml'}: No such file or directory\n")
 
 
@@ -58,7 +59,7 @@ def test_setup_writes_the_state_file_given(tree: Tree, tmp_path: Path, monkeypat
     config = tmp_path / "node.yaml"
     config.write_text("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]\n")
     state = tmp_path / "state.json"
-    code, out = invoke("setup", "--config", str(config), "--state-file", str(state), "--data-dir", str(tmp_path / "data"))
+    code, out = invoke(tree, "setup", "--config", str(config), "--state-file", str(state), "--data-dir", str(tmp_path / "data"))
     assert code == 0, out
     assert out.splitlines()[-1] == f"state {state}: written"
     assert json.loads(state.read_text())["pfs"]["0000:01:00.0"]["pins"] == {"31": 0}
@@ -82,7 +83,7 @@ def node(tree: Tree, tmp_path: Path, fake_netlink: list[str | None]) -> Tree:
 
 
 def test_status_json(node: Tree, tmp_path: Path) -> None:
-    code, out = invoke("status", "--json", "--data-dir", str(tmp_path / "data"))
+    code, out = invoke(node, "status", "--json", "--data-dir", str(tmp_path / "data"))
     assert code == 0, out
     pf0, pf1 = json.loads(out)["pfs"]
     assert {k: pf0[k] for k in ("pci", "netdev", "driver", "numVfs", "totalVfs", "mtu", "link", "free")} == {
@@ -107,13 +108,13 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
 
 def test_status_shows_a_vf_free_after_its_allocation_is_removed(node: Tree, tmp_path: Path) -> None:
     FileStore(tmp_path / "data").remove("0000:01:10.1")
-    code, out = invoke("status", "--json", "--data-dir", str(tmp_path / "data"))
+    code, out = invoke(node, "status", "--json", "--data-dir", str(tmp_path / "data"))
     vf1 = json.loads(out)["pfs"][0]["vfs"][1]
     assert (vf1["state"], vf1["allocation"]) == ("free", None)
 
 
 def test_status_table(node: Tree, tmp_path: Path) -> None:
-    code, out = invoke("status", "--data-dir", str(tmp_path / "data"))
+    code, out = invoke(node, "status", "--data-dir", str(tmp_path / "data"))
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0] == "PF eth0 0000:01:00.0  driver igb  VFs 3/7  MTU 1500  link up  free 1  irqbalance off  IRQs 31:0-7"
@@ -124,7 +125,7 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
 
 
 def test_status_does_not_create_the_store(node: Tree, tmp_path: Path) -> None:
-    code, out = invoke("status", "--data-dir", str(tmp_path / "nothing-here"))
+    code, out = invoke(node, "status", "--data-dir", str(tmp_path / "nothing-here"))
     assert code == 0 and not (tmp_path / "nothing-here").exists()
 
 

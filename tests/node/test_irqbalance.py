@@ -86,8 +86,9 @@ def node(tree: Tree) -> Tree:
 
 def setup(text: str, tmp_path: Path, links: FakeLinks, systemd_run: Path = Paths.systemd_run) -> list[str]:
     out: list[str] = []
-    plan = node_setup.plan(node_config.parse(text), tmp_path / "data", links)
-    node_setup.execute(plan, Paths(state_file=tmp_path / "run" / "node.json", systemd_run=systemd_run), out.append)
+    paths = links.tree.paths(tmp_path / "run" / "node.json", systemd_run)
+    plan = node_setup.plan(node_config.parse(text), paths, tmp_path / "data", links)
+    node_setup.execute(plan, paths, out.append)
     return out
 
 
@@ -190,11 +191,11 @@ def test_status_says_per_pf_whether_irqbalance_bans_its_irqs(
 ) -> None:
     setup(TUNED, tmp_path, links)
     b = balancers("--foreground", f"--policyscript={script(tmp_path)}")
-    result = CliRunner().invoke(main, ["status", "--json", "--data-dir", str(tmp_path / "data")])
+    result = CliRunner().invoke(main, ["status", "--json", "--data-dir", str(tmp_path / "data")], obj=links.tree.paths(tmp_path / "run" / "node.json"))
     pf0, pf1 = json.loads(result.output)["pfs"]
     assert (pf0["irqbalance"], pf1["irqbalance"]) == ({"pids": [b.pid], "banned": True}, {"pids": [b.pid], "banned": False})
     # A second irqbalance without the script makes no PF safe.
     other = balancers("--foreground")
-    lines = CliRunner().invoke(main, ["status", "--data-dir", str(tmp_path / "data")]).output.splitlines()
+    lines = CliRunner().invoke(main, ["status", "--data-dir", str(tmp_path / "data")], obj=links.tree.paths(tmp_path / "run" / "node.json")).output.splitlines()
     pf_lines = [line for line in lines if line.startswith("PF ")]
     assert [line.split("  ")[6] for line in pf_lines] == [f"irqbalance on (pid {b.pid}, {other.pid}), IRQs NOT banned"] * 2

@@ -24,11 +24,12 @@ pfs:
 
 def run(text: str, tmp_path: Path, links: FakeLinks, dry: bool = False) -> list[str]:
     out: list[str] = []
-    plan = node_setup.plan(node_config.parse(text), tmp_path / "data", links)
+    paths = links.tree.paths(tmp_path / "run" / "node.json")
+    plan = node_setup.plan(node_config.parse(text), paths, tmp_path / "data", links)
     if dry:
-        node_setup.show(plan, out.append)
+        node_setup.show(plan, paths, out.append)
     else:
-        node_setup.execute(plan, Paths(state_file=tmp_path / "run" / "node.json"), out.append)
+        node_setup.execute(plan, paths, out.append)
     return out
 
 

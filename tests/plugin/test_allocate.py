@@ -39,11 +39,12 @@ def make(vf: sysfs.VF, container: str = "ours") -> Allocation:
 
 
 def take(
-    store: Store, candidates: list[sysfs.VF], container: str = "ours", named: bool = False,
+    tree: Tree, store: Store, candidates: list[sysfs.VF], container: str = "ours", named: bool = False,
     host: allocate.Host | None = None,
 ) -> Lease:
     """allocate.reserve for ``container``'s attachment, with the host namespace of the tree unless ``host``."""
-    return allocate.reserve(store, allocate.Candidates(candidates, named), attachment(container), host or FakeHost())
+    return allocate.reserve(store, allocate.Candidates(candidates, named), attachment(container),
+                            host or FakeHost(tree.sys), tree.sys)
 
 
 class Meanwhile:
@@ -93,7 +94,7 @@ def fresh(kind: str, tmp_path: Path) -> Store:
 
 def pool(tree: Tree, vfs: int) -> list[sysfs.VF]:
     tree.igb(vfs=vfs)
-    return pool_vfs([parse_pool_entry("eth0")])
+    return pool_vfs(tree.sys, [parse_pool_entry("eth0")])
 
 
 class Nowhere:
@@ -103,8 +104,8 @@ class Nowhere:
         return None
 
 
-def reserve(store: Store, candidates: list[sysfs.VF]) -> Allocation:
-    lease = take(store, candidates)
+def reserve(tree: Tree, store: Store, candidates: list[sysfs.VF]) -> Allocation:
+    lease = take(tree, store, candidates)
     lease.release()
     assert lease.stale is None
     return lease.alloc
@@ -117,7 +118,7 @@ def test_a_vf_recorded_by_another_add_meanwhile_is_not_taken_twice(tree: Tree, t
     # of a VF that is no longer free.
     candidates = pool(tree, 3)
     store = raced(kind, tmp_path, candidates[0].pci, lambda s: s.put(make(candidates[0], "rival")))
-    alloc = reserve(store, candidates)
+    alloc = reserve(tree, store, candidates)
     assert alloc.vf_pci == candidates[1].pci
     owners = {a.vf_pci: a.container_id for a in store.all()}
     assert owners == {candidates[0].pci: "rival", candidates[1].pci: "ours"}
@@ -136,7 +137,7 @@ def test_adds_racing_over_a_small_pool_never_share_a_vf(tree: Tree, tmp_path: Pa
         def add(i: int) -> None:
             start.wait()
             try:
-                lease = take(store, candidates, f"c{i}")
+                lease = take(tree, store, candidates, f"c{i}")
             except CNIError as exc:
                 refused.append(exc.code)
                 return
@@ -158,9 +159,9 @@ def test_adds_racing_over_a_small_pool_never_share_a_vf(tree: Tree, tmp_path: Pa
 def test_the_pool_fills_in_order_then_runs_dry(tree: Tree, tmp_path: Path) -> None:
     candidates = pool(tree, 3)
     store = FileStore(tmp_path / "data")
-    assert [reserve(store, candidates).vf_pci for _ in range(3)] == [vf.pci for vf in candidates]
+    assert [reserve(tree, store, candidates).vf_pci for _ in range(3)] == [vf.pci for vf in candidates]
     with pytest.raises(CNIError) as err:
-        reserve(store, candidates)
+        reserve(tree, store, candidates)
     assert err.value.code == Code.NO_FREE_VF
     # Every write was renamed into place or removed: only records remain.
     assert sorted(p.name for p in store.vfs_dir.iterdir()) == sorted(f"{vf.pci}.json" for vf in candidates)
@@ -199,7 +200,7 @@ def test_a_bad_pool_entry_is_refused_saying_why(entry: str, words: str) -> None:
 def test_overlapping_pool_entries_name_each_vf_once_in_order(tree: Tree) -> None:
     vfs = tree.igb(vfs=4)
     entries = [parse_pool_entry(e) for e in ("eth0#2,1", "eth0#1-3", "0000:01:00.0#0")]
-    got = pool_vfs(entries)
+    got = pool_vfs(tree.sys, entries)
     assert [(vf.index, vf.pci, vf.pf.pci) for vf in got] == [
         (1, vfs[1], "0000:01:00.0"), (2, vfs[2], "0000:01:00.0"), (3, vfs[3], "0000:01:00.0"),
         (0, vfs[0], "0000:01:00.0"),
@@ -214,7 +215,7 @@ def test_overlapping_pool_entries_name_each_vf_once_in_order(tree: Tree) -> None
 def test_a_pool_entry_beyond_the_pf_is_a_config_error(tree: Tree, entry: str, words: str) -> None:
     tree.igb(vfs=3)
     with pytest.raises(CNIError) as err:
-        pool_vfs([parse_pool_entry(entry)])
+        pool_vfs(tree.sys, [parse_pool_entry(entry)])
     assert err.value.code == Code.INVALID_CONFIG and words in err.value.msg, err.value.msg
 
 
@@ -222,7 +223,7 @@ def test_a_vf_sysfs_does_not_list_is_a_config_error(tree: Tree) -> None:
     tree.igb(vfs=3)
     (tree.devices / "0000:01:00.0" / "virtfn1").unlink()
     with pytest.raises(CNIError) as err:
-        pool_vfs([parse_pool_entry("eth0")])
+        pool_vfs(tree.sys, [parse_pool_entry("eth0")])
     assert err.value.code == Code.INVALID_CONFIG and "eth0 has no VF 1 in sysfs" in err.value.msg
 
 
@@ -232,15 +233,15 @@ def test_vf_states(tree: Tree, tmp_path: Path) -> None:
     tree.vf("0000:01:00.0", 2, "0000:01:10.2", None)
     host = {"eth0v0"}
     vf0 = "0000:01:10.0"
-    free = vfstate.vf_state(vf0, None, host.__contains__)
-    elsewhere = vfstate.vf_state(vf0, None, lambda name: False)
-    dpdk = vfstate.vf_state("0000:01:10.1", None, lambda name: False)
-    no_netdev = vfstate.vf_state("0000:01:10.2", None, host.__contains__)
+    free = vfstate.vf_state(tree.sys, vf0, None, host.__contains__)
+    elsewhere = vfstate.vf_state(tree.sys, vf0, None, lambda name: False)
+    dpdk = vfstate.vf_state(tree.sys, "0000:01:10.1", None, lambda name: False)
+    no_netdev = vfstate.vf_state(tree.sys, "0000:01:10.2", None, host.__contains__)
     assert (free, elsewhere, dpdk, no_netdev) == (
         vfstate.VfState.FREE, vfstate.VfState.IN_USE, vfstate.VfState.FREE, vfstate.VfState.IN_USE)
 
     own = os.stat("/proc/self/ns/net").st_ino
-    alloc = make(sysfs.VF(vf0, 0, sysfs.resolve_pf("eth0")))
+    alloc = make(sysfs.VF(vf0, 0, sysfs.resolve_pf(tree.sys, "eth0")))
     # A record is judged by its namespace alone, whatever sysfs shows.
     for path, inode, state in [
         ("/proc/self/ns/net", None, vfstate.VfState.ALLOCATED),
@@ -249,7 +250,7 @@ def test_vf_states(tree: Tree, tmp_path: Path) -> None:
         (str(tmp_path / "gone"), None, vfstate.VfState.STALE),
     ]:
         alloc.netns, alloc.netns_inode = path, inode
-        assert vfstate.vf_state(vf0, alloc, host.__contains__) is state, (path, inode)
+        assert vfstate.vf_state(tree.sys, vf0, alloc, host.__contains__) is state, (path, inode)
 
 
 def record(store: Store, vf: sysfs.VF, container: str, netns: str) -> Allocation:
@@ -267,16 +268,16 @@ def test_a_stale_vf_is_reclaimed_only_when_none_is_free(tree: Tree, tmp_path: Pa
     store = FileStore(tmp_path / "data")
     dead = record(store, candidates[0], "dead", str(tmp_path / "gone"))
 
-    assert reserve(store, candidates).vf_pci == candidates[1].pci
+    assert reserve(tree, store, candidates).vf_pci == candidates[1].pci
 
-    with take(store, candidates) as lease:
+    with take(tree, store, candidates) as lease:
         assert lease.stale == dead and lease.alloc.vf_pci == candidates[0].pci
         # The VF is still as the dead container left it: what it was before is the old record's.
         assert lease.alloc.original == dead.original
     assert store.get(candidates[0].pci) == lease.alloc and lease.alloc.container_id == "ours"
 
     with pytest.raises(CNIError) as err:
-        reserve(store, candidates)
+        reserve(tree, store, candidates)
     assert err.value.code == Code.NO_FREE_VF
     assert err.value.msg == "no free VF in the pool (2 VFs, all taken)"
     assert err.value.details == "; ".join(
@@ -288,19 +289,19 @@ def test_a_named_vf_that_is_not_free_is_named_with_its_owner(tree: Tree, tmp_pat
     store = FileStore(tmp_path / "data")
     record(store, candidates[0], "other", "/proc/self/ns/net")
     with pytest.raises(CNIError) as err:
-        take(store, candidates[:1], named=True)
+        take(tree, store, candidates[:1], named=True)
     assert err.value.code == Code.NO_FREE_VF
     assert err.value.msg == f"VF {candidates[0].pci} (container other, netns /proc/self/ns/net) is not free"
 
     # Its netdev is in some other namespace, and no record says whose.
     with pytest.raises(CNIError) as err:
-        take(store, candidates[1:], named=True, host=Nowhere())
+        take(tree, store, candidates[1:], named=True, host=Nowhere())
     assert err.value.msg == f"VF {candidates[1].pci} (its netdev is not in the host network namespace) is not free"
     assert store.get(candidates[1].pci) is None
 
 
-def reclaim(store: Store, candidates: list[sysfs.VF]) -> Lease:
-    with take(store, candidates) as lease:
+def reclaim(tree: Tree, store: Store, candidates: list[sysfs.VF]) -> Lease:
+    with take(tree, store, candidates) as lease:
         return lease
 
 
@@ -327,7 +328,7 @@ def test_a_stale_vf_changed_by_another_call_meanwhile_is_not_reclaimed(
     store = raced(kind, tmp_path, vf.pci, lambda s: meanwhile(s, vf))
     record(store, vf, "dead", str(tmp_path / "gone"))
     with pytest.raises(CNIError) as err:
-        reclaim(store, candidates)
+        reclaim(tree, store, candidates)
     assert err.value.code == Code.NO_FREE_VF
     assert err.value.details == f"{vf.pci} (given back or reclaimed by another CNI call meanwhile)"
     assert [(a.vf_pci, a.container_id) for a in store.all()] == [(vf.pci, owner) for owner in left]
@@ -354,7 +355,7 @@ def test_a_stale_vf_is_reclaimed_from_its_record_as_it_is_under_the_claim(
 
     store = raced(kind, tmp_path, vf.pci, dead_add_records_more)
     record(store, vf, "dead", str(tmp_path / "gone"))
-    lease = reclaim(store, candidates)
+    lease = reclaim(tree, store, candidates)
     assert lease.stale == later[0] and lease.stale.in_pod
     assert lease.alloc.container_id == "ours" and lease.alloc.original == later[0].original
     assert store.get(vf.pci) == lease.alloc

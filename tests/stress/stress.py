@@ -350,12 +350,10 @@ class HostNode:
     """PFs with veth "VFs" in a temporary sysfs (tests/support/pluginlib.py)."""
 
     def __init__(self, work: Path, pfs: int, vfs_per_pf: int) -> None:
-        import pytest
         from tests.support.fakes import SharedFakeVfControl
         from tests.support.pluginlib import Node
 
-        self._monkeypatch = pytest.MonkeyPatch()
-        self.node = Node(work, self._monkeypatch)
+        self.node = Node(work)
         self.fake = SharedFakeVfControl(work / "pf-side.json")
         self.node.fake = self.fake  # type: ignore[assignment]
         for _ in range(pfs):
@@ -363,7 +361,7 @@ class HostNode:
         self.vfs = {vf.pci: vf for pf in self.node.pfs for vf in pf.vfs}
         self.vf_pcis = sorted(self.vfs)
         self.cni_path = DEBIAN_CNI_DIR
-        self.deps = commands.Deps(vf_control=lambda: self.fake, store=FileStore)
+        self.deps = commands.Deps(vf_control=lambda: self.fake, store=FileStore, paths=self.node.paths)
         self._peer_to_vf = {f"peer{n}{i}": vf.pci for n, pf in enumerate(self.node.pfs) for i, vf in enumerate(pf.vfs)}
 
     def pool_conf(self) -> dict[str, Any]:
@@ -423,7 +421,6 @@ class HostNode:
 
     def close(self) -> None:
         self.node.cleanup()
-        self._monkeypatch.undo()
 
 
 class IgbNode:
@@ -455,7 +452,7 @@ class IgbNode:
     def host_netdevs(self) -> dict[str, NetdevView | None]:
         out: dict[str, NetdevView | None] = {}
         for pci in self.vf_pcis:
-            net = sysfs.SYS / "bus" / "pci" / "devices" / pci / "net"
+            net = sysfs.pci_dir(Path("/sys"), pci) / "net"
             names = [p.name for p in net.iterdir()] if net.is_dir() else []
             entries = ip_json("link", "show", "dev", names[0]) if names else []
             out[pci] = NetdevView(names[0], entries[0]["address"], entries[0]["mtu"]) if entries else None

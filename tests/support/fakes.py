@@ -244,8 +244,11 @@ class FakeLinks:
 class FakeHost:
     """The host namespace as far as ``find`` goes: the netdevs the tree lists under class/net."""
 
+    def __init__(self, sys_root: Path) -> None:
+        self.sys_root = sys_root
+
     def find(self, name: str) -> object | None:
-        return object() if (sysfs.SYS / "class" / "net" / name).exists() else None
+        return object() if (self.sys_root / "class" / "net" / name).exists() else None
 
 
 def _conforms(vfc: FakeVfControl, store: MemoryStore, links: FakeLinks, host: FakeHost,

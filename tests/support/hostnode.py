@@ -3,7 +3,7 @@
 :class:`HostNode` builds PFs whose "VFs" are veth ends in a temporary sysfs
 (tests/support/pluginlib.py); run as a program, this module is the sriov-cni
 daemon for such a node: the real :func:`sriov_cni.daemon.server.serve`, with
-``sysfs.SYS`` pointed at the tree and the PF side (the one thing a veth
+the node paths pointing at the tree and the PF side (the one thing a veth
 cannot stand in for) kept in memory by ``FakeVfControl``.  Every child of
 the daemon starts from the daemon's copy of it, which holds as long as the
 benchmark's configurations ask for no PF-side settings.
@@ -30,7 +30,6 @@ ROOT = HERE.parents[1]
 CODE_ENV = "SRIOV_BENCH_CODE"
 sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT)]
 
-import pytest  # noqa: E402
 from tests.support.fakes import FakeVfControl  # noqa: E402
 from tests.support.pluginlib import Node  # noqa: E402
 
@@ -49,8 +48,7 @@ class HostNode:
     """``pfs`` PFs of ``vfs_per_pf`` veth VFs each, in a sysfs tree under ``work``."""
 
     def __init__(self, work: Path, pfs: int, vfs_per_pf: int) -> None:
-        self._monkeypatch = pytest.MonkeyPatch()
-        self.node = Node(work, self._monkeypatch)
+        self.node = Node(work)
         for _ in range(pfs):
             self.node.add_pf(vfs_per_pf, total=vfs_per_pf)
 
@@ -61,7 +59,6 @@ class HostNode:
 
     def close(self) -> None:
         self.node.cleanup()
-        self._monkeypatch.undo()
 
 
 def main() -> None:
@@ -69,20 +66,28 @@ def main() -> None:
     # The daemon's options, as "calls=N" and the like among the PFs.
     options = dict(arg.split("=", 1) for arg in pfs if "=" in arg)
     pfs = [arg for arg in pfs if "=" not in arg]
-    sysfs.SYS = Path(sys_root)
     fake = FakeVfControl()
     for spec in pfs:
         name, count = spec.rsplit(":", 1)
         fake.add_pf(name, int(count))
-    deps = commands.Deps(vf_control=lambda: fake, store=FileStore)
+    kwargs: dict[str, Any] = {}
+    if hasattr(sysfs, "SYS"):
+        # A baseline revision from before the node paths were passed down
+        # reads sysfs' root from this global.
+        setattr(sysfs, "SYS", Path(sys_root))
+        deps = commands.Deps(vf_control=lambda: fake, store=FileStore)
+    else:
+        from sriov_cni.paths import Paths
 
-    def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str]) -> int:
+        kwargs["paths"] = Paths(sys=Path(sys_root))
+        deps = commands.Deps(vf_control=lambda: fake, store=FileStore, paths=kwargs["paths"])
+
+    def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], *_: Any) -> int:
         commands.configure_logging_from_env(env)
         return commands.run(env, stdin, stdout, stderr, deps)
 
     PROGRAMS["sriov"] = run_sriov
     # Only the options given: a baseline revision's daemon may not have them.
-    kwargs: dict[str, Any] = {}
     if "calls" in options:
         kwargs["calls_per_child"] = int(options["calls"])
     if "metrics" in options:

@@ -12,10 +12,10 @@ from tests.support.pluginlib import Node, Ready
 
 
 @pytest.fixture
-def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+def node(tmp_path: Path) -> Iterator[Node]:
     if os.geteuid() != 0:
         pytest.fail("the plugin's host tests need root (network namespaces, veths)")
-    n = Node(tmp_path, monkeypatch)
+    n = Node(tmp_path)
     try:
         yield n
     finally:

@@ -1,8 +1,7 @@
 """A temporary sysfs/procfs tree describing SR-IOV PFs, VFs and their IRQs.
 
-The fixtures in treefixtures.py point ``sysfs.SYS`` and ``sysfs.PROC`` into it,
-so setup, status and the tuning hook read and write plain files laid out
-like the kernel's.  Writes that only the kernel could act on
+Setup, status and the tuning hook are given its roots (:meth:`Tree.paths`),
+so they read and write plain files laid out like the kernel's.  Writes that only the kernel could act on
 (link up, MTU) go through :class:`tests.support.fakes.FakeLinks`, which
 updates the tree the way the kernel would.
 """
@@ -12,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+
+from sriov_cni.paths import Paths
 
 
 def _write(path: Path, text: str) -> None:
@@ -28,6 +29,11 @@ class Tree:
         self.cpus("0-7")
         _write(self.proc / "irq" / "default_smp_affinity", "ff\n")
         _write(self.proc / "sys" / "net" / "core" / "rps_sock_flow_entries", "0\n")
+
+    def paths(self, state_file: Path, systemd_run: Path = Paths.systemd_run) -> Paths:
+        """The node paths of this tree, with setup's state in ``state_file``."""
+        return Paths(state_file=state_file, systemd_run=systemd_run, sys=self.sys, proc=self.proc,
+                     proc_irq=self.proc / "irq")
 
     def cpus(self, online: str, isolated: str = "", nohz_full: str = "") -> None:
         base = self.sys / "devices" / "system" / "cpu"

@@ -6,7 +6,7 @@ Everything else is real: each "VF netdev" is one end of a veth pair in the
 test process's network namespace (its peer lives in a per-test namespace,
 so deleting that namespace destroys every pair wherever its VF end went),
 pods are real named network namespaces, and sysfs is a temporary tree laid
-out like the kernel's, with ``sysfs.SYS`` pointed at it.
+out like the kernel's, whose root the plugin is given (``Node.paths``).
 
 Effects are checked with ``ip -j`` (and ``ip netns exec``), never through
 the package under test.
@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from sriov_cni.kernel import netlink, sysfs, vfsettings
+from sriov_cni.paths import Paths
 from sriov_cni.plugin import commands
 from sriov_cni.vfstore import FileStore
 from tests.support.fakes import FakeVfControl
@@ -151,13 +152,13 @@ class Outcome:
 
 
 class Node:
-    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, tmp_path: Path) -> None:
         self.token = uuid.uuid4().hex[:5]
         self.sys = tmp_path / "sys"
         (self.sys / "bus" / "pci" / "devices").mkdir(parents=True)
         (self.sys / "bus" / "pci" / "drivers").mkdir(parents=True)
         (self.sys / "class" / "net").mkdir(parents=True)
-        monkeypatch.setattr(sysfs, "SYS", self.sys)
+        self.paths = Paths(sys=self.sys)
         self.data_dir = tmp_path / "data"
         self.ipam_dir = tmp_path / "ipam"
         self.fake = FakeVfControl()
@@ -283,7 +284,7 @@ class Node:
     def deps(self) -> commands.Deps:
         fake = self.fake
         return commands.Deps(vf_control=lambda: fake, store=FileStore, claim_wait=self.claim_wait,
-                             mac_retry_delay=self.mac_retry_delay)
+                             mac_retry_delay=self.mac_retry_delay, paths=self.paths)
 
     def run(self, env: dict[str, str], stdin: bytes) -> Outcome:
         out, err = io.StringIO(), io.StringIO()

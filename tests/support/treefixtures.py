@@ -12,14 +12,13 @@ import pytest
 from tests.support.fakes import FakeHost, FakeLinks
 from tests.support.nodetree import Tree
 from sriov_cni.kernel import netlink, sysfs
+from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
 
 
 @pytest.fixture
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tree:
     t = Tree(tmp_path / "root")
-    monkeypatch.setattr(sysfs, "SYS", t.sys)
-    monkeypatch.setattr(sysfs, "PROC", t.proc)
     real = sysfs.write
 
     def store(path: Path, value: str) -> None:
@@ -33,18 +32,24 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tree:
 
 
 @pytest.fixture
+def paths(tree: Tree, tmp_path: Path) -> Paths:
+    """The tree's node paths, setup's state file in ``tmp_path``/run."""
+    return tree.paths(tmp_path / "run" / "node.json")
+
+
+@pytest.fixture
 def links(tree: Tree) -> FakeLinks:
     return FakeLinks(tree)
 
 
 @pytest.fixture
-def writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+def writes(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Every sysfs.write as (path relative to the tree root, value), still performed."""
     done: list[tuple[str, str]] = []
     real = sysfs.write
 
     def recording(path: Path, value: str) -> None:
-        done.append((str(path.relative_to(sysfs.SYS.parent)), value))
+        done.append((str(path.relative_to(tree.sys.parent)), value))
         real(path, value)
 
     monkeypatch.setattr(sysfs, "write", recording)
@@ -52,15 +57,15 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def fake_netlink(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+def fake_netlink(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     """Host namespace look-ups from the tree; run_in_netns runs here and records the namespace."""
     entered: list[str | None] = []
 
     @contextmanager
     def namespace(path: str | None = None) -> Iterator[FakeHost]:
-        yield FakeHost()
+        yield FakeHost(tree.sys)
 
-    def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: bool = False) -> None:
+    def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: Path | None = None) -> None:
         entered.append(path)
         func()
 

@@ -24,6 +24,7 @@ import pytest
 from test_setup_igb import Node, affinity, interrupts, online, vf_netdevs
 from vmlib import vf_pci_dirs, wait_until
 
+from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
 
 pytestmark = pytest.mark.sriov_vm
@@ -156,7 +157,7 @@ def test_ban_holds_from_before_setup_through_vf_irqs_and_a_restart(
 
     # A pod's VF on each PF comes up: irqbalance meets their IRQs only now.
     vf0 = vf_up_in(netns(), pf0, 0)
-    assert tuning.apply_vf_tuning(node.state, vf0, "", "net1") == []  # no RPS/XPS policy: the pod side is not entered
+    assert tuning.apply_vf_tuning(Paths(state_file=node.state), vf0, "", "net1") == []  # no RPS/XPS policy: the pod side is not entered
     names = interrupts()
     pins += [names["net1-rx-0"], names["net1-tx-0"]]
     assert_ours(pins, cpu)

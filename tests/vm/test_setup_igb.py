@@ -19,6 +19,7 @@ import pytest
 
 from vmlib import SYS_NET, Sriov, numvfs, vf_pci_dirs
 
+from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
 from sriov_cni.vfstore import Allocation, FileStore
 
@@ -170,7 +171,7 @@ def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(node: Node, igb_pfs:
     subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", host_name, "name", "net1"], check=True)
     subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "net1", "up"], check=True)
 
-    assert tuning.apply_vf_tuning(node.state, vf_pci, f"/run/netns/{ns}", "net1") == []
+    assert tuning.apply_vf_tuning(Paths(state_file=node.state), vf_pci, f"/run/netns/{ns}", "net1") == []
     # igbvf requested its vectors on open, named after the pod-side name.
     names = interrupts()
     want = str(cpus[(index + 1) % len(cpus)])
@@ -180,7 +181,7 @@ def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(node: Node, igb_pfs:
 
     # Released while still up in the pod, as the plugin's DEL does: a
     # closed igbvf's vectors ignore affinity writes.
-    tuning.release_vf_tuning(node.state, vf_pci, f"/run/netns/{ns}", "net1")
+    tuning.release_vf_tuning(Paths(state_file=node.state), vf_pci, f"/run/netns/{ns}", "net1")
     assert (affinity(names["net1-rx-0"]), affinity(names["net1-tx-0"])) == (all_cpus, all_cpus)
     assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_cpus") == "0"
     assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_flow_cnt") == "0"
