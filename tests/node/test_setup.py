@@ -10,7 +10,6 @@ from tests.support.fakes import FakeLinks
 from tests.support.nodetree import Tree
 from sriov_cni.kernel import sysfs
 from sriov_cni.node import config as node_config, setup as node_setup
-from sriov_cni.paths import Paths
 from sriov_cni.vfstore import Allocation, FileStore
 
 CONFIG = """

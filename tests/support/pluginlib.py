@@ -27,12 +27,11 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.paths import Paths
