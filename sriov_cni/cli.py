@@ -10,11 +10,13 @@ import click
 
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
-from sriov_cni.daemon import budget, client, install, metrics, probe, server
-from sriov_cni.kernel import netlink, sysfs
-from sriov_cni.node import config as node_config, setup as node_setup, status as node_status
+from sriov_cni.daemon import budget, client, defaults, install, probe
 from sriov_cni.paths import Paths
 from sriov_cni import vfstore as store
+
+# A command imports what loads pyroute2, prometheus_client or yaml (the
+# node's and the daemon's modules) only when it runs: the kubelet runs
+# `sriov-cni ready` every 20 s, and loading them would be most of its CPU.
 
 SETUP_HELP = """Create VFs and tune IRQs/RPS/XPS/RFS as the node config FILE says.
 
@@ -44,14 +46,19 @@ class CommandError(click.ClickException):
     """One line on stderr and exit status 1, never a traceback."""
 
 
-_EXPECTED = (
-    node_config.NodeConfigError,
-    node_setup.SetupError,
-    nodestate.TuningError,
-    sysfs.SysfsError,
-    netlink.NetlinkError,
-    CNIError,
-)
+def _expected() -> tuple[type[Exception], ...]:
+    """The errors setup and status report in one line."""
+    from sriov_cni.kernel import netlink, sysfs
+    from sriov_cni.node import config as node_config, setup as node_setup
+
+    return (
+        node_config.NodeConfigError,
+        node_setup.SetupError,
+        nodestate.TuningError,
+        sysfs.SysfsError,
+        netlink.NetlinkError,
+        CNIError,
+    )
 
 
 @click.group()
@@ -71,6 +78,8 @@ def _node_paths() -> Paths:
 @click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store.")
 @click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), help=f"Where to record what was applied [default: {nodestate.STATE_FILE}].")
 def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None) -> None:
+    from sriov_cni.node import config as node_config, setup as node_setup
+
     try:
         config = node_config.load(config_path)
         paths = _node_paths() if state_file is None else replace(_node_paths(), state_file=state_file)
@@ -79,7 +88,7 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
             node_setup.show(plan, paths, click.echo)
         else:
             node_setup.execute(plan, paths, click.echo)
-    except _EXPECTED as exc:
+    except _expected() as exc:
         raise CommandError(str(exc)) from exc
 
 
@@ -88,9 +97,11 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
 @click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store.")
 def status(as_json: bool, data_dir: Path) -> None:
     """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins, irqbalance."""
+    from sriov_cni.node import status as node_status
+
     try:
         pfs = node_status.current(_node_paths(), data_dir)
-    except _EXPECTED as exc:
+    except _expected() as exc:
         raise CommandError(str(exc)) from exc
     if as_json:
         click.echo(json.dumps({"pfs": pfs}, indent=1))
@@ -103,18 +114,18 @@ def status(as_json: bool, data_dir: Path) -> None:
 @click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True,
               help="Where to listen; its directory is made root-only (0700) when it holds nothing else, "
                    "and refused when others may write it.")
-@click.option("--request-timeout", default=server.REQUEST_TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--request-timeout", default=defaults.REQUEST_TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a caller has to send its request, and then to end its stdin.")
-@click.option("--max-children", default=server.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-children", default=defaults.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
               help="Calls run at once at most, however large the memory budget; more wait their turn.")
-@click.option("--child-idle", default=server.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--child-idle", default=defaults.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a child that has served calls waits for another before it ends.")
-@click.option("--calls-per-child", default=server.CALLS_PER_CHILD, show_default=True, type=click.IntRange(min=1),
+@click.option("--calls-per-child", default=defaults.CALLS_PER_CHILD, show_default=True, type=click.IntRange(min=1),
               help="Calls a child serves, one after another, before it ends; 1: a fresh child for each call.")
 @click.option("--memory-budget", metavar="SIZE",
               help="Memory the daemon and its calls may use (e.g. 160Mi); default: its cgroup's limit. "
                    "Calls run at once are as many as fit, at most --max-children.")
-@click.option("--drain-timeout", default=server.DRAIN_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
+@click.option("--drain-timeout", default=defaults.DRAIN_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
               help="Seconds after SIGTERM that the calls running may take to end; new ones are refused.")
 @click.option("--proc-irq", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="The host's /proc/irq mounted here, where the calls pin VF IRQs "
@@ -132,6 +143,8 @@ def daemon(socket_path: str, request_timeout: float, max_children: int, child_id
     On SIGTERM it refuses new calls (CNI code 11, try again later), lets the
     running ones end, and exits 0; 1 when some still ran after --drain-timeout.
     """
+    from sriov_cni.daemon import metrics, server
+
     try:
         size = None if memory_budget is None else budget.parse_size(memory_budget)
     except budget.BudgetError as exc:

@@ -40,9 +40,9 @@ def spare(channel: socket.socket, daemon: int, messages: int, request_timeout: f
     The daemon keeps such children forked ahead of the calls, so a call
     does not wait for the fork of the daemon (a copy of every page table of
     a 40 MiB interpreter), nor for its watchdog thread to start.  The child
-    tells the daemon each time it waits for a call (see server.CALLS_PER_CHILD);
+    tells the daemon each time it waits for a call (see defaults.CALLS_PER_CHILD);
     the daemon hands it one on its channel, or closes the channel to end
-    it (server.CHILD_IDLE).
+    it (defaults.CHILD_IDLE).
     """
     idle_group = os.getpgid(0)
     # What the caller's descriptors become once a call has answered: they

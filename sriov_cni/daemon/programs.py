@@ -24,7 +24,7 @@ def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO
     try:
         return commands.run(env, stdin, stdout, stderr, commands.Deps(paths=paths))
     finally:
-        # The child serves other calls after this one (server.CALLS_PER_CHILD).
+        # The child serves other calls after this one (defaults.CALLS_PER_CHILD).
         log.close()
 
 

@@ -13,6 +13,7 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,6 +41,33 @@ def test_ready_when_the_daemon_runs_a_call(tmp_path: Path) -> None:
         wait_for(lambda: not spares <= set(d.all_children()))
     finally:
         d.stop()
+
+
+def test_ready_loads_neither_the_daemon_nor_the_node_modules(tmp_path: Path) -> None:
+    # The kubelet runs the probe every 20 s; pyroute2, prometheus_client and
+    # yaml, which only the other commands use, would be most of its CPU.  The
+    # same process then loads the daemon and the node config, so a check that
+    # could not see them there fails too.
+    code = (
+        "import sys\n"
+        "from sriov_cni.cli import main\n"
+        "def loaded(): return sorted(m for m in ('pyroute2', 'prometheus_client', 'yaml') if m in sys.modules)\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print(loaded())\n"
+        "    import sriov_cni.daemon.server, sriov_cni.node.config\n"
+        "    print(loaded())\n"
+    )
+    with Daemon(tmp_path / "run") as d:
+        proc = subprocess.run([sys.executable, "-c", code, "ready", "--socket", str(d.socket)],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc
+    assert proc.stdout.splitlines() == [
+        f"ready: the daemon at {d.socket} ran a call and answered",
+        "[]",
+        "['prometheus_client', 'pyroute2', 'yaml']",
+    ], proc
 
 
 def test_not_ready_without_a_socket(tmp_path: Path) -> None:
