@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from test_setup_igb import Node, affinity, interrupts, online, vf_netdevs
-from vmlib import vf_pci_dirs, wait_until
+from tests.vm.nodecommand import Node, affinity, interrupts, online, vf_netdevs
+from tests.vm.vmlib import vf_pci_dirs, wait_until
 
 from sriov_cni.plugin import tuning
 
