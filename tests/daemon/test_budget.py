@@ -14,13 +14,14 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sriov_cni.cni import Code
 from sriov_cni.daemon import budget, wire
+
+from tests.support.daemonlib import Daemon, command_line
 
 MiB = 1 << 20
 # What cgroup v1 shows for no limit (PAGE_COUNTER_MAX pages, in bytes).
@@ -169,29 +170,17 @@ def test_what_is_not_a_size_is_refused_by_name(text: str) -> None:
         budget.parse_size(text)
 
 
-def daemon_command(tmp_path: Path, *options: str) -> list[str]:
-    return [sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
-            "--socket", str(tmp_path / "run" / "plugin.sock"), *options]
-
-
 def test_the_daemon_names_its_cap_and_budget_when_it_starts(tmp_path: Path) -> None:
-    proc = subprocess.Popen(daemon_command(tmp_path, "--memory-budget", "100Mi"), stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr is not None
-        banner = proc.stderr.readline()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        assert proc.stderr is not None
-        proc.stderr.close()
+    with Daemon(tmp_path / "run", "--memory-budget", "100Mi") as daemon:
+        banner = daemon.banner
     assert "listening on" in banner and "memory budget 100 MiB from --memory-budget" in banner, banner
     assert "3.1 MiB of requests being read" in banner, banner
     assert "at most" in banner and "at most 64 " not in banner, banner
 
 
 def test_a_budget_that_is_not_a_size_is_refused_before_listening(tmp_path: Path) -> None:
-    proc = subprocess.run(daemon_command(tmp_path, "--memory-budget", "1.5Gi"), capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(command_line(tmp_path / "run" / "plugin.sock", "--memory-budget", "1.5Gi"),
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--memory-budget" in proc.stderr and "not a size" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
 
@@ -220,11 +209,9 @@ def _refused(conn: socket.socket, code: int, says: str) -> None:
 def test_a_request_past_the_budgets_share_for_requests_is_refused(tmp_path: Path) -> None:
     # 32 MiB sets aside room for one request of the largest size: while one
     # such is being read, the next is told to try again.
-    proc = subprocess.Popen(daemon_command(tmp_path, "--memory-budget", "32Mi"), stderr=subprocess.PIPE, text=True)
-    sock = tmp_path / "run" / "plugin.sock"
-    try:
-        assert proc.stderr is not None
-        assert f"{wire.MAX_REQUEST / MiB:.1f} MiB of requests being read" in proc.stderr.readline()
+    with Daemon(tmp_path / "run", "--memory-budget", "32Mi") as daemon:
+        sock = daemon.socket
+        assert f"{wire.MAX_REQUEST / MiB:.1f} MiB of requests being read" in daemon.banner
         with _announce(sock, wire.MAX_REQUEST) as first:
             with _announce(sock, 1000) as second:
                 _refused(second, Code.TRY_AGAIN, "bytes of other requests; nothing ran")
@@ -235,8 +222,3 @@ def test_a_request_past_the_budgets_share_for_requests_is_refused(tmp_path: Path
         with _announce(sock, wire.MAX_REQUEST) as third:
             third.shutdown(socket.SHUT_WR)
             _refused(third, Code.DECODE, "truncated request")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        assert proc.stderr is not None
-        proc.stderr.close()

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemonlib import stop
+from tests.support.daemonlib import Daemon
 from tests.support.hostnode import HostNode
 from tests.support.memcg import MemoryCgroup
 from tests.support.pluginlib import DEBIAN_CNI_DIR, link
@@ -44,12 +44,7 @@ class Rig:
         self.bin.mkdir()
         (self.bin / "sriov").symlink_to(SHIM)
         self.cgroup = MemoryCgroup(limit)
-        self.socket = tmp_path / "run" / "plugin.sock"
-        self.proc = subprocess.Popen(self.cgroup.wrap(self.node.daemon_command(str(self.socket))),
-                                     stderr=subprocess.PIPE, text=True)
-        assert self.proc.stderr is not None
-        self.banner = self.proc.stderr.readline()
-        assert f"listening on {self.socket}" in self.banner, self.banner
+        self.daemon = Daemon(tmp_path / "run", program=self.node.daemon_command, wrapper=self.cgroup.wrap([]))
 
     def conf(self, ipam_type: str = "host-local") -> bytes:
         return json.dumps({
@@ -61,7 +56,7 @@ class Rig:
     def start(self, command: str, i: int, conf: bytes, cni_path: str = DEBIAN_CNI_DIR) -> subprocess.Popen[bytes]:
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": command, "CNI_CONTAINERID": f"burst{i}",
                "CNI_NETNS": self.pods[i], "CNI_IFNAME": "net1", "CNI_PATH": cni_path,
-               "SRIOV_CNI_SOCKET": str(self.socket)}
+               "SRIOV_CNI_SOCKET": str(self.daemon.socket)}
         proc = subprocess.Popen([str(self.bin / "sriov")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env)
         assert proc.stdin is not None
@@ -82,7 +77,7 @@ class Rig:
         return sorted(p.name for p in vfs.iterdir()) if vfs.is_dir() else []
 
     def close(self) -> None:
-        stop(self.proc)
+        self.daemon.stop()
         self.cgroup.remove()
         self.node.close()
 
@@ -103,7 +98,7 @@ def small(tmp_path: Path) -> Iterator[Rig]:
 
 
 def test_a_burst_of_64_adds_in_a_small_cgroup_all_succeed_and_the_daemon_lives(small: Rig) -> None:
-    assert "at most" in small.banner and f"at most {BURST} " not in small.banner, small.banner
+    assert "at most" in small.daemon.banner and f"at most {BURST} " not in small.daemon.banner, small.daemon.banner
     before = small.host_vfs()
     conf = small.conf()
     adds = [answer(p) for p in [small.start("ADD", i, conf) for i in range(BURST)]]
@@ -115,12 +110,12 @@ def test_a_burst_of_64_adds_in_a_small_cgroup_all_succeed_and_the_daemon_lives(s
     dels = [answer(p) for p in [small.start("DEL", i, conf) for i in range(BURST)]]
     assert [rc for rc, _ in dels] == [0] * BURST, [out for rc, out in dels if rc][:3]
     assert small.cgroup.oom_kills() == 0
-    assert small.proc.poll() is None, "the daemon died"
+    assert small.daemon.proc.poll() is None, "the daemon died"
     assert small.host_vfs() == before and small.records() == []
     # The cap followed what the children said they held, and that many of
     # them fit in the limit.
-    assert small.proc.stderr is not None
-    said = next(line for line in small.proc.stderr if "a call's child holds" in line)
+    assert small.daemon.proc.stderr is not None
+    said = next(line for line in small.daemon.proc.stderr if "a call's child holds" in line)
     found = re.search(r"holds ([0-9.]+) MiB: at most (\d+) calls? at once", said)
     assert found, said
     held, cap = float(found[1]) * MiB, int(found[2])
@@ -135,16 +130,16 @@ def may_lower_oom_score_adj() -> bool:
 
 
 def test_the_daemon_is_exempt_from_the_oom_killer_and_its_children_go_first(small: Rig) -> None:
-    daemon_adj = int(Path(f"/proc/{small.proc.pid}/oom_score_adj").read_text())
+    daemon_adj = int(Path(f"/proc/{small.daemon.proc.pid}/oom_score_adj").read_text())
     if may_lower_oom_score_adj():
         assert daemon_adj == budget.DAEMON_OOM_SCORE_ADJ
     else:
         # The daemon says so and keeps the value it was started with.
-        assert small.proc.stderr is not None
-        warning = small.proc.stderr.readline()
+        assert small.daemon.proc.stderr is not None
+        warning = small.daemon.proc.stderr.readline()
         assert "cannot exempt the daemon from the OOM killer" in warning and "CAP_SYS_RESOURCE" in warning, warning
         assert daemon_adj == int(Path("/proc/self/oom_score_adj").read_text())
-    children_file = Path(f"/proc/{small.proc.pid}/task/{small.proc.pid}/children")
+    children_file = Path(f"/proc/{small.daemon.proc.pid}/task/{small.daemon.proc.pid}/children")
 
     def adjusted() -> list[str]:
         """The spares' oom_score_adj, once the daemon has forked them and they have set it."""
@@ -180,7 +175,7 @@ def test_a_call_killed_by_the_oom_killer_fails_clearly_and_leaves_nothing(tmp_pa
         # that it cannot.
         rc, out = rig.call("DEL", 0, rig.conf("hog-ipam"), str(hog_dir))
         assert rc == 0, out
-        assert rig.proc.poll() is None, "the OOM killer took the daemon"
+        assert rig.daemon.proc.poll() is None, "the OOM killer took the daemon"
         assert rig.host_vfs() == before and rig.records() == []
         # And the daemon serves the next pod.
         rc, out = rig.call("ADD", 1, rig.conf())
@@ -195,16 +190,13 @@ def test_calls_past_the_cap_wait_their_turn_even_hundreds_of_them(tmp_path: Path
     # One call at a time and hundreds at once: every caller past the cap
     # waits, read by the daemon or in the listen queue, and none is refused
     # (a shim whose connect is not accepted within 5 s gives up).
-    sock = tmp_path / "run" / "plugin.sock"
-    daemon = subprocess.Popen([sys.executable, "-c", "from sriov_cni.cli import main; main()", "daemon",
-                               "--socket", str(sock), "--max-children", "1"], stderr=subprocess.PIPE, text=True)
+    daemon = Daemon(tmp_path / "run", "--max-children", "1")
     link_ = tmp_path / "sriov"
     link_.symlink_to(SHIM)
-    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(sock), "PATH": "/usr/bin:/bin"}
+    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(daemon.socket), "PATH": "/usr/bin:/bin"}
     waiting = 300
     try:
-        assert daemon.stderr is not None
-        assert "at most 1 call at once" in daemon.stderr.readline()
+        assert "at most 1 call at once" in daemon.banner
         version = tmp_path / "version.json"
         version.write_text('{"cniVersion": "1.0.0"}')
         callers = []
@@ -215,7 +207,4 @@ def test_calls_past_the_cap_wait_their_turn_even_hundreds_of_them(tmp_path: Path
         assert [rc for rc, _ in answers] == [0] * waiting, [out for rc, out in answers if rc][:3]
         assert all(b"supportedVersions" in out for _, out in answers)
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
-        assert daemon.stderr is not None
-        daemon.stderr.close()
+        daemon.stop()

@@ -2,7 +2,8 @@
 
 ``cni`` runs ipam's handlers in-process through ``dispatch``; ``exe`` runs the
 real ``bin/sriov-ipam``; ``host_local`` runs Debian's host-local binary.  All
-three take the same arguments and return an :class:`Outcome`.
+three take the same arguments and return an :class:`Outcome`.  The tests
+annotate these fixtures with the types in tests/ipam/ipamtypes.py.
 """
 
 from __future__ import annotations
@@ -11,44 +12,19 @@ import io
 import json
 import os
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any
 
 import pytest
 
 from sriov_cni.ipam.main import HANDLERS
 from sriov_cni.cni import dispatch
 
+from tests.ipam.ipamtypes import Invoke, MakeConf, Outcome, Spawn, Stored, Wait
+
 REPO = Path(__file__).resolve().parents[2]
 EXE = REPO / "bin" / "sriov-ipam"
 HOST_LOCAL = Path("/usr/lib/cni/host-local")
-
-
-@dataclass
-class Outcome:
-    rc: int
-    out: dict[str, Any] | None
-    stderr: str = ""
-
-    @property
-    def code(self) -> int | None:
-        return None if self.out is None else self.out.get("code")
-
-    @property
-    def msg(self) -> str:
-        return "" if self.out is None else str(self.out.get("msg", ""))
-
-    def addresses(self) -> list[str]:
-        assert self.rc == 0, self.out
-        assert self.out is not None
-        return [ip["address"] for ip in self.out["ips"]]
-
-
-class Invoke(Protocol):
-    def __call__(
-        self, command: str, conf: dict[str, Any], cid: str = "c1", ifname: str = "eth0", cni_args: str = ""
-    ) -> Outcome: ...
 
 
 def cni_env(command: str, cid: str, ifname: str, cni_args: str) -> dict[str, str]:
@@ -112,9 +88,6 @@ def exe_path() -> Path:
     return EXE
 
 
-Spawn = Callable[[str, dict[str, Any], str], "subprocess.Popen[bytes]"]
-
-
 @pytest.fixture
 def spawn() -> Spawn:
     """Start bin/sriov-ipam without waiting, for parallel runs."""
@@ -144,19 +117,10 @@ def finish(proc: subprocess.Popen[bytes]) -> tuple[int, dict[str, Any] | None]:
     return proc.wait(timeout=300), _parse(out.decode())
 
 
-Wait = Callable[["subprocess.Popen[bytes]"], tuple[int, dict[str, Any] | None]]
-
-
 @pytest.fixture
 def wait() -> Wait:
     """Wait for a spawned process: (exit status, parsed stdout)."""
     return finish
-
-
-class MakeConf(Protocol):
-    def __call__(
-        self, ranges: list[list[dict[str, str]]] | None = None, version: str = "1.0.0", **ipam: Any
-    ) -> dict[str, Any]: ...
 
 
 @pytest.fixture
@@ -183,9 +147,6 @@ def netconf(data_dir: Path) -> MakeConf:
 def net_dir(data_dir: Path) -> Path:
     """The store directory of the network ``netconf`` builds."""
     return data_dir / "testnet"
-
-
-Stored = Callable[[], dict[str, str]]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from sriov_cni.ipam import allocator, config, store
 from sriov_cni.cni import CNIError, Code
 
-from conftest import Invoke, MakeConf, Stored
+from tests.ipam.ipamtypes import Invoke, MakeConf, Stored
 
 SMALL = [[{"subnet": "10.0.0.0/29"}]]  # .1 gateway, .2-.6 usable, .7 broadcast
 DUAL = [[{"subnet": "10.0.0.0/24"}], [{"subnet": "2001:db8::/64", "gateway": "2001:db8::fe"}]]

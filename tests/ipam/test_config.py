@@ -9,7 +9,7 @@ import pytest
 
 from sriov_cni.cni import Code
 
-from conftest import Invoke, MakeConf, Stored
+from tests.ipam.ipamtypes import Invoke, MakeConf, Stored
 
 V4 = {"subnet": "10.1.0.0/24"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sriov_cni.cni import Code
 
-from conftest import Invoke, MakeConf, Spawn, Stored, Wait
+from tests.ipam.ipamtypes import Invoke, MakeConf, Spawn, Stored, Wait
 
 
 def test_add_check_del_round_trip(exe: Invoke, netconf: MakeConf, stored: Stored) -> None:

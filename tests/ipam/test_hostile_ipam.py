@@ -13,7 +13,7 @@ import pytest
 
 from sriov_cni.cni import Code
 
-from conftest import Invoke
+from tests.ipam.ipamtypes import Invoke
 
 
 def net(tmp_path: Path, **ipam: Any) -> dict[str, Any]:

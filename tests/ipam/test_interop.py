@@ -14,7 +14,7 @@ from sriov_cni.ipam.store import DiskStore
 
 from sriov_cni.cni import Code
 
-from conftest import Invoke, MakeConf, Stored
+from tests.ipam.ipamtypes import Invoke, MakeConf, Stored
 
 DUAL = [[{"subnet": "10.8.0.0/28"}], [{"subnet": "fd08::/64"}]]
 

@@ -22,7 +22,7 @@ from sriov_cni.vfstore import Allocation, FileStore, Store
 from tests.support.fakes import MemoryStore
 
 from tests.support.pluginlib import Node
-from test_plugin_del_gc import ok, stale_record
+from tests.plugin.delgc import ok, stale_record
 
 
 @contextmanager

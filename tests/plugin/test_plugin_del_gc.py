@@ -11,15 +11,11 @@ from typing import Any
 
 import pytest
 
-from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
-from sriov_cni.vfstore import Allocation, FileStore, OriginalState
+from sriov_cni.kernel.vfsettings import Vlan
+from sriov_cni.vfstore import FileStore
 
-from tests.support.pluginlib import DEBIAN_CNI_DIR, VF, Node, Outcome, ipam_reservations, link, link_names, netdev_view, sh
-
-
-def ok(res: Outcome) -> None:
-    assert res.rc == 0, res.stdout + res.stderr
-    assert res.stdout == ""
+from tests.plugin.delgc import ok, stale_record
+from tests.support.pluginlib import DEBIAN_CNI_DIR, VF, Node, ipam_reservations, link, link_names, netdev_view, sh
 
 
 # --- DEL ----------------------------------------------------------------------
@@ -153,29 +149,6 @@ def test_del_waits_for_the_vf_to_come_back_from_a_namespace_being_destroyed(node
 
 
 # --- stale allocations -----------------------------------------------------------
-
-
-def stale_record(node: Node, vf_index: int = 0, **applied: Any) -> Allocation:
-    """A record of a container that died without DEL; its VF is in the host, dirty."""
-    pf = node.pfs[0]
-    vf = pf.vfs[vf_index]
-    entry = link(str(vf.netdev))
-    assert entry is not None
-    alloc = Allocation(
-        vf_pci=vf.pci, pf_pci=pf.pci, pf_netdev=pf.name, vf_index=vf_index, network="sriov-net",
-        container_id="dead", ifname="net1", netns="/var/run/netns/svpod-long-gone", netns_inode=12345,
-        original=OriginalState(
-            pf=PfSettings(
-                vlan=Vlan(0, 0, 0x8100), mac="00:00:00:00:00:00", rate=Rate(0, 0), spoofchk=True, trust=False,
-                link_state=0,
-            ),
-            netdev=str(vf.netdev), mtu=entry["mtu"],
-            mac=entry["address"], promisc=False, altnames=entry["altnames"], alias="",
-        ),
-        applied=PfSettings(**applied), in_pod=True,
-    )
-    FileStore(node.data_dir).put(alloc)
-    return alloc
 
 
 def test_stale_allocation_is_reclaimed_by_add(node: Node) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from stress import stress
+from tests.stress.stress import stress
 
 SEED = 20261122
 FAULTS = ("kill=", "netns_deleted=", "enospc=", "ipam_fail=", "duplicate_del=", "add_retry=")

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from vmlib import SYS_NET, Sriov, is_sriov_igb
+from tests.vm.vmlib import SYS_NET, Sriov, is_sriov_igb
 
 
 @pytest.fixture(scope="session")

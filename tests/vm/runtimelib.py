@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from vmlib import wait_until
+from tests.vm.vmlib import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CONFLIST = REPO / "deploy" / "10-sriov.conflist"
@@ -71,7 +71,7 @@ def cgroup2() -> Iterator[None]:
 
 def busybox_rootfs(dest: Path) -> Path:
     """A tarball of a root filesystem holding only busybox-static, as the rig downloaded it."""
-    from rig import cache_dir  # the guest sees the rig's cache through the host root
+    from tests.vm.rig import cache_dir  # the guest sees the rig's cache through the host root
 
     found = sorted(cache_dir().glob("busybox-static_*/bin/busybox"))
     if not found:

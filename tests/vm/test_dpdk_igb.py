@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from test_plugin_igb import cni, ns_path, records, restored, vfinfo
-from test_setup_igb import Node, node  # noqa: F401  (the fixture)
-from vmlib import Sriov, ip_json, vf_pci_dirs
+from tests.vm.plugincalls import cni, ns_path, records, restored, vfinfo
+from tests.vm.nodecommand import Node, node  # noqa: F401  (the fixture)
+from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
 

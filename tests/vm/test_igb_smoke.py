@@ -18,7 +18,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from sriov_cni.kernel.vfcontrol import KernelVfControl
 from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
-from vmlib import SYS_NET, Sriov, ip_json, numvfs, pf_pci_dir, vf_pci_dirs
+from tests.vm.vmlib import SYS_NET, Sriov, ip_json, numvfs, pf_pci_dir, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from test_setup_igb import Node, affinity, interrupts, online, vf_netdevs
-from vmlib import vf_pci_dirs, wait_until
+from tests.vm.nodecommand import Node, affinity, interrupts, node, online, vf_netdevs  # noqa: F401  (node: the fixture)
+from tests.vm.vmlib import vf_pci_dirs, wait_until
 
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
@@ -74,11 +74,6 @@ class Irqbalance:
 
     def banned(self) -> set[int]:
         return {int(m) for m in re.findall(r"IRQ (\d+) was BANNED", self.log.read_text(errors="replace"))}
-
-
-@pytest.fixture
-def node(tmp_path: Path, sriov: object) -> Node:
-    return Node(tmp_path)
 
 
 @pytest.fixture

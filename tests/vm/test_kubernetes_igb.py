@@ -32,8 +32,8 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from crilib import CRI_TIMEOUT, PAUSE_IMAGE, SNAPSHOTTER, Cri, DaemonSetPod, PodTemplate, containerd_config, new_pod, pause_archive
-from runtimelib import (
+from tests.vm.crilib import CRI_TIMEOUT, PAUSE_IMAGE, SNAPSHOTTER, Cri, DaemonSetPod, PodTemplate, containerd_config, new_pod, pause_archive
+from tests.vm.runtimelib import (
     assert_as_found,
     cgroup2,
     cni_bin_dir,
@@ -47,7 +47,7 @@ from runtimelib import (
     vf_picture,
     wait_pod_carrier,
 )
-from vmlib import Sriov, numvfs, vf_pci_dirs, wait_until
+from tests.vm.vmlib import Sriov, numvfs, vf_pci_dirs, wait_until
 
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 
@@ -72,7 +72,7 @@ def manifests() -> dict[str, dict[str, Any]]:
 
 
 def image_archive() -> Path:
-    from rig import cache_dir  # the guest sees the rig's cache through the host root
+    from tests.vm.rig import cache_dir  # the guest sees the rig's cache through the host root
 
     archive = cache_dir() / ARCHIVE_NAME
     if not archive.exists():

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from test_plugin_igb import cni, host_link, ns_path, records, restored, vfinfo, view
-from vmlib import Sriov, vf_pci_dirs
+from tests.vm.plugincalls import cni, host_link, ns_path, records, restored, vfinfo, view
+from tests.vm.vmlib import Sriov, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
 

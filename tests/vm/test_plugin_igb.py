@@ -7,7 +7,6 @@ with ``ip -j`` (the PF's ``vfinfo_list``, links and addresses in the pods).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -20,66 +19,17 @@ from typing import Any
 import pytest
 
 from sriov_cni.daemon import install
-from sriov_cni.plugin import commands
-from vmlib import Sriov, ip_json, vf_pci_dirs
+from tests.vm.plugincalls import cni, env, host_link, ns_path, records, restored, vfinfo, view
+from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
 
 REPO = Path(__file__).resolve().parents[2]
-CNI_PATH = "/usr/lib/cni"
-
-
-def vfinfo(pf: str, vf: int) -> dict[str, Any]:
-    [link] = ip_json("-d", "link", "show", "dev", pf)
-    [info] = [i for i in link["vfinfo_list"] if i["vf"] == vf]
-    return dict(info)
-
-
-def restored(after: dict[str, Any], before: dict[str, Any]) -> None:
-    """The PF's view of a VF is exactly as before ADD, the MAC it reports included."""
-    assert after == before
-
-
-def host_link(name: str, netns: str | None = None) -> dict[str, Any] | None:
-    cmd = ["ip", "-j"] + (["-n", netns] if netns else []) + ["link", "show", "dev", name]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        return None
-    [entry] = json.loads(proc.stdout)
-    return dict(entry)
-
-
-def view(entry: dict[str, Any] | None) -> dict[str, Any] | None:
-    if entry is None:
-        return None
-    return {"ifname": entry["ifname"], "address": entry["address"], "mtu": entry["mtu"],
-            "up": "UP" in entry["flags"]}
-
-
-def records(data_dir: Path) -> list[str]:
-    return sorted(p.name for p in (data_dir / "vfs").glob("*.json")) if (data_dir / "vfs").is_dir() else []
-
-
-def env(command: str, container: str = "c1", netns: str = "", ifname: str = "net1") -> dict[str, str]:
-    return {"CNI_COMMAND": command, "CNI_CONTAINERID": container, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
-            "CNI_PATH": CNI_PATH, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-
-
-def cni(command: str, conf: dict[str, Any], **kw: str) -> tuple[int, Any]:
-    """The plugin in-process with its real dependencies; returns (exit status, parsed stdout)."""
-    out, err = io.StringIO(), io.StringIO()
-    rc = commands.run(env(command, **kw), json.dumps(conf).encode(), out, err)
-    text = out.getvalue()
-    return rc, (json.loads(text) if text.strip() else None)
 
 
 def conf_for(data_dir: Path, pf: str, version: str = "1.1.0", **keys: Any) -> dict[str, Any]:
     return {"cniVersion": version, "name": "igbnet", "type": "sriov", "pfNames": [pf], "dataDir": str(data_dir),
             **keys}
-
-
-def ns_path(name: str) -> str:
-    return f"/var/run/netns/{name}"
 
 
 def test_every_setting_applied_and_restored(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from test_plugin_igb import cni, host_link, ns_path, records, restored, vfinfo, view
-from vmlib import Sriov
+from tests.vm.plugincalls import cni, host_link, ns_path, records, restored, vfinfo, view
+from tests.vm.vmlib import Sriov
 
 pytestmark = pytest.mark.sriov_vm
 

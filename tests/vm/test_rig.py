@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import rig
+from tests.vm import rig
 
 HERE = Path(__file__).resolve().parent
 

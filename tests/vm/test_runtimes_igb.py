@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from runtimelib import (
+from tests.vm.runtimelib import (
     IMAGE,
     RUNTIME_TIMEOUT,
     assert_as_found,
@@ -44,7 +44,7 @@ from runtimelib import (
     vf_picture,
     wait_pod_carrier,
 )
-from vmlib import Sriov, vf_pci_dirs, wait_until
+from tests.vm.vmlib import Sriov, vf_pci_dirs, wait_until
 
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from tests.support.daemonlib import Daemon

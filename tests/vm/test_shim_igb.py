@@ -23,8 +23,8 @@ import pytest
 
 from sriov_cni.daemon import install
 from tests.support.daemonlib import Daemon
-from test_plugin_igb import host_link, ns_path, records, restored, vfinfo, view
-from vmlib import Sriov, ip_json, vf_pci_dirs, wait_until
+from tests.vm.plugincalls import host_link, ns_path, records, restored, vfinfo, view
+from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs, wait_until
 
 pytestmark = pytest.mark.sriov_vm
 

@@ -1,6 +1,6 @@
 """Helpers for the igb guest's driver tests (used by tests/vm/conftest.py).
 
-Test modules in tests/vm may import them directly (``from vmlib import ...``).
+Test modules import them by their package path (``from tests.vm.vmlib import ...``).
 """
 
 from __future__ import annotations
