@@ -2,10 +2,8 @@
 # mypy --strict over the package, then over all the tests in one pass: each
 # test directory is a package (tests.ipam, tests.vm, ...), and a module
 # imports what it shares by its package path (tests.support.daemonlib,
-# tests.vm.vmlib), never a test module nor a neighbour by bare name.  The
-# benchmarks in tests/bench are programs run by path, and bench_plugin.py
-# imports its neighbour phases.py as `phases`: that directory is on MYPYPATH
-# and phases.py is checked through the import, not again as tests.bench.phases.
+# tests.vm.vmlib), never a test module nor a neighbour by bare name (the
+# benchmarks too, though they run as programs by path).
 # Exits non-zero if either check fails, after running both.
 set -euo pipefail
 
@@ -17,7 +15,6 @@ echo "typecheck: sriov_cni"
 python3 -m mypy || status=1
 
 echo "typecheck: tests"
-MYPYPATH=tests/bench python3 -m mypy --strict --explicit-package-bases --cache-dir .mypy_cache/tests \
-    --exclude '^tests/bench/phases\.py$' tests || status=1
+python3 -m mypy --strict --explicit-package-bases --cache-dir .mypy_cache/tests tests || status=1
 
 exit "$status"

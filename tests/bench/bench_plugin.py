@@ -67,9 +67,8 @@ sys.path.insert(0, str(ROOT))
 from sriov_cni.daemon import install, measure  # noqa: E402
 
 from tests.support import daemonlib  # noqa: E402
+from tests.bench import phases  # noqa: E402
 from tests.support.hostnode import CODE_ENV  # noqa: E402
-
-import phases  # noqa: E402
 
 GO_PLUGINS = Path("/usr/lib/cni")
 GNU_TIME = "/usr/bin/time"
@@ -492,7 +491,7 @@ def main() -> None:
                                          True),
     }
     # Calls far apart find only children that have served none: each call
-    # then copies the daemon's pages it writes (see server.CALLS_PER_CHILD).
+    # then copies the daemon's pages it writes (see defaults.CALLS_PER_CHILD).
     fresh = Daemon(bench, work / "run-fresh" / "plugin.sock", work / "stats-fresh", calls_per_child=1)
     peers["sriov, shim + daemon, fresh child per call"] = Peer(
         shimdir / "sriov", sriov("host-local"), dict(base_env, SRIOV_CNI_SOCKET=str(fresh.sock), CNI_CONTAINERID="fresh"),
