@@ -391,67 +391,86 @@ def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Pa
     """Bring the VF netdev home from wherever it is and restore name, MAC, MTU, promisc, altnames.
 
     ``vfc`` serves only to lift an admin MAC set before ADD that the netdev
-    must give up (see below).
+    must give up (see :func:`_restore_link`).
     """
     orig = alloc.original
     if orig is None or alloc.dpdk or not orig.netdev:
         return
-    found: LinkInfo | None = None
-    pod_alive = False
-    if alloc.in_pod:
-        try:
-            with netlink.namespace(alloc.netns) as pod:
-                pod_alive = True
-                found = _find_in_pod(pod, alloc, orig)
-                if found is not None:
-                    pod.set_up(found.index, False)
-        except netlink.NetnsNotFound:
-            pass
+    found, pod_alive = _out_of_pod(alloc, orig)
     moved = None
     if found is not None:
         moved = _move(alloc.netns, found.name, None, orig.netdev, tuple(orig.altnames), found)
     with netlink.namespace() as host:
         # The move's own reading (under the recorded name) serves: every
         # field compared below is one that adding altnames leaves alone.
-        link = moved or _find_home_link(host, alloc, orig, sys_root)
-        if link is None and alloc.in_pod and not pod_alive and sysfs.driver(sys_root, alloc.vf_pci) not in (
-            None, *sysfs.DPDK_DRIVERS
-        ):
-            # Not home yet: until the kernel's cleanup of the pod's namespace
-            # has run, the VF's netdev is in neither.  Dropping the record
-            # now would leave the VF to come back later, renamed and
-            # configured by the pod, with nothing to restore it from.
-            link = _await_home_link(host, alloc, orig, sys_root)
+        link = moved or _home_link(host, alloc, orig, pod_alive, sys_root)
         if link is None:
-            if pod_alive and sysfs.pci_dir(sys_root, alloc.vf_pci).exists():
-                # The pod still exists and so does the VF, yet neither side
-                # shows its netdev: reporting success would drop the record
-                # of a VF that may still sit in the pod.
-                raise CNIError(
-                    Code.DEVICE,
-                    f"VF {alloc.vf_pci} is neither in {alloc.netns} nor in the host network namespace",
-                )
             log.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
             return
-        if link.up:
-            host.set_up(link.index, False)
-        if link.name != orig.netdev:
-            host.rename(link.index, orig.netdev)
-            host.add_altnames(link.index, tuple(a for a in orig.altnames if a not in link.altnames))
-        if orig.mac and link.mac != orig.mac:
-            if alloc.applied.mac is None and link.mac == orig.pf.mac and orig.pf.mac != ZERO_MAC:
-                # The PF held an admin MAC before ADD that the netdev did not
-                # carry yet; igbvf takes it when it resets (at ADD, or at a
-                # new VF's first open) and then refuses any other MAC.  The
-                # admin MAC goes back after, in restore_admin_mac.
-                _lift_admin_mac(vfc, alloc, orig.pf.mac, retry)
-            _set_effective_mac(host, link.index, orig.mac, retry)
-        if orig.mtu and link.mtu != orig.mtu:
-            host.set_mtu(link.index, orig.mtu)
-        if orig.promisc is not None and link.promisc != orig.promisc:
-            host.set_promisc(link.index, orig.promisc)
-        if link.alias != orig.alias:
-            host.set_alias(link.index, orig.alias)
+        _restore_link(vfc, host, alloc, orig, link, retry)
+
+
+def _out_of_pod(alloc: Allocation, orig: OriginalState) -> tuple[LinkInfo | None, bool]:
+    """The VF's link in the pod, set down there, if the record says it went in; and whether the pod still exists."""
+    if not alloc.in_pod:
+        return None, False
+    try:
+        with netlink.namespace(alloc.netns) as pod:
+            found = _find_in_pod(pod, alloc, orig)
+            if found is not None:
+                pod.set_up(found.index, False)
+            return found, True
+    except netlink.NetnsNotFound:
+        return None, False
+
+
+def _home_link(
+    host: Namespace, alloc: Allocation, orig: OriginalState, pod_alive: bool, sys_root: Path
+) -> LinkInfo | None:
+    """The VF's netdev in the host, waited for when the kernel is still handing it back; None when it has none."""
+    link = _find_home_link(host, alloc, orig, sys_root)
+    if link is None and alloc.in_pod and not pod_alive and sysfs.driver(sys_root, alloc.vf_pci) not in (
+        None, *sysfs.DPDK_DRIVERS
+    ):
+        # Not home yet: until the kernel's cleanup of the pod's namespace
+        # has run, the VF's netdev is in neither.  Dropping the record
+        # now would leave the VF to come back later, renamed and
+        # configured by the pod, with nothing to restore it from.
+        link = _await_home_link(host, alloc, orig, sys_root)
+    if link is None and pod_alive and sysfs.pci_dir(sys_root, alloc.vf_pci).exists():
+        # The pod still exists and so does the VF, yet neither side
+        # shows its netdev: reporting success would drop the record
+        # of a VF that may still sit in the pod.
+        raise CNIError(
+            Code.DEVICE,
+            f"VF {alloc.vf_pci} is neither in {alloc.netns} nor in the host network namespace",
+        )
+    return link
+
+
+def _restore_link(
+    vfc: VfControl, host: Namespace, alloc: Allocation, orig: OriginalState, link: LinkInfo, retry: float
+) -> None:
+    """The VF's host netdev as recorded: down, its name and altnames, MAC, MTU, promisc, alias."""
+    if link.up:
+        host.set_up(link.index, False)
+    if link.name != orig.netdev:
+        host.rename(link.index, orig.netdev)
+        host.add_altnames(link.index, tuple(a for a in orig.altnames if a not in link.altnames))
+    if orig.mac and link.mac != orig.mac:
+        if alloc.applied.mac is None and link.mac == orig.pf.mac and orig.pf.mac != ZERO_MAC:
+            # The PF held an admin MAC before ADD that the netdev did not
+            # carry yet; igbvf takes it when it resets (at ADD, or at a
+            # new VF's first open) and then refuses any other MAC.  The
+            # admin MAC goes back after, in restore_admin_mac.
+            _lift_admin_mac(vfc, alloc, orig.pf.mac, retry)
+        _set_effective_mac(host, link.index, orig.mac, retry)
+    if orig.mtu and link.mtu != orig.mtu:
+        host.set_mtu(link.index, orig.mtu)
+    if orig.promisc is not None and link.promisc != orig.promisc:
+        host.set_promisc(link.index, orig.promisc)
+    if link.alias != orig.alias:
+        host.set_alias(link.index, orig.alias)
 
 
 def restore(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Path) -> None:
