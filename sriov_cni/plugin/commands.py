@@ -439,43 +439,55 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
     )
     if index is None:
         raise CNIError(Code.INVALID_CONFIG, f"prevResult has no interface {cmd.ifname} in {cmd.netns}")
-    expected = prev.interfaces[index]
     problems: list[str] = []
     pod_link = None
     if not alloc.dpdk:
-        with netlink.namespace(cmd.netns) as pod:
-            link = pod.find(cmd.ifname)
-            if link is None:
-                raise CNIError(Code.DEVICE, f"{cmd.ifname} is missing from {cmd.netns}")
-            pod_link = link
-            if expected.mac and link.mac != expected.mac.lower():
-                problems.append(f"MAC is {link.mac}, expected {expected.mac}")
-            if expected.mtu and link.mtu != expected.mtu:
-                problems.append(f"MTU is {link.mtu}, expected {expected.mtu}")
-            if not link.up:
-                problems.append("link is down")
-            have = set(pod.addresses(link.index))
-            for ip in prev.ips:
-                if ip.interface == index and ip.address not in have:
-                    problems.append(f"address {ip.address} is missing")
-            routes = set(pod.routes(link.index))
-            for route in prev.routes:
-                if not any(dst == route.dst and (route.gw is None or gw == route.gw) for dst, gw in routes):
-                    problems.append(f"route {route.dst} via {route.gw or 'link'} is missing")
-    info = deps.vf_control().vfs(alloc.pf_netdev).get(alloc.vf_index)
-    if info is None:
-        problems.append(f"PF {alloc.pf_netdev} no longer has VF {alloc.vf_index}")
-    else:
-        for key, value in alloc.applied.items():
-            actual = getattr(info, key)
-            if actual is not None and actual != value:
-                problems.append(f"VF {key} is {actual}, expected {value}")
-        if pod_link is not None and alloc.applied.mac is None:
-            problems += _unreceived_mac(alloc, info.mac, pod_link, deps.paths.sys)
+        pod_link, problems = _pod_problems(cmd, prev, index)
+    problems += _pf_problems(deps, alloc, pod_link)
     if problems:
         raise CNIError(Code.DEVICE, f"{cmd.ifname} in {cmd.netns} does not match", "; ".join(problems))
     if conf.ipam_type:
         delegate.run_ipam("CHECK", cmd, conf.ipam_type)
+
+
+def _pod_problems(cmd: CmdArgs, prev: Result, index: int) -> tuple[netlink.LinkInfo, list[str]]:
+    """The pod's interface ``index`` of ``prev`` as the pod has it now, and where it differs."""
+    expected = prev.interfaces[index]
+    problems: list[str] = []
+    with netlink.namespace(cmd.netns) as pod:
+        link = pod.find(cmd.ifname)
+        if link is None:
+            raise CNIError(Code.DEVICE, f"{cmd.ifname} is missing from {cmd.netns}")
+        if expected.mac and link.mac != expected.mac.lower():
+            problems.append(f"MAC is {link.mac}, expected {expected.mac}")
+        if expected.mtu and link.mtu != expected.mtu:
+            problems.append(f"MTU is {link.mtu}, expected {expected.mtu}")
+        if not link.up:
+            problems.append("link is down")
+        have = set(pod.addresses(link.index))
+        for ip in prev.ips:
+            if ip.interface == index and ip.address not in have:
+                problems.append(f"address {ip.address} is missing")
+        routes = set(pod.routes(link.index))
+        for route in prev.routes:
+            if not any(dst == route.dst and (route.gw is None or gw == route.gw) for dst, gw in routes):
+                problems.append(f"route {route.dst} via {route.gw or 'link'} is missing")
+    return link, problems
+
+
+def _pf_problems(deps: Deps, alloc: Allocation, pod_link: netlink.LinkInfo | None) -> list[str]:
+    """Where the PF's view of the VF differs from what ADD applied (and from the pod's MAC)."""
+    info = deps.vf_control().vfs(alloc.pf_netdev).get(alloc.vf_index)
+    if info is None:
+        return [f"PF {alloc.pf_netdev} no longer has VF {alloc.vf_index}"]
+    problems = []
+    for key, value in alloc.applied.items():
+        actual = getattr(info, key)
+        if actual is not None and actual != value:
+            problems.append(f"VF {key} is {actual}, expected {value}")
+    if pod_link is not None and alloc.applied.mac is None:
+        problems += _unreceived_mac(alloc, info.mac, pod_link, deps.paths.sys)
+    return problems
 
 
 def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.LinkInfo, sys_root: Path) -> list[str]:
