@@ -494,7 +494,9 @@ class _Scrape(Collector):
         self._daemon = daemon
         self._data_dir = data_dir
         self._paths = paths
-        self._lock = threading.Lock()  # scrapes run in threads of their own
+        # Scrapes run in threads of their own; held by the exporter until
+        # it told the daemon it listens (_exporter).
+        self.lock = threading.Lock()
         self._sequence = 0
 
     def collect(self) -> Iterable[Metric]:
@@ -508,7 +510,7 @@ class _Scrape(Collector):
         yield from pool(self._paths, self._data_dir)
 
     def _ask_daemon(self) -> str | None:
-        with self._lock:
+        with self.lock:
             self._sequence += 1
             sequence = struct.pack("=Q", self._sequence)
             deadline = time.monotonic() + DAEMON_TIMEOUT
@@ -578,22 +580,27 @@ def _exporter(daemon: socket.socket, alive: int, address: tuple[str, int], data_
     lifetime.leave_daemon({0, 1, 2, daemon.fileno(), alive})
     budget.unprotect(score)
     registry = CollectorRegistry()
-    registry.register(_Scrape(daemon, data_dir, paths))
-    # A restarted daemon's predecessor's exporter may hold the port for a
-    # moment after that daemon ended: it ends once it reads so.
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            server, _ = prometheus_client.start_http_server(address[1], address[0], registry)
-            break
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
-                time.sleep(0.1)
-                continue
-            daemon.send(b"E" + f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}".encode())
-            return
-    bound, port = server.server_address[:2]
-    host = bound if isinstance(bound, str) else bound.decode()
-    daemon.send(b"K" + (f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}").encode())
+    scrape = _Scrape(daemon, data_dir, paths)
+    registry.register(scrape)
+    # Until the daemon knows it listens: its first message must be that one,
+    # not a scrape's request, and a scraper comes at once to a restarted
+    # exporter's address.
+    with scrape.lock:
+        # A restarted daemon's predecessor's exporter may hold the port for a
+        # moment after that daemon ended: it ends once it reads so.
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                server, _ = prometheus_client.start_http_server(address[1], address[0], registry)
+                break
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                daemon.send(b"E" + f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}".encode())
+                return
+        bound, port = server.server_address[:2]
+        host = bound if isinstance(bound, str) else bound.decode()
+        daemon.send(b"K" + (f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}").encode())
     # Until the daemon ends: its end of the pipe closes then.
     os.read(alive, 1)
