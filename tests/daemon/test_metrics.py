@@ -9,6 +9,7 @@ Prometheus scrapes the daemon and loads the README's alert rules.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -324,6 +325,38 @@ def test_an_exporter_that_dies_at_once_is_started_again_later_each_time(rig: Rig
     assert samples[RESTARTS] == 3
     rc, out = rig.call("VERSION", 0, VERSION)
     assert rc == 0, out
+
+
+def test_an_exporter_whose_port_is_taken_is_tried_again_until_it_is_free(rig: Rig) -> None:
+    host, port = rig.address.rsplit(":", 1)
+    with socket.socket() as taken:
+        # Over the killed exporter's closed connections (TIME_WAIT), as it binds.
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        while True:
+            os.kill(exporter_of(rig.proc.pid), signal.SIGKILL)
+            line = said(rig, "metrics exporter")
+            assert f"the metrics exporter on {rig.address} ended" in line, line
+            try:
+                taken.bind((host, int(port)))
+                break
+            except OSError as exc:
+                # The next exporter came first: killed again, the one after
+                # comes later.
+                assert exc.errno == errno.EADDRINUSE, exc
+                line = said(rig, "metrics exporter")
+                assert "serves on" in line, line
+        taken.listen()
+        line = said(rig, "metrics exporter")
+        assert (f"could not start again on {rig.address}: cannot listen on {rig.address}: Address already in use"
+                in line and "starting another in" in line), line
+        rc, out = rig.call("VERSION", 0, VERSION)
+        assert rc == 0, out
+    # Free again: the attempt under way or the next one listens (a line
+    # for each that failed meanwhile).
+    while "serves on" not in (line := said(rig, "metrics exporter")):
+        assert "could not start again" in line, line
+    assert f"serves on {rig.url} again" in line, line
+    assert rig.scrape()[key("sriov_cni_daemon_up")] == 1
 
 
 def test_the_exporter_ends_with_the_daemon(rig: Rig) -> None:
