@@ -223,6 +223,14 @@ def admission(max_children: int, flag: int | None = None, root: Path = CGROUP_RO
                      max_children)
 
 
+def oom_score_adj(proc: Path = PROC_SELF) -> int | None:
+    """This process's oom_score_adj (the runtime's for the container, before :func:`protect_daemon`); None unread."""
+    try:
+        return int((proc / "oom_score_adj").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _set_oom_score_adj(value: int) -> None:
     with open(PROC_SELF / "oom_score_adj", "w") as f:
         f.write(str(value))
@@ -253,3 +261,15 @@ def expose_child() -> None:
         # child that ended here would be forked again at once, forever).
         pass
 
+
+def unprotect(score: int | None) -> None:
+    """In a process forked from the protected daemon: back to ``score``, an :func:`oom_score_adj` read before.
+
+    Raising the value needs no privilege.
+    """
+    if score is None:
+        return  # /proc could not be read: it cannot be written either
+    try:
+        _set_oom_score_adj(score)
+    except OSError:
+        pass  # a /proc mounted read-only: the process runs protected, as the daemon

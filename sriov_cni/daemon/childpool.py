@@ -133,10 +133,7 @@ class Children:
         the daemon reads its answer to the end of the connection, which
         does not come while a copy stays open here.
         """
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        lifetime.close_all_but({0, 1, 2, channel.fileno(), self.messages_w})
+        lifetime.leave_daemon({0, 1, 2, channel.fileno(), self.messages_w})
 
     def hand(self, call: intake.Call) -> bool:
         """Give ``call`` to a waiting child; False when none could take it."""

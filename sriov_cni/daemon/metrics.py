@@ -25,9 +25,9 @@ exposition on a socket pair the daemon's loop watches (one small write per
 scrape), and reads the pool itself, at scrape time, with the code of
 ``sriov-cni status`` (:func:`sriov_cni.node.status.current`), so the pool
 gauges are what ``status --json`` shows.  A stalled or slow scraper, or a
-node with many VFs to read, holds only the exporter.  The exporter is forked
-twice, so the daemon, which reaps every child it has as a call's, never
-sees it.
+node with many VFs to read, holds only the exporter.  When it dies before
+the daemon (the OOM killer takes it first), the daemon starts another
+(:class:`Exporter`).
 
 The daemon is a hostNetwork pod: an address of the node given to
 ``--metrics-address`` is reachable wherever the node is, so metrics are off
@@ -61,7 +61,7 @@ from prometheus_client.registry import Collector
 
 from sriov_cni import __version__
 from sriov_cni.cni import Code
-from sriov_cni.daemon import wire
+from sriov_cni.daemon import budget, wire
 from sriov_cni.kernel import lifetime, sysfs
 from sriov_cni.node import status
 from sriov_cni.paths import Paths
@@ -82,6 +82,13 @@ ENDED_WITHOUT_ANSWER = str(int(Code.TRY_AGAIN))
 KEEP = 1 << 16
 # Seconds the exporter waits for the daemon's loop to answer a scrape.
 DAEMON_TIMEOUT = 5.0
+# Seconds an exporter has to say it listens, or cannot.
+START_TIMEOUT = 30.0
+# Seconds before the daemon starts another exporter when one ended, doubled
+# for each restart in a row (one that could not start, or ended within the
+# maximum), up to the maximum.
+RESTART_BACKOFF = 1.0
+RESTART_BACKOFF_MAX = 60.0
 # Room for the daemon's exposition in one message on the exporter's socket
 # pair (a few tens of KiB with every command and result seen).
 MAX_EXPOSITION = 4 << 20
@@ -102,6 +109,8 @@ FORKED = Counter("sriov_cni_daemon_children_forked", "Children the daemon forked
 ENDED = Counter("sriov_cni_daemon_children_ended",
                 "Children that ended: at_start (before they could take a call), "
                 "in_call (killed while running one), after_calls (their calls done, or idle)", ["how"])
+RESTARTS = Counter("sriov_cni_daemon_exporter_restarts",
+                   "Metrics exporters the daemon started again after one ended (each a gap in the scrapes)")
 Info("sriov_cni_build", "The daemon's version").info({"version": __version__})
 
 
@@ -307,32 +316,51 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 class Exporter:
-    """The daemon's end of its exporter: answers each scrape with the registry's exposition."""
+    """The daemon's end of its exporter: answers each scrape with the registry's exposition.
 
-    def __init__(self, sock: socket.socket, address: str) -> None:
+    When the exporter ends (the OOM killer takes it before the daemon, or it
+    crashed), the daemon starts another on the same address, after
+    :data:`RESTART_BACKOFF` seconds, doubled for each restart in a row, so
+    that an exporter that cannot start (its port taken by another process)
+    or dies at once is not forked again and again.  The counters live here,
+    in the daemon, so the new exporter serves them as they were.  Its start
+    is an event of the loop like any other: the loop serves calls while it
+    starts, and reads its first message (:func:`_listening`) when it comes.
+    """
+
+    def __init__(self, sock: socket.socket, alive: int, address: str, data_dir: Path, paths: Paths,
+                 score: int | None) -> None:
+        # Closed while no exporter runs (or starts).
         self.sock = sock
-        # Where the exporter listens, as bound (the port chosen for port 0).
+        # The write end of the exporter's alive pipe, held as long as it is ours.
+        self._alive = alive
+        # Where the exporter listens, as bound (the port chosen for port 0):
+        # a restarted one binds the same.
         self.address = address
+        self._data_dir = data_dir
+        self._paths = paths
+        # The daemon's oom_score_adj before it protected itself (start).
+        self._score = score
         self._selector: selectors.BaseSelector | None = None
+        # Restarts since an exporter last served RESTART_BACKOFF_MAX seconds.
+        self._in_a_row = 0
+        self._serving_since = time.monotonic()
+        # When the next exporter starts (none runs), or when the starting one
+        # has to have said it listens.
+        self._next_start: float | None = None
+        self._start_deadline: float | None = None
 
     def serve_in(self, selector: selectors.BaseSelector) -> None:
         self._selector = selector
         selector.register(self.sock, selectors.EVENT_READ, self._on_request)
 
     def _on_request(self) -> None:
-        try:
-            request = self.sock.recv(64, socket.MSG_DONTWAIT)
-        except BlockingIOError:
+        if (request := self._receive(64)) is None:
             return
-        except OSError:
-            request = b""
         if not request:
-            assert self._selector is not None
-            self._selector.unregister(self.sock)
-            self.sock.close()
-            sys.stderr.write(f"sriov-cni daemon: the metrics exporter on {self.address} ended; "
-                             "metrics are not served until the daemon restarts\n")
-            sys.stderr.flush()
+            served = time.monotonic() - self._serving_since
+            self._ended(f"the metrics exporter on {self.address} ended after {served:.0f} s",
+                        served >= RESTART_BACKOFF_MAX)
             return
         try:
             # The request's sequence number, then the exposition: the
@@ -341,12 +369,74 @@ class Exporter:
         except OSError:
             pass  # the exporter is not reading: it gives up on this scrape
 
+    def _receive(self, size: int) -> bytes | None:
+        """The exporter's next message; b"" once it ended, None when there is none yet."""
+        try:
+            return self.sock.recv(size, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
 
-def start(address: tuple[str, int], data_dir: Path, paths: Paths) -> Exporter:
-    """Fork the exporter, serving on ``address``; raises MetricsError when it cannot listen there.
+    def _ended(self, why: str, lasted: bool) -> None:
+        """The exporter ended (``lasted``: after serving a while), or could not start: another, later."""
+        assert self._selector is not None
+        self._selector.unregister(self.sock)
+        self.sock.close()
+        # An exporter still starting reads the end of its pipe, and ends.
+        os.close(self._alive)
+        self._start_deadline = None
+        if lasted:
+            self._in_a_row = 0
+        delay = min(RESTART_BACKOFF * 2 ** self._in_a_row, RESTART_BACKOFF_MAX)
+        self._in_a_row += 1
+        self._next_start = time.monotonic() + delay
+        # One line per exporter that ended or attempt that failed.
+        sys.stderr.write(f"sriov-cni daemon: {why}; starting another in {delay:g} s\n")
+        sys.stderr.flush()
 
-    Called before the daemon listens or forks any child: the exporter
-    holds nothing of the daemon's but its end of the socket pair.
+    def next_deadline(self) -> float | None:
+        """When the loop must call :meth:`tick` at the latest."""
+        return self._next_start if self._next_start is not None else self._start_deadline
+
+    def tick(self, now: float) -> None:
+        """Start another exporter when its time came; give up on one that did not start in time."""
+        if self._next_start is not None and now >= self._next_start:
+            self._next_start = None
+            self._restart()
+        elif self._start_deadline is not None and now >= self._start_deadline:
+            self._ended(f"the metrics exporter did not start again on {self.address} within {START_TIMEOUT:g} s",
+                        False)
+
+    def _restart(self) -> None:
+        assert self._selector is not None
+        self.sock, self._alive = _fork(parse_address(self.address), self._data_dir, self._paths, self._score)
+        self._start_deadline = time.monotonic() + START_TIMEOUT
+        self._selector.register(self.sock, selectors.EVENT_READ, self._on_started)
+
+    def _on_started(self) -> None:
+        assert self._selector is not None
+        if (answer := self._receive(4096)) is None:
+            return
+        try:
+            address = _listening(answer)
+        except MetricsError as exc:
+            self._ended(f"the metrics exporter could not start again on {self.address}: {exc}", False)
+            return
+        self._start_deadline = None
+        self._serving_since = time.monotonic()
+        RESTARTS.inc()
+        self._selector.modify(self.sock, selectors.EVENT_READ, self._on_request)
+        sys.stderr.write(f"sriov-cni daemon: the metrics exporter serves on http://{address}/metrics again\n")
+        sys.stderr.flush()
+
+
+def _fork(address: tuple[str, int], data_dir: Path, paths: Paths, score: int | None) -> tuple[socket.socket, int]:
+    """Fork an exporter serving on ``address``: the daemon's end of its socket pair, and of its alive pipe.
+
+    The exporter is forked twice, so the daemon, which reaps every child
+    it has as a call's, never sees it: it waits here for the first fork
+    only, which forks again and ends at once.
     """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_EXPOSITION)
@@ -355,10 +445,8 @@ def start(address: tuple[str, int], data_dir: Path, paths: Paths) -> Exporter:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the first fork, which only forks again
         try:
-            ours.close()
-            os.close(alive_w)
             if os.fork() == 0:
-                _exporter(theirs, alive_r, address, data_dir, paths)
+                _exporter(theirs, alive_r, address, data_dir, paths, score)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -366,12 +454,37 @@ def start(address: tuple[str, int], data_dir: Path, paths: Paths) -> Exporter:
     os.close(alive_r)
     # alive_w stays open, unwritten, as long as the daemon lives; the
     # call's children close it with every descriptor not theirs.
-    ready, _, _ = select.select([ours], [], [], 30)
-    answer = ours.recv(4096) if ready else b"Ethe metrics exporter did not start within 30 s"
-    if not answer or answer[:1] != b"K":
-        ours.close()
+    return ours, alive_w
+
+
+def _listening(answer: bytes) -> str:
+    """The address an exporter's first message says it listens on; MetricsError saying why it cannot."""
+    if answer[:1] != b"K":
         raise MetricsError(answer[1:].decode() or "the metrics exporter ended at start")
-    return Exporter(ours, answer[1:].decode())
+    return answer[1:].decode()
+
+
+def start(address: tuple[str, int], data_dir: Path, paths: Paths) -> Exporter:
+    """Fork the exporter, serving on ``address``; raises MetricsError when it cannot listen there.
+
+    Called before the daemon listens or forks any child, and before it
+    exempts itself from the OOM killer: the exporter need not be exempt.
+    """
+    # What a restarted exporter, forked once the daemon is exempt, sets its
+    # own to: the value the kubelet gave the container (by its QoS class)
+    # and this first exporter keeps.  Not 0: a restarted exporter should be
+    # no more and no less the OOM killer's choice than the first one.
+    score = budget.oom_score_adj()
+    ours, alive = _fork(address, data_dir, paths, score)
+    ready, _, _ = select.select([ours], [], [], START_TIMEOUT)
+    answer = ours.recv(4096) if ready else f"Ethe metrics exporter did not start within {START_TIMEOUT:g} s".encode()
+    try:
+        bound = _listening(answer)
+    except MetricsError:
+        ours.close()
+        os.close(alive)
+        raise
+    return Exporter(ours, alive, bound, data_dir, paths, score)
 
 
 class _Scrape(Collector):
@@ -381,7 +494,9 @@ class _Scrape(Collector):
         self._daemon = daemon
         self._data_dir = data_dir
         self._paths = paths
-        self._lock = threading.Lock()  # scrapes run in threads of their own
+        # Scrapes run in threads of their own; held by the exporter until
+        # it told the daemon it listens (_exporter).
+        self.lock = threading.Lock()
         self._sequence = 0
 
     def collect(self) -> Iterable[Metric]:
@@ -395,7 +510,7 @@ class _Scrape(Collector):
         yield from pool(self._paths, self._data_dir)
 
     def _ask_daemon(self) -> str | None:
-        with self._lock:
+        with self.lock:
             self._sequence += 1
             sequence = struct.pack("=Q", self._sequence)
             deadline = time.monotonic() + DAEMON_TIMEOUT
@@ -457,26 +572,35 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     yield from (numvfs, totalvfs, states, dpdk, allocations)
 
 
-def _exporter(daemon: socket.socket, alive: int, address: tuple[str, int],
-              data_dir: Path, paths: Paths) -> None:  # pragma: no cover - runs in the exporter
-    lifetime.close_all_but({0, 1, 2, daemon.fileno(), alive})
+def _exporter(daemon: socket.socket, alive: int, address: tuple[str, int], data_dir: Path, paths: Paths,
+              score: int | None) -> None:  # pragma: no cover - runs in the exporter
+    # Forked again from a running daemon, an exporter would hold its
+    # listener, callers' connections and children's channels, and the
+    # daemon's exemption from the OOM killer.
+    lifetime.leave_daemon({0, 1, 2, daemon.fileno(), alive})
+    budget.unprotect(score)
     registry = CollectorRegistry()
-    registry.register(_Scrape(daemon, data_dir, paths))
-    # A restarted daemon's predecessor's exporter may hold the port for a
-    # moment after that daemon ended: it ends once it reads so.
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            server, _ = prometheus_client.start_http_server(address[1], address[0], registry)
-            break
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
-                time.sleep(0.1)
-                continue
-            daemon.send(b"E" + f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}".encode())
-            return
-    bound, port = server.server_address[:2]
-    host = bound if isinstance(bound, str) else bound.decode()
-    daemon.send(b"K" + (f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}").encode())
+    scrape = _Scrape(daemon, data_dir, paths)
+    registry.register(scrape)
+    # Until the daemon knows it listens: its first message must be that one,
+    # not a scrape's request, and a scraper comes at once to a restarted
+    # exporter's address.
+    with scrape.lock:
+        # A restarted daemon's predecessor's exporter may hold the port for a
+        # moment after that daemon ended: it ends once it reads so.
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                server, _ = prometheus_client.start_http_server(address[1], address[0], registry)
+                break
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                daemon.send(b"E" + f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}".encode())
+                return
+        bound, port = server.server_address[:2]
+        host = bound if isinstance(bound, str) else bound.decode()
+        daemon.send(b"K" + (f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}").encode())
     # Until the daemon ends: its end of the pipe closes then.
     os.read(alive, 1)

@@ -159,7 +159,7 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     """
     measure = _warm_up()
     # Before the daemon exempts itself from the OOM killer: the exporter
-    # need not be.
+    # need not be (a restarted one undoes the exemption it inherits).
     exporter = None if metrics_address is None else metrics.start(metrics_address, data_dir, paths)
     admitted = budget.admission(max_children, memory_budget)
     unprotected = budget.protect_daemon()
@@ -184,11 +184,11 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
-    return _loop(selector, children, calls, stop, spare)
+    return _loop(selector, children, calls, stop, spare, exporter)
 
 
 def _loop(selector: selectors.BaseSelector, children: childpool.Children, calls: intake.Intake, stop: _Stop,
-          spare: Callable[[socket.socket], None]) -> int:
+          spare: Callable[[socket.socket], None], exporter: metrics.Exporter | None) -> int:
     """Hand calls to children, keep spares forked, until a stop ends; how many calls still ran then."""
     while True:
         if stop.deadline is not None:
@@ -203,7 +203,9 @@ def _loop(selector: selectors.BaseSelector, children: childpool.Children, calls:
                 calls.put_back(call)
         if (broken := children.cannot_start()) is not None:
             calls.refuse_waiting(broken)
-        deadlines = [t for t in (calls.next_deadline(), children.next_retirement(), stop.deadline) if t is not None]
+        restart = None if exporter is None else exporter.next_deadline()
+        deadlines = [t for t in (calls.next_deadline(), children.next_retirement(), stop.deadline, restart)
+                     if t is not None]
         if children.spares() < childpool.SPARES and children.next_fork > time.monotonic():
             deadlines.append(children.next_fork)
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
@@ -212,6 +214,8 @@ def _loop(selector: selectors.BaseSelector, children: childpool.Children, calls:
         now = time.monotonic()
         calls.expire(now)
         children.retire(now)
+        if exporter is not None:
+            exporter.tick(now)
 
 
 def _descriptors_for(pending: int, max_children: int) -> int:

@@ -40,3 +40,16 @@ def close_all_but(keep: set[int]) -> None:
                 os.close(int(name))
             except OSError:
                 pass  # the directory's own descriptor, closed by now
+
+
+def leave_daemon(keep: set[int]) -> None:
+    """In a process just forked from the daemon's loop: keep nothing of it but the descriptors ``keep``.
+
+    The loop's signal handling first: its SIGCHLD and SIGTERM handlers would
+    keep this process from ending on SIGTERM, and its wakeup descriptor,
+    once closed here, might be a descriptor reused for something else.
+    """
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    close_all_but(keep)

@@ -9,6 +9,7 @@ Prometheus scrapes the daemon and loads the README's alert rules.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from tests.support.daemonlib import REPO, SHIM, Daemon, command_line, exporter_o
 from tests.support.hostnode import HostNode
 
 from sriov_cni import __version__, cli
+from sriov_cni.daemon import budget
 
 RULES = REPO / "deploy" / "prometheus-rules.yaml"
 POOL = {"sriov_cni_pf_vfs", "sriov_cni_pf_vfs_max", "sriov_cni_vfs", "sriov_cni_vfs_dpdk", "sriov_cni_allocations"}
@@ -239,15 +241,122 @@ def test_the_pool_gauges_equal_status_json_before_and_after_adds_and_dels(rig: R
     assert end[key("sriov_cni_allocations", **pf0, network="net-b", state="stale")] == 1
 
 
-def test_the_daemon_serves_on_when_its_exporter_dies(rig: Rig) -> None:
-    os.kill(exporter_of(rig.proc.pid), signal.SIGKILL)
+def said(rig: Rig, words: str) -> str:
+    """The next line of the daemon's stderr that has ``words`` (after its warnings, if any)."""
     assert rig.proc.stderr is not None
-    said = " "
-    while said and "metrics exporter" not in said:  # after the daemon's warnings, if any
-        said = rig.proc.stderr.readline()
-    assert f"the metrics exporter on {rig.address} ended" in said, said
-    rc, out = rig.call("ADD", 0, rig.conf())
+    line = " "
+    while line and words not in line:
+        line = rig.proc.stderr.readline()
+    return line
+
+
+def oom_score_adj(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+def descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+RESTARTS = key("sriov_cni_daemon_exporter_restarts_total")
+VERSION = b'{"cniVersion": "1.0.0"}'
+
+
+def test_a_killed_exporter_is_started_again_on_its_address_with_the_counts_so_far(rig: Rig) -> None:
+    rc, out = rig.call("VERSION", 0, VERSION)
     assert rc == 0, out
+    before = settled(rig, lambda s: calls(s, "sriov", "VERSION", "0") == 1)
+    assert before[RESTARTS] == 0
+    daemon, first = rig.proc.pid, exporter_of(rig.proc.pid)
+    if oom_score_adj(daemon) != budget.DAEMON_OOM_SCORE_ADJ:
+        # Without CAP_SYS_RESOURCE the daemon cannot exempt itself (it says
+        # so: test_burst): a value raised here, which needs no privilege,
+        # stands in for the exemption a restarted exporter must not keep.
+        Path(f"/proc/{daemon}/oom_score_adj").write_text("500")
+    # The first was forked before the daemon exempted itself.
+    first_score, first_fds = oom_score_adj(first), descriptors(first)
+    assert first_score != oom_score_adj(daemon)
+    os.kill(first, signal.SIGKILL)
+    line = said(rig, "metrics exporter")
+    assert f"the metrics exporter on {rig.address} ended" in line and "starting another in 1 s" in line, line
+    gap = 0
+
+    def scraped_again() -> Samples:
+        # Each try a call first: the daemon serves them while no exporter
+        # runs, and while the next one starts.
+        nonlocal gap
+        rc, out = rig.call("VERSION", 0, VERSION)
+        assert rc == 0, out
+        gap += 1
+        try:
+            return rig.scrape()
+        except OSError:
+            return {}
+
+    wait_for(scraped_again)
+    line = said(rig, "metrics exporter")
+    assert f"the metrics exporter serves on {rig.url} again" in line, line
+    # The call made before the kill, and those made since.
+    after = settled(rig, lambda s: calls(s, "sriov", "VERSION", "0") == 1 + gap)
+    assert after[RESTARTS] == 1
+    assert after[key("sriov_cni_daemon_up")] == 1
+    second = exporter_of(daemon)
+    assert second != first
+    # Forked from the exempt daemon, it set its own back to the first's.
+    assert oom_score_adj(second) == first_score != oom_score_adj(daemon)
+    # Nothing of the running daemon's (its listener, its children's
+    # channels, callers' connections): as many descriptors as the first,
+    # forked before there were any.
+    wait_for(lambda: descriptors(second) == first_fds)
+
+
+def test_an_exporter_that_dies_at_once_is_started_again_later_each_time(rig: Rig) -> None:
+    killed = exporter_of(rig.proc.pid)
+    for delay in (1, 2, 4):
+        os.kill(killed, signal.SIGKILL)
+        line = said(rig, "metrics exporter")
+        # One line per exporter ended, the back-off doubling while each
+        # served less than its maximum.
+        assert "ended after" in line and f"starting another in {delay} s" in line, line
+        line = said(rig, "metrics exporter")
+        assert "serves on" in line and "again" in line, line
+        killed = wait_for(lambda: (pid := exporter_of(rig.proc.pid)) != killed and pid)
+    samples = rig.scrape()
+    assert samples[RESTARTS] == 3
+    rc, out = rig.call("VERSION", 0, VERSION)
+    assert rc == 0, out
+
+
+def test_an_exporter_whose_port_is_taken_is_tried_again_until_it_is_free(rig: Rig) -> None:
+    host, port = rig.address.rsplit(":", 1)
+    with socket.socket() as taken:
+        # Over the killed exporter's closed connections (TIME_WAIT), as it binds.
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        while True:
+            os.kill(exporter_of(rig.proc.pid), signal.SIGKILL)
+            line = said(rig, "metrics exporter")
+            assert f"the metrics exporter on {rig.address} ended" in line, line
+            try:
+                taken.bind((host, int(port)))
+                break
+            except OSError as exc:
+                # The next exporter came first: killed again, the one after
+                # comes later.
+                assert exc.errno == errno.EADDRINUSE, exc
+                line = said(rig, "metrics exporter")
+                assert "serves on" in line, line
+        taken.listen()
+        line = said(rig, "metrics exporter")
+        assert (f"could not start again on {rig.address}: cannot listen on {rig.address}: Address already in use"
+                in line and "starting another in" in line), line
+        rc, out = rig.call("VERSION", 0, VERSION)
+        assert rc == 0, out
+    # Free again: the attempt under way or the next one listens (a line
+    # for each that failed meanwhile).
+    while "serves on" not in (line := said(rig, "metrics exporter")):
+        assert "could not start again" in line, line
+    assert f"serves on {rig.url} again" in line, line
+    assert rig.scrape()[key("sriov_cni_daemon_up")] == 1
 
 
 def test_the_exporter_ends_with_the_daemon(rig: Rig) -> None:
