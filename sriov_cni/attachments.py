@@ -20,6 +20,7 @@ from sriov_cni.cni import CNIError, Code
 # "cni.dev/attachments" until an erratum renamed it.
 KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
 
+
 def _got(value: Any) -> str:
     text = json.dumps(value)
     shown = text if len(text) <= 60 else text[:57] + "..."

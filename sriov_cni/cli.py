@@ -73,10 +73,26 @@ def _node_paths() -> Paths:
 
 
 @main.command(help=SETUP_HELP)
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Node config (YAML).")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Node config (YAML).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
-@click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store.")
-@click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), help=f"Where to record what was applied [default: {nodestate.STATE_FILE}].")
+@click.option(
+    "--data-dir",
+    default=store.DEFAULT_DATA_DIR,
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The CNI plugin's store.",
+)
+@click.option(
+    "--state-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help=f"Where to record what was applied [default: {nodestate.STATE_FILE}].",
+)
 def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None) -> None:
     from sriov_cni.node import config as node_config, setup as node_setup
 
@@ -94,7 +110,13 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True, type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store.")
+@click.option(
+    "--data-dir",
+    default=store.DEFAULT_DATA_DIR,
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The CNI plugin's store.",
+)
 def status(as_json: bool, data_dir: Path) -> None:
     """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins, irqbalance."""
     from sriov_cni.node import status as node_status
@@ -111,33 +133,86 @@ def status(as_json: bool, data_dir: Path) -> None:
 
 
 @main.command()
-@click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True,
-              help="Where to listen; its directory is made root-only (0700) when it holds nothing else, "
-                   "and refused when others may write it.")
-@click.option("--request-timeout", default=defaults.REQUEST_TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds a caller has to send its request, and then to end its stdin.")
-@click.option("--max-children", default=defaults.MAX_CHILDREN, show_default=True, type=click.IntRange(min=1),
-              help="Calls run at once at most, however large the memory budget; more wait their turn.")
-@click.option("--child-idle", default=defaults.CHILD_IDLE, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds a child that has served calls waits for another before it ends.")
-@click.option("--calls-per-child", default=defaults.CALLS_PER_CHILD, show_default=True, type=click.IntRange(min=1),
-              help="Calls a child serves, one after another, before it ends; 1: a fresh child for each call.")
-@click.option("--memory-budget", metavar="SIZE",
-              help="Memory the daemon and its calls may use (e.g. 160Mi); default: its cgroup's limit. "
-                   "Calls run at once are as many as fit, at most --max-children.")
-@click.option("--drain-timeout", default=defaults.DRAIN_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
-              help="Seconds after SIGTERM that the calls running may take to end; new ones are refused.")
-@click.option("--proc-irq", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="The host's /proc/irq mounted here, where the calls pin VF IRQs "
-                   "(a container that is not privileged has /proc/irq read-only).")
-@click.option("--metrics-address", metavar="HOST:PORT",
-              help="Serve Prometheus metrics of the calls and the VF pool at http://HOST:PORT/metrics "
-                   "(e.g. 127.0.0.1:9731); default: not served. Any host that can reach HOST can read them.")
-@click.option("--data-dir", default=store.DEFAULT_DATA_DIR, show_default=True,
-              type=click.Path(file_okay=False, path_type=Path), help="The CNI plugin's store, for the metrics' pool.")
-def daemon(socket_path: str, request_timeout: float, max_children: int, child_idle: float,
-           calls_per_child: int, memory_budget: str | None, drain_timeout: float, proc_irq: Path | None,
-           metrics_address: str | None, data_dir: Path) -> None:
+@click.option(
+    "--socket",
+    "socket_path",
+    default=client.DEFAULT_SOCKET,
+    show_default=True,
+    help="Where to listen; its directory is made root-only (0700) when it holds nothing else, "
+    "and refused when others may write it.",
+)
+@click.option(
+    "--request-timeout",
+    default=defaults.REQUEST_TIMEOUT,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds a caller has to send its request, and then to end its stdin.",
+)
+@click.option(
+    "--max-children",
+    default=defaults.MAX_CHILDREN,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Calls run at once at most, however large the memory budget; more wait their turn.",
+)
+@click.option(
+    "--child-idle",
+    default=defaults.CHILD_IDLE,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds a child that has served calls waits for another before it ends.",
+)
+@click.option(
+    "--calls-per-child",
+    default=defaults.CALLS_PER_CHILD,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Calls a child serves, one after another, before it ends; 1: a fresh child for each call.",
+)
+@click.option(
+    "--memory-budget",
+    metavar="SIZE",
+    help="Memory the daemon and its calls may use (e.g. 160Mi); default: its cgroup's limit. "
+    "Calls run at once are as many as fit, at most --max-children.",
+)
+@click.option(
+    "--drain-timeout",
+    default=defaults.DRAIN_TIMEOUT,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds after SIGTERM that the calls running may take to end; new ones are refused.",
+)
+@click.option(
+    "--proc-irq",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The host's /proc/irq mounted here, where the calls pin VF IRQs "
+    "(a container that is not privileged has /proc/irq read-only).",
+)
+@click.option(
+    "--metrics-address",
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics of the calls and the VF pool at http://HOST:PORT/metrics "
+    "(e.g. 127.0.0.1:9731); default: not served. Any host that can reach HOST can read them.",
+)
+@click.option(
+    "--data-dir",
+    default=store.DEFAULT_DATA_DIR,
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The CNI plugin's store, for the metrics' pool.",
+)
+def daemon(
+    socket_path: str,
+    request_timeout: float,
+    max_children: int,
+    child_idle: float,
+    calls_per_child: int,
+    memory_budget: str | None,
+    drain_timeout: float,
+    proc_irq: Path | None,
+    metrics_address: str | None,
+    data_dir: Path,
+) -> None:
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until SIGTERM).
 
     On SIGTERM it refuses new calls (CNI code 11, try again later), lets the
@@ -154,9 +229,18 @@ def daemon(socket_path: str, request_timeout: float, max_children: int, child_id
     except metrics.MetricsError as exc:
         raise click.BadParameter(str(exc), param_hint="--metrics-address") from exc
     try:
-        running = server.serve(socket_path, request_timeout, max_children, child_idle, calls_per_child, size,
-                               drain_timeout, address, data_dir,
-                               _node_paths() if proc_irq is None else replace(_node_paths(), proc_irq=proc_irq))
+        running = server.serve(
+            socket_path,
+            request_timeout,
+            max_children,
+            child_idle,
+            calls_per_child,
+            size,
+            drain_timeout,
+            address,
+            data_dir,
+            _node_paths() if proc_irq is None else replace(_node_paths(), proc_irq=proc_irq),
+        )
     except metrics.MetricsError as exc:
         raise CommandError(f"cannot serve metrics: {exc}") from exc
     except (CNIError, OSError) as exc:
@@ -168,8 +252,13 @@ def daemon(socket_path: str, request_timeout: float, max_children: int, child_id
 
 @main.command()
 @click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True, help="The daemon's socket.")
-@click.option("--timeout", default=probe.TIMEOUT, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds the call may take.")
+@click.option(
+    "--timeout",
+    default=probe.TIMEOUT,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds the call may take.",
+)
 def ready(socket_path: str, timeout: float) -> None:
     """Exit 0 only when the daemon runs a call (a CNI VERSION) and answers: a readiness probe."""
     problem = probe.probe(socket_path, timeout)
@@ -180,15 +269,16 @@ def ready(socket_path: str, timeout: float) -> None:
 
 # The daemon's name before the static shim made it the only way in; kept for
 # scripts and units that still say helper, out of the help's list.
-main.add_command(
-    click.Command("helper", callback=daemon.callback, params=daemon.params, help=daemon.help, hidden=True)
-)
+main.add_command(click.Command("helper", callback=daemon.callback, params=daemon.params, help=daemon.help, hidden=True))
 
 
 @main.command("install-cni")
 @click.option("--dest", default="/opt/cni/bin", show_default=True, help="The runtime's CNI plugin directory.")
-@click.option("--python", "python",
-              help="Write Python scripts run by this interpreter (a path valid where they run) instead of the shim.")
+@click.option(
+    "--python",
+    "python",
+    help="Write Python scripts run by this interpreter (a path valid where they run) instead of the shim.",
+)
 def install_cni(dest: str, python: str | None) -> None:
     """Write the sriov and sriov-ipam CNI executables: the static shim, which needs only the daemon."""
     try:

@@ -270,7 +270,9 @@ class Result:
                 block["gateway"] = str(ip.gateway)
             routes = [r for r in self.routes if r.dst.version == family]
             if routes:
-                block["routes"] = [{"dst": str(r.dst), **({"gw": str(r.gw)} if r.gw is not None else {})} for r in routes]
+                block["routes"] = [
+                    {"dst": str(r.dst), **({"gw": str(r.gw)} if r.gw is not None else {})} for r in routes
+                ]
             out[f"ip{family}"] = block
         dns = self.dns.to_dict()
         if dns:
@@ -459,7 +461,7 @@ def _parse_invocation(env: Mapping[str, str], stdin: bytes) -> CmdArgs:
         raise CNIError(
             Code.INCOMPATIBLE_VERSION,
             "incompatible CNI versions",
-            f'config is {json.dumps(version)}, plugin supports {list(SUPPORTED_VERSIONS)}',
+            f"config is {json.dumps(version)}, plugin supports {list(SUPPORTED_VERSIONS)}",
         )
     minimum = MIN_VERSION.get(command)
     if minimum and not version_at_least(version, minimum):
@@ -547,8 +549,9 @@ def dispatch(
         stderr.write(f"{about}\nCNI protocol versions supported: {', '.join(SUPPORTED_VERSIONS)}\n")
         return 0
     if len(stdin) > MAX_CONFIG:
-        too_large = CNIError(Code.INVALID_CONFIG,
-                             f"the network configuration on stdin is larger than {MAX_CONFIG} bytes")
+        too_large = CNIError(
+            Code.INVALID_CONFIG, f"the network configuration on stdin is larger than {MAX_CONFIG} bytes"
+        )
         log.error("%s failed: %s", command, too_large)
         _emit(stdout, too_large.to_dict(LATEST_VERSION))
         return 1

@@ -81,5 +81,3 @@ def pf_policy(state: dict[str, Any], pf_pci: str) -> Policy | None:
 
 def policy_json(policy: Policy) -> dict[str, Any]:
     return asdict(policy)
-
-

@@ -115,8 +115,7 @@ def _checked_dir(path: str, mode: int, what: str) -> int:
         os.close(fd)
         raise CNIError(
             Code.IO_FAILURE,
-            f"{what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, "
-            f"owner uid {st.st_uid})",
+            f"{what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid})",
             f"make it owned by root and not group- or world-writable (chmod {mode:04o}), or choose another",
         )
     return fd

@@ -93,9 +93,7 @@ class Allocation:
 
     def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:
         return (
-            self.container_id == container_id
-            and self.ifname == ifname
-            and (network is None or self.network == network)
+            self.container_id == container_id and self.ifname == ifname and (network is None or self.network == network)
         )
 
     def to_json(self) -> str:

@@ -40,9 +40,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(config.rootpath)
     guest = [root / d for d in GUEST_DIRS]
-    stray = sorted({item.nodeid.split("::")[0] for item in items
-                    if item.get_closest_marker("sriov_vm") is not None
-                    and not any(item.path.is_relative_to(d) for d in guest)})
+    stray = sorted(
+        {
+            item.nodeid.split("::")[0]
+            for item in items
+            if item.get_closest_marker("sriov_vm") is not None and not any(item.path.is_relative_to(d) for d in guest)
+        }
+    )
     if stray:
         raise pytest.UsageError(
-            f"sriov_vm tests outside {', '.join(GUEST_DIRS)} never run in the guest: {', '.join(stray)}")
+            f"sriov_vm tests outside {', '.join(GUEST_DIRS)} never run in the guest: {', '.join(stray)}"
+        )

@@ -38,7 +38,9 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         for i, name in enumerate(PRESENT):
-            subprocess.run(["ip", "-n", ns, "link", "add", name, "type", "veth", "peer", "name", f"peer{i}"], check=True)
+            subprocess.run(
+                ["ip", "-n", ns, "link", "add", name, "type", "veth", "peer", "name", f"peer{i}"], check=True
+            )
         with netlink.namespace(f"/var/run/netns/{ns}") as inside:
             yield inside
     finally:

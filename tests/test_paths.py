@@ -35,11 +35,17 @@ def node_root_literals() -> list[str]:
             id(node.body[0].value)
             for node in ast.walk(tree)
             if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
         }
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                    and _names_a_node_root(node.value)):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and _names_a_node_root(node.value)
+            ):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value!r}")
     return found
 
@@ -51,9 +57,16 @@ def test_the_node_roots_are_named_only_in_paths() -> None:
 def test_the_scan_sees_a_root_written_elsewhere() -> None:
     # The rule above cannot pass by seeing nothing: each form of a root it
     # must catch is caught, and the process's own files are let through.
-    for text, caught in [("/sys", True), ("/proc/irq", True), ("/sys/bus/pci/devices", True),
-                         ("/sys/class/net", True), ("/proc/sys/net/core/rps_sock_flow_entries", True),
-                         ("/proc/self/fd", False), ("/proc/thread-self/ns/net", False), ("/sys/fs/cgroup", False)]:
+    for text, caught in [
+        ("/sys", True),
+        ("/proc/irq", True),
+        ("/sys/bus/pci/devices", True),
+        ("/sys/class/net", True),
+        ("/proc/sys/net/core/rps_sock_flow_entries", True),
+        ("/proc/self/fd", False),
+        ("/proc/thread-self/ns/net", False),
+        ("/sys/fs/cgroup", False),
+    ]:
         assert _names_a_node_root(text) is caught, text
 
 

@@ -50,8 +50,12 @@ def original() -> OriginalState:
         pf=PfSettings(
             vlan=Vlan(0, 0, 0x8100), mac="00:00:00:00:00:00", rate=Rate(0, 0), spoofchk=True, trust=None, link_state=0
         ),
-        netdev="ens1f0v0", mtu=1500,
-        mac="02:00:00:00:00:01", promisc=False, altnames=["enp59s0f0v0"], alias="",
+        netdev="ens1f0v0",
+        mtu=1500,
+        mac="02:00:00:00:00:01",
+        promisc=False,
+        altnames=["enp59s0f0v0"],
+        alias="",
     )
 
 
@@ -109,15 +113,32 @@ def test_records_are_copies_not_shared_objects(store: Store) -> None:
 def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_alike() -> None:
     applied = PfSettings(vlan=Vlan(100, 0, 0x8100), rate=Rate(0, 500), trust=True)
     raw = json.loads(allocation(original=original(), applied=applied).to_json())
-    assert list(raw) == ["vf_pci", "pf_pci", "pf_netdev", "vf_index", "network", "container_id", "ifname", "netns",
-                         "netns_inode", "dpdk", "created", "original", "applied", "in_pod"]
+    assert list(raw) == [
+        "vf_pci",
+        "pf_pci",
+        "pf_netdev",
+        "vf_index",
+        "network",
+        "container_id",
+        "ifname",
+        "netns",
+        "netns_inode",
+        "dpdk",
+        "created",
+        "original",
+        "applied",
+        "in_pod",
+    ]
     assert raw["applied"] == {"vlan": [100, 0, 0x8100], "rate": [0, 500], "trust": True}
     # trust is None in the snapshot (a driver that does not report it): absent, as in applied.
     assert raw["original"] == {
-        "pf": {"vlan": [0, 0, 0x8100], "mac": "00:00:00:00:00:00", "rate": [0, 0], "spoofchk": True,
-               "link_state": 0},
-        "netdev": "ens1f0v0", "mtu": 1500, "mac": "02:00:00:00:00:01", "promisc": False,
-        "altnames": ["enp59s0f0v0"], "alias": "",
+        "pf": {"vlan": [0, 0, 0x8100], "mac": "00:00:00:00:00:00", "rate": [0, 0], "spoofchk": True, "link_state": 0},
+        "netdev": "ens1f0v0",
+        "mtu": 1500,
+        "mac": "02:00:00:00:00:01",
+        "promisc": False,
+        "altnames": ["enp59s0f0v0"],
+        "alias": "",
     }
 
 
@@ -184,7 +205,7 @@ def refused(files: FileStore, path: Path, words: str) -> CNIError:
     return by_get.value
 
 
-@pytest.mark.parametrize("content", [b"{\"vf_pci\": \"0000:3b:1", b"[]", b"{}", b"\xff\xfe", b""])
+@pytest.mark.parametrize("content", [b'{"vf_pci": "0000:3b:1', b"[]", b"{}", b"\xff\xfe", b""])
 def test_a_damaged_record_is_refused_not_read_as_free(files: FileStore, content: bytes) -> None:
     # Reading it as "no record" would hand the VF out a second time.
     files.put(allocation())
@@ -228,7 +249,9 @@ def claim_held_elsewhere(files: FileStore) -> Iterator[subprocess.Popen[str]]:
     files.claim(PCI_B).release()  # type: ignore[union-attr]  # creates the directories
     holder = subprocess.Popen(
         ["flock", str(files.claims_dir / f"{PCI_A}.lock"), "sh", "-c", "echo held; read _"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout is not None and holder.stdout.readline() == "held\n"
     try:
@@ -285,12 +308,26 @@ def test_a_record_from_before_the_newer_fields_reads_with_their_defaults(files: 
     # Records outlive upgrades: what an older version wrote must still read.
     files.put(allocation())
     minimal = {
-        "vf_pci": PCI_A, "pf_pci": "0000:3b:00.0", "pf_netdev": "ens1f0", "vf_index": 0, "network": "sriov-net",
-        "container_id": "ctr1", "ifname": "net1", "netns": "/var/run/netns/pod", "netns_inode": None,
+        "vf_pci": PCI_A,
+        "pf_pci": "0000:3b:00.0",
+        "pf_netdev": "ens1f0",
+        "vf_index": 0,
+        "network": "sriov-net",
+        "container_id": "ctr1",
+        "ifname": "net1",
+        "netns": "/var/run/netns/pod",
+        "netns_inode": None,
         "created": 1.5,
         "original": {
-            "admin_mac": "00:00:00:00:00:00", "vlan": 0, "qos": 0, "vlan_proto": 0x8100, "spoofchk": True,
-            "trust": None, "link_state": None, "min_tx_rate": 0, "max_tx_rate": 0,
+            "admin_mac": "00:00:00:00:00:00",
+            "vlan": 0,
+            "qos": 0,
+            "vlan_proto": 0x8100,
+            "spoofchk": True,
+            "trust": None,
+            "link_state": None,
+            "min_tx_rate": 0,
+            "max_tx_rate": 0,
         },
     }
     (files.vfs_dir / f"{PCI_A}.json").write_text(json.dumps(minimal))

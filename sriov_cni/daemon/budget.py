@@ -183,9 +183,10 @@ class Admission:
         calls = f"at most {self.children} call{'s' if self.children > 1 else ''} at once"
         if self.budget is None:
             return f"{calls} (no memory limit found: --max-children)"
-        return (f"{calls} and {self.pending_bytes / MiB:.1f} MiB of requests being read "
-                f"(memory budget {self.budget / MiB:.0f} MiB from {self.source})")
-
+        return (
+            f"{calls} and {self.pending_bytes / MiB:.1f} MiB of requests being read "
+            f"(memory budget {self.budget / MiB:.0f} MiB from {self.source})"
+        )
 
     def children_at(self, child: int) -> int:
         """The cap once a child is known to hold ``child`` bytes."""
@@ -204,8 +205,9 @@ def children_for(budget: int, daemon: int, child: int = CHILD_COST) -> int:
     return max(1, int((budget * (1 - HEADROOM) - daemon - pending_for(budget)) // child))
 
 
-def admission(max_children: int, flag: int | None = None, root: Path = CGROUP_ROOT,
-              proc: Path = PROC_SELF) -> Admission:
+def admission(
+    max_children: int, flag: int | None = None, root: Path = CGROUP_ROOT, proc: Path = PROC_SELF
+) -> Admission:
     """The daemon's cap on concurrent calls: the budget's, never above ``max_children``.
 
     Called once the daemon has imported and warmed everything, so that its
@@ -219,8 +221,9 @@ def admission(max_children: int, flag: int | None = None, root: Path = CGROUP_RO
             return Admission(max_children, None, "")
         budget, source = found[0], str(found[1])
     daemon = resident_bytes(proc)
-    return Admission(min(max_children, children_for(budget, daemon)), budget, source, pending_for(budget), daemon,
-                     max_children)
+    return Admission(
+        min(max_children, children_for(budget, daemon)), budget, source, pending_for(budget), daemon, max_children
+    )
 
 
 def oom_score_adj(proc: Path = PROC_SELF) -> int | None:
@@ -246,9 +249,11 @@ def protect_daemon() -> str | None:
     try:
         _set_oom_score_adj(DAEMON_OOM_SCORE_ADJ)
     except OSError as exc:
-        return (f"cannot exempt the daemon from the OOM killer (oom_score_adj {DAEMON_OOM_SCORE_ADJ}: "
-                f"{exc.strerror}; it needs CAP_SYS_RESOURCE): its children are still killed first, "
-                "but an OOM that finds none, or memory.oom.group, takes the daemon too")
+        return (
+            f"cannot exempt the daemon from the OOM killer (oom_score_adj {DAEMON_OOM_SCORE_ADJ}: "
+            f"{exc.strerror}; it needs CAP_SYS_RESOURCE): its children are still killed first, "
+            "but an OOM that finds none, or memory.oom.group, takes the daemon too"
+        )
     return None
 
 

@@ -71,9 +71,16 @@ def _read_stdin(timeout: float) -> bytes:
     return bytes(data)
 
 
-
-def serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, null: int,
-              measure: Measure | None, name: str, report: metrics.Report, paths: Paths) -> bool:
+def serve_one(
+    call: intake.Call,
+    request_timeout: float,
+    watchdog: Watchdog,
+    null: int,
+    measure: Measure | None,
+    name: str,
+    report: metrics.Report,
+    paths: Paths,
+) -> bool:
     """Runs in a child, from the call handed over to the answer.
 
     Whether the child may serve another call: not after a refusal.
@@ -127,4 +134,3 @@ def serve_one(call: intake.Call, request_timeout: float, watchdog: Watchdog, nul
     conn.settimeout(request_timeout)
     conn.sendall(intake.refusal_frame(refusal))
     return False
-

@@ -33,8 +33,15 @@ START_BACKOFF = 0.5
 START_BACKOFF_MAX = 30.0
 
 
-def spare(channel: socket.socket, daemon: int, messages: int, request_timeout: float, calls: int,
-          measure: Measure | None, paths: Paths) -> None:
+def spare(
+    channel: socket.socket,
+    daemon: int,
+    messages: int,
+    request_timeout: float,
+    calls: int,
+    measure: Measure | None,
+    paths: Paths,
+) -> None:
     """Runs in a forked child: serves the calls the daemon hands it, one at a time, until it ends.
 
     The daemon keeps such children forked ahead of the calls, so a call
@@ -174,8 +181,10 @@ class Children:
         cap = self.admitted.children_at(child_bytes)
         if first or cap != self.max:
             self.max = cap
-            sys.stderr.write(f"sriov-cni daemon: a call's child holds {child_bytes / budget.MiB:.1f} MiB: "
-                             f"at most {cap} call{'s' if cap > 1 else ''} at once\n")
+            sys.stderr.write(
+                f"sriov-cni daemon: a call's child holds {child_bytes / budget.MiB:.1f} MiB: "
+                f"at most {cap} call{'s' if cap > 1 else ''} at once\n"
+            )
             sys.stderr.flush()
 
     def on_wake(self) -> None:
@@ -218,17 +227,22 @@ class Children:
         else:
             self.failure = f"exit status {os.waitstatus_to_exitcode(status)}"
         # Once per interval: the next failure comes after the next fork.
-        sys.stderr.write(f"sriov-cni daemon: a child ended before it could take calls ({self.failure}, "
-                         f"{self.failures} in a row); the next fork in {delay:g} s\n")
+        sys.stderr.write(
+            f"sriov-cni daemon: a child ended before it could take calls ({self.failure}, "
+            f"{self.failures} in a row); the next fork in {delay:g} s\n"
+        )
         sys.stderr.flush()
 
     def cannot_start(self) -> CNIError | None:
         """Why calls cannot run now: children end at start and none waits."""
         if not self.failures or self.waiting:
             return None
-        return CNIError(Code.TRY_AGAIN, f"the sriov-cni daemon's children end before they can take calls "
-                                        f"({self.failure}; see the daemon's log), and it forks them again only "
-                                        "after a while; nothing ran")
+        return CNIError(
+            Code.TRY_AGAIN,
+            f"the sriov-cni daemon's children end before they can take calls "
+            f"({self.failure}; see the daemon's log), and it forks them again only "
+            "after a while; nothing ran",
+        )
 
     def next_retirement(self) -> float | None:
         times = [since + self.idle for pid, since in self.waiting.items() if pid in self.served]
@@ -255,6 +269,8 @@ class Children:
 
     def running(self) -> int:
         """Children running a call: neither starting, waiting, nor ending (their channel closed)."""
-        return sum(1 for pid, channel in self.channels.items()
-                   if channel.fileno() != -1 and pid not in self.starting and pid not in self.waiting)
-
+        return sum(
+            1
+            for pid, channel in self.channels.items()
+            if channel.fileno() != -1 and pid not in self.starting and pid not in self.waiting
+        )

@@ -61,7 +61,7 @@ def via_daemon(path: str) -> int | None:
         sys.stdout.write(
             '{"cniVersion": "1.0.0", "code": 11, "msg": "the sriov-cni daemon at '
             + path.replace("\\", "\\\\").replace('"', '\\"')
-            + ' ended without an answer (did it die or restart?); the call may have partly run'
+            + " ended without an answer (did it die or restart?); the call may have partly run"
             ' and was not retried"}\n'
         )
         return 1

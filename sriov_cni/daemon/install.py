@@ -51,8 +51,7 @@ def install(dest: str, python: str | None = None) -> list[str]:
         else:
             shebang, module = scripts[name]
             content = (
-                f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\n"
-                f"from {module} import main\nmain()\n"
+                f"{shebang}import sys\nsys.path.insert(0, {package_root!r})\nfrom {module} import main\nmain()\n"
             ).encode()
         # Replaced, not rewritten: a runtime calling the plugin meanwhile
         # runs the old file or the new, never half of one.

@@ -149,8 +149,15 @@ def check_request(body: bytes, fds: list[int], programs: Collection[str]) -> CNI
 class Intake:
     """Connections being read and complete calls waiting for a child, in the daemon's selector."""
 
-    def __init__(self, listener: socket.socket, selector: selectors.BaseSelector, request_timeout: float,
-                 programs: Collection[str], max_pending: int, pending_bytes: int) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        selector: selectors.BaseSelector,
+        request_timeout: float,
+        programs: Collection[str],
+        max_pending: int,
+        pending_bytes: int,
+    ) -> None:
         self.listener = listener
         self.selector = selector
         self.timeout = request_timeout
@@ -191,15 +198,23 @@ class Intake:
             if uid != 0:
                 # Said, not just closed: a closed connection reads as a call
                 # that may have partly run.
-                self._refuse(conn, [], CNIError(Code.INVALID_ENV, f"only root may call the sriov-cni daemon, "
-                                                              f"not uid {uid}; nothing ran"))
+                self._refuse(
+                    conn,
+                    [],
+                    CNIError(Code.INVALID_ENV, f"only root may call the sriov-cni daemon, not uid {uid}; nothing ran"),
+                )
                 continue
             if full:
                 # An honest request comes whole at once: the oldest one still
                 # being read is the likeliest to be stalled.
-                self._drop(next(iter(self.reading.values())),
-                           CNIError(Code.TRY_AGAIN, "the sriov-cni daemon is reading too many requests at once, "
-                                                    "and this one was the oldest; nothing ran"))
+                self._drop(
+                    next(iter(self.reading.values())),
+                    CNIError(
+                        Code.TRY_AGAIN,
+                        "the sriov-cni daemon is reading too many requests at once, "
+                        "and this one was the oldest; nothing ran",
+                    ),
+                )
             conn.setblocking(False)
             reading = _Reading(conn, time.monotonic() + self.timeout)
             self.reading[conn.fileno()] = reading
@@ -268,8 +283,9 @@ class Intake:
     def _read_more(self, r: _Reading) -> CNIError | None:
         """Read what has come; why the request is refused once that is known."""
         if r.size is None:
-            msg, ancdata, flags, _ = r.conn.recvmsg(wire.HEADER_SIZE - len(r.header),
-                                                    socket.CMSG_SPACE(wire.DESCRIPTORS * _FD))
+            msg, ancdata, flags, _ = r.conn.recvmsg(
+                wire.HEADER_SIZE - len(r.header), socket.CMSG_SPACE(wire.DESCRIPTORS * _FD)
+            )
             r.fds += _received_fds(ancdata)
             if not msg:
                 return CNIError(Code.DECODE, "truncated request: no complete length")
@@ -288,8 +304,10 @@ class Intake:
                     f"more than the {wire.MAX_REQUEST} the sriov-cni daemon accepts",
                 )
             if self.pending_bytes + size > self.max_pending_bytes:
-                return CNIError(Code.TRY_AGAIN, f"the sriov-cni daemon is reading {self.pending_bytes} bytes "
-                                                "of other requests; nothing ran")
+                return CNIError(
+                    Code.TRY_AGAIN,
+                    f"the sriov-cni daemon is reading {self.pending_bytes} bytes of other requests; nothing ran",
+                )
             self.pending_bytes += size
             r.size = size
             if size == 0:
@@ -381,8 +399,9 @@ def hand_over(channel: socket.socket, call: Call) -> None:
         with open(body, "wb", closefd=False) as f:
             f.write(call.body)
         fds = [call.conn.fileno(), *call.fds, body]
-        channel.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())],
-                        socket.MSG_DONTWAIT)
+        channel.sendmsg(
+            [b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())], socket.MSG_DONTWAIT
+        )
     finally:
         os.close(body)
     call.close()

@@ -72,8 +72,17 @@ def timed_claims() -> Iterator[list[tuple[float, bool]]]:
         FileStore.claim = claim  # type: ignore[method-assign]
 
 
-def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, paths: Paths, measure: Measure,
-                 name: str, reply: Callable[[int], None], claims: list[tuple[float, bool]]) -> None:
+def run_measured(
+    program: str,
+    run: Program,
+    env: dict[str, str],
+    stdin: bytes,
+    paths: Paths,
+    measure: Measure,
+    name: str,
+    reply: Callable[[int], None],
+    claims: list[tuple[float, bool]],
+) -> None:
     """Run the call as :func:`call.serve_one` does, and write what it cost; ``claims`` fills as it runs."""
     import cProfile
     import resource
@@ -103,4 +112,3 @@ def run_measured(program: str, run: Program, env: dict[str, str], stdin: bytes, 
     # A reader sees a whole file or none; a measurement, not state, so not
     # synced: an fsync per call would weigh on the figures it is read for.
     safepath.replace_file(base + ".json", json.dumps(stats).encode(), 0o644, sync=False)
-

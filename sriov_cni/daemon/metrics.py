@@ -93,24 +93,37 @@ RESTART_BACKOFF_MAX = 60.0
 # pair (a few tens of KiB with every command and result seen).
 MAX_EXPOSITION = 4 << 20
 
-CALLS = Counter("sriov_cni_calls", "CNI calls served, by executable, CNI command and result: "
-                "the CNI error code the caller got, 0 for success",
-                ["program", "command", "result"])
-DURATION = Histogram("sriov_cni_call_duration_seconds",
-                     "Seconds from a child taking a call to its answer, by executable and CNI command",
-                     ["program", "command"],
-                     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-CLAIMS_REFUSED = Counter("sriov_cni_vf_claims_refused",
-                         "VF claims an ADD found held by another call, and passed the VF over")
-REFUSED = Counter("sriov_cni_requests_refused",
-                  "Requests the daemon answered itself, running nothing (another version, a malformed, stalled or "
-                  "unknown request, a caller not root, too many at once), by CNI error code", ["result"])
+CALLS = Counter(
+    "sriov_cni_calls",
+    "CNI calls served, by executable, CNI command and result: the CNI error code the caller got, 0 for success",
+    ["program", "command", "result"],
+)
+DURATION = Histogram(
+    "sriov_cni_call_duration_seconds",
+    "Seconds from a child taking a call to its answer, by executable and CNI command",
+    ["program", "command"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+CLAIMS_REFUSED = Counter(
+    "sriov_cni_vf_claims_refused", "VF claims an ADD found held by another call, and passed the VF over"
+)
+REFUSED = Counter(
+    "sriov_cni_requests_refused",
+    "Requests the daemon answered itself, running nothing (another version, a malformed, stalled or "
+    "unknown request, a caller not root, too many at once), by CNI error code",
+    ["result"],
+)
 FORKED = Counter("sriov_cni_daemon_children_forked", "Children the daemon forked to serve calls")
-ENDED = Counter("sriov_cni_daemon_children_ended",
-                "Children that ended: at_start (before they could take a call), "
-                "in_call (killed while running one), after_calls (their calls done, or idle)", ["how"])
-RESTARTS = Counter("sriov_cni_daemon_exporter_restarts",
-                   "Metrics exporters the daemon started again after one ended (each a gap in the scrapes)")
+ENDED = Counter(
+    "sriov_cni_daemon_children_ended",
+    "Children that ended: at_start (before they could take a call), "
+    "in_call (killed while running one), after_calls (their calls done, or idle)",
+    ["how"],
+)
+RESTARTS = Counter(
+    "sriov_cni_daemon_exporter_restarts",
+    "Metrics exporters the daemon started again after one ended (each a gap in the scrapes)",
+)
 Info("sriov_cni_build", "The daemon's version").info({"version": __version__})
 
 
@@ -202,7 +215,7 @@ class _Tee(io.RawIOBase):
         written = os.write(self._fd, data)
         room = KEEP - len(self._kept)
         if room > 0:
-            self._kept += bytes(memoryview(data)[:min(written, room)])
+            self._kept += bytes(memoryview(data)[: min(written, room)])
         return written
 
 
@@ -248,8 +261,12 @@ class Report:
         self._private = private
 
     def send(self, channel: socket.socket) -> None:
-        message = {"result": self._result, "seconds": self._seconds, "claimsRefused": self._claims_refused,
-                   "privateBytes": self._private}
+        message = {
+            "result": self._result,
+            "seconds": self._seconds,
+            "claimsRefused": self._claims_refused,
+            "privateBytes": self._private,
+        }
         try:
             channel.send(json.dumps(message).encode())
         except OSError:
@@ -280,21 +297,28 @@ class _Health(Collector):
         self._calls = calls
 
     def collect(self) -> Iterable[Metric]:
-        states = GaugeMetricFamily("sriov_cni_daemon_children",
-                                   "The daemon's children: starting, waiting for a call, running one",
-                                   labels=["state"])
+        states = GaugeMetricFamily(
+            "sriov_cni_daemon_children",
+            "The daemon's children: starting, waiting for a call, running one",
+            labels=["state"],
+        )
         states.add_metric(["starting"], len(self._children.starting))
         states.add_metric(["waiting"], len(self._children.waiting))
         states.add_metric(["running"], len(_in_flight))
         yield states
-        yield GaugeMetricFamily("sriov_cni_daemon_children_max",
-                                "Calls the daemon runs at once at most (--max-children, lowered to fit its memory)",
-                                value=self._children.max)
-        yield GaugeMetricFamily("sriov_cni_daemon_calls_queued",
-                                "Complete requests waiting for a child (more wait in the socket's listen queue)",
-                                value=len(self._calls.ready))
-        yield GaugeMetricFamily("sriov_cni_daemon_requests_reading", "Requests the daemon is reading",
-                                value=len(self._calls.reading))
+        yield GaugeMetricFamily(
+            "sriov_cni_daemon_children_max",
+            "Calls the daemon runs at once at most (--max-children, lowered to fit its memory)",
+            value=self._children.max,
+        )
+        yield GaugeMetricFamily(
+            "sriov_cni_daemon_calls_queued",
+            "Complete requests waiting for a child (more wait in the socket's listen queue)",
+            value=len(self._calls.ready),
+        )
+        yield GaugeMetricFamily(
+            "sriov_cni_daemon_requests_reading", "Requests the daemon is reading", value=len(self._calls.reading)
+        )
 
 
 def watch(children: _Children, calls: _Intake) -> None:
@@ -328,8 +352,9 @@ class Exporter:
     starts, and reads its first message (:func:`_listening`) when it comes.
     """
 
-    def __init__(self, sock: socket.socket, alive: int, address: str, data_dir: Path, paths: Paths,
-                 score: int | None) -> None:
+    def __init__(
+        self, sock: socket.socket, alive: int, address: str, data_dir: Path, paths: Paths, score: int | None
+    ) -> None:
         # Closed while no exporter runs (or starts).
         self.sock = sock
         # The write end of the exporter's alive pipe, held as long as it is ours.
@@ -359,8 +384,9 @@ class Exporter:
             return
         if not request:
             served = time.monotonic() - self._serving_since
-            self._ended(f"the metrics exporter on {self.address} ended after {served:.0f} s",
-                        served >= RESTART_BACKOFF_MAX)
+            self._ended(
+                f"the metrics exporter on {self.address} ended after {served:.0f} s", served >= RESTART_BACKOFF_MAX
+            )
             return
         try:
             # The request's sequence number, then the exposition: the
@@ -388,7 +414,7 @@ class Exporter:
         self._start_deadline = None
         if lasted:
             self._in_a_row = 0
-        delay = min(RESTART_BACKOFF * 2 ** self._in_a_row, RESTART_BACKOFF_MAX)
+        delay = min(RESTART_BACKOFF * 2**self._in_a_row, RESTART_BACKOFF_MAX)
         self._in_a_row += 1
         self._next_start = time.monotonic() + delay
         # One line per exporter that ended or attempt that failed.
@@ -405,8 +431,7 @@ class Exporter:
             self._next_start = None
             self._restart()
         elif self._start_deadline is not None and now >= self._start_deadline:
-            self._ended(f"the metrics exporter did not start again on {self.address} within {START_TIMEOUT:g} s",
-                        False)
+            self._ended(f"the metrics exporter did not start again on {self.address} within {START_TIMEOUT:g} s", False)
 
     def _restart(self) -> None:
         assert self._selector is not None
@@ -501,8 +526,9 @@ class _Scrape(Collector):
 
     def collect(self) -> Iterable[Metric]:
         text = self._ask_daemon()
-        up = GaugeMetricFamily("sriov_cni_daemon_up",
-                               f"Whether the daemon's loop answered this scrape within {DAEMON_TIMEOUT:g} s")
+        up = GaugeMetricFamily(
+            "sriov_cni_daemon_up", f"Whether the daemon's loop answered this scrape within {DAEMON_TIMEOUT:g} s"
+        )
         up.add_metric([], 0 if text is None else 1)
         yield up
         if text is not None:
@@ -545,12 +571,16 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     pf_labels = ["pf", "pci"]
     numvfs = GaugeMetricFamily("sriov_cni_pf_vfs", "VFs the PF has (sriov_numvfs)", labels=pf_labels)
     totalvfs = GaugeMetricFamily("sriov_cni_pf_vfs_max", "VFs the PF can have (sriov_totalvfs)", labels=pf_labels)
-    states = GaugeMetricFamily("sriov_cni_vfs", "The PF's VFs by state: free, allocated, stale (its pod's "
-                               "network namespace is gone), in use (not ours, or without a driver)",
-                               labels=[*pf_labels, "state"])
+    states = GaugeMetricFamily(
+        "sriov_cni_vfs",
+        "The PF's VFs by state: free, allocated, stale (its pod's "
+        "network namespace is gone), in use (not ours, or without a driver)",
+        labels=[*pf_labels, "state"],
+    )
     dpdk = GaugeMetricFamily("sriov_cni_vfs_dpdk", "The PF's VFs bound to a DPDK driver", labels=pf_labels)
-    allocations = GaugeMetricFamily("sriov_cni_allocations", "The PF's allocated and stale VFs by network",
-                                    labels=[*pf_labels, "network", "state"])
+    allocations = GaugeMetricFamily(
+        "sriov_cni_allocations", "The PF's allocated and stale VFs by network", labels=[*pf_labels, "network", "state"]
+    )
     for pf in pfs:
         labels = [pf["netdev"] or "", pf["pci"]]
         if pf["numVfs"] is not None:
@@ -572,8 +602,9 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     yield from (numvfs, totalvfs, states, dpdk, allocations)
 
 
-def _exporter(daemon: socket.socket, alive: int, address: tuple[str, int], data_dir: Path, paths: Paths,
-              score: int | None) -> None:  # pragma: no cover - runs in the exporter
+def _exporter(
+    daemon: socket.socket, alive: int, address: tuple[str, int], data_dir: Path, paths: Paths, score: int | None
+) -> None:  # pragma: no cover - runs in the exporter
     # Forked again from a running daemon, an exporter would hold its
     # listener, callers' connections and children's channels, and the
     # daemon's exemption from the OOM killer.

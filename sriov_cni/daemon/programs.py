@@ -36,4 +36,3 @@ def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[
 
 
 PROGRAMS: dict[str, Program] = {"sriov": _run_sriov, "sriov-ipam": _run_ipam}
-

@@ -81,8 +81,10 @@ class _Stop:
         children.end_waiting()
         if not self.announced:
             self.announced = True
-            sys.stderr.write(f"sriov-cni daemon: stopping: new calls are refused, {children.running()} running "
-                             f"may take up to {self.grace:g} s\n")
+            sys.stderr.write(
+                f"sriov-cni daemon: stopping: new calls are refused, {children.running()} running "
+                f"may take up to {self.grace:g} s\n"
+            )
             sys.stderr.flush()
         assert self.deadline is not None
         return not children.channels or time.monotonic() >= self.deadline
@@ -144,11 +146,18 @@ def _listen(path: str) -> socket.socket:
     return listener
 
 
-def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
-          max_children: int = MAX_CHILDREN, child_idle: float = CHILD_IDLE,
-          calls_per_child: int = CALLS_PER_CHILD, memory_budget: int | None = None,
-          drain_timeout: float = DRAIN_TIMEOUT, metrics_address: tuple[str, int] | None = None,
-          data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR), paths: Paths = Paths()) -> int:
+def serve(
+    path: str = DEFAULT_SOCKET,
+    request_timeout: float = REQUEST_TIMEOUT,
+    max_children: int = MAX_CHILDREN,
+    child_idle: float = CHILD_IDLE,
+    calls_per_child: int = CALLS_PER_CHILD,
+    memory_budget: int | None = None,
+    drain_timeout: float = DRAIN_TIMEOUT,
+    metrics_address: tuple[str, int] | None = None,
+    data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR),
+    paths: Paths = Paths(),
+) -> int:
     """Listen on ``path`` until SIGTERM, then wait up to ``drain_timeout`` seconds for the calls running.
 
     Returns how many calls still ran when it stopped.
@@ -187,8 +196,14 @@ def serve(path: str = DEFAULT_SOCKET, request_timeout: float = REQUEST_TIMEOUT,
     return _loop(selector, children, calls, stop, spare, exporter)
 
 
-def _loop(selector: selectors.BaseSelector, children: childpool.Children, calls: intake.Intake, stop: _Stop,
-          spare: Callable[[socket.socket], None], exporter: metrics.Exporter | None) -> int:
+def _loop(
+    selector: selectors.BaseSelector,
+    children: childpool.Children,
+    calls: intake.Intake,
+    stop: _Stop,
+    spare: Callable[[socket.socket], None],
+    exporter: metrics.Exporter | None,
+) -> int:
     """Hand calls to children, keep spares forked, until a stop ends; how many calls still ran then."""
     while True:
         if stop.deadline is not None:
@@ -204,8 +219,9 @@ def _loop(selector: selectors.BaseSelector, children: childpool.Children, calls:
         if (broken := children.cannot_start()) is not None:
             calls.refuse_waiting(broken)
         restart = None if exporter is None else exporter.next_deadline()
-        deadlines = [t for t in (calls.next_deadline(), children.next_retirement(), stop.deadline, restart)
-                     if t is not None]
+        deadlines = [
+            t for t in (calls.next_deadline(), children.next_retirement(), stop.deadline, restart) if t is not None
+        ]
         if children.spares() < childpool.SPARES and children.next_fork > time.monotonic():
             deadlines.append(children.next_fork)
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None

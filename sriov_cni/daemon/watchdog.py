@@ -47,4 +47,3 @@ class Watchdog:
         poller.poll()
         if not self.answered.is_set():
             os.killpg(0, signal.SIGKILL)
-

@@ -329,6 +329,9 @@ def requested_ips(cmd: CmdArgs, cfg: IPAMConfig) -> dict[int, Requested]:
             raise _bad(field, f"{value} has prefix /{prefix} but {r.field} is {r.subnet}")
         previous = out.get(rset.index)
         if previous is not None and previous.address != ip:
-            raise _bad(field, f"{ip} and {previous.field} {previous.address} both fall in {rset.field}; one address per range set")
+            raise _bad(
+                field,
+                f"{ip} and {previous.field} {previous.address} both fall in {rset.field}; one address per range set",
+            )
         out[rset.index] = Requested(ip, field, r)
     return out

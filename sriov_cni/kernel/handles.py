@@ -71,5 +71,3 @@ def namespace(path: str | None = None) -> Iterator[Namespace]:
             del _session[path]
         _retired.append(ns)
         raise
-
-

@@ -95,7 +95,12 @@ def _link_info(answer: bytes) -> LinkInfo:
         payload = first(name)
         return "" if payload is None else _text(payload)
 
-    mac, mtu, carrier, proplist = first("IFLA_ADDRESS"), first("IFLA_MTU"), first("IFLA_CARRIER"), first("IFLA_PROP_LIST")
+    mac, mtu, carrier, proplist = (
+        first("IFLA_ADDRESS"),
+        first("IFLA_MTU"),
+        first("IFLA_CARRIER"),
+        first("IFLA_PROP_LIST"),
+    )
     altnames: tuple[str, ...] = ()
     if proplist is not None:
         nested = rtnl.attributes(proplist, 0)
@@ -270,7 +275,9 @@ class Namespace:
                     if m.get_attr("RTA_OIF") != index:
                         continue
                     dst = m.get_attr("RTA_DST")
-                    net = ipaddress.ip_network(f"{dst}/{m['dst_len']}" if dst else ("::/0" if family == socket.AF_INET6 else "0.0.0.0/0"))
+                    net = ipaddress.ip_network(
+                        f"{dst}/{m['dst_len']}" if dst else ("::/0" if family == socket.AF_INET6 else "0.0.0.0/0")
+                    )
                     gw = m.get_attr("RTA_GATEWAY")
                     out.append((net, ipaddress.ip_address(gw) if gw else None))
         return out

@@ -173,5 +173,3 @@ def is_own_netns(path: str) -> bool:
     except (OSError, ValueError):
         return False
     return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
-
-

@@ -68,8 +68,11 @@ def _attrs_offset(cls: type[Any]) -> int:
 
 
 # By answer type.
-_ATTRS_AT = {RTM_NEWLINK: _attrs_offset(ifinfmsg), RTM_NEWADDR: _attrs_offset(ifaddrmsg),
-             RTM_NEWROUTE: _attrs_offset(rtmsg)}
+_ATTRS_AT = {
+    RTM_NEWLINK: _attrs_offset(ifinfmsg),
+    RTM_NEWADDR: _attrs_offset(ifaddrmsg),
+    RTM_NEWROUTE: _attrs_offset(rtmsg),
+}
 
 
 # A struct's fields by its pyroute2 class (see :class:`Message`).

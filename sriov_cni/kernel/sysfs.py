@@ -157,7 +157,6 @@ def write(path: Path, value: str) -> None:
         os.close(fd)
 
 
-
 def physfn(root: Path, vf_pci: str) -> str | None:
     """The PF of a VF, from its ``physfn`` link alone (one readlink)."""
     return _link_name(pci_dir(root, vf_pci) / "physfn")

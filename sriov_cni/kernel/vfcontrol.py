@@ -141,7 +141,9 @@ class KernelVfControl:
             self._set_vf(pf, vf, what, ("IFLA_VF_VLAN_LIST", {"attrs": [info]}), _VLAN_INFO_SIZED)
 
     def set_spoofchk(self, pf: str, vf: int, on: bool) -> None:
-        self._set_vf(pf, vf, f"setting spoofchk {'on' if on else 'off'}", ("IFLA_VF_SPOOFCHK", {"vf": vf, "spoofchk": int(on)}))
+        self._set_vf(
+            pf, vf, f"setting spoofchk {'on' if on else 'off'}", ("IFLA_VF_SPOOFCHK", {"vf": vf, "spoofchk": int(on)})
+        )
 
     def set_trust(self, pf: str, vf: int, on: bool) -> None:
         self._set_vf(pf, vf, f"setting trust {'on' if on else 'off'}", ("IFLA_VF_TRUST", {"vf": vf, "trust": int(on)}))

@@ -63,7 +63,7 @@ def _option(args: list[str], long: str, short: str) -> str | None:
     for i, arg in enumerate(args):
         for prefix in (f"{long}=", short):
             if arg.startswith(prefix) and len(arg) > len(prefix):
-                found = arg[len(prefix):]
+                found = arg[len(prefix) :]
         if arg in (long, short) and i + 1 < len(args):
             found = args[i + 1]
     return found
@@ -152,7 +152,7 @@ def banned_pfs(script: Path) -> set[str]:
         return set()
     for line in lines:
         if line.startswith(_PFS_LINE):
-            return set(line[len(_PFS_LINE):].strip('"').split())
+            return set(line[len(_PFS_LINE) :].strip('"').split())
     return set()
 
 
@@ -177,7 +177,9 @@ def ban(proc: Path, script: Path, pf_pcis: list[str]) -> list[str]:
         return []  # nothing pinned, and no earlier ban to lift
     written = _write_script(script, script_text(pf_pcis))
     which = ", ".join(sorted(pf_pcis)) or "no PF"
-    lines = [f"irqbalance: policy script {script} bans the IRQs of {which} and their VFs: {'written' if written else 'unchanged'}"]
+    lines = [
+        f"irqbalance: policy script {script} bans the IRQs of {which} and their VFs: {'written' if written else 'unchanged'}"
+    ]
     for instance in running(proc):
         if instance.policy_script is not None and os.path.realpath(instance.policy_script) == os.path.realpath(script):
             if written:
@@ -232,7 +234,7 @@ def advice(running_pids: list[int], irqs: list[int]) -> str:
     return (
         f"irqbalance (pid {', '.join(map(str, running_pids))}) is running and will move the pinned IRQs "
         f"back within 10 s: stop it (systemctl disable --now irqbalance), or add "
-        f"IRQBALANCE_ARGS=\"{ban_args}\" to its environment file and restart it "
+        f'IRQBALANCE_ARGS="{ban_args}" to its environment file and restart it '
         f"(VF IRQs are pinned by the CNI plugin as pods start; ban those too, or stop irqbalance), "
         f"or set irqbalance: ban or stop in the node config"
     )

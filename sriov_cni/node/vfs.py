@@ -59,7 +59,9 @@ def _write_count(sys_root: Path, pf_pci: str, count: int, timeout: float) -> Non
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        raise VfError(f"{pf_pci}: writing {count} to sriov_numvfs did not return within {timeout:.0f} s; the PF driver is stuck")
+        raise VfError(
+            f"{pf_pci}: writing {count} to sriov_numvfs did not return within {timeout:.0f} s; the PF driver is stuck"
+        )
     if failure:
         raise VfError(f"{pf_pci}: cannot set sriov_numvfs to {count}: {explain(failure[0].errno)}")
 
@@ -126,7 +128,9 @@ def bind(sys_root: Path, vf_pci: str, driver: str | None) -> bool:
         if not (sys_root / "bus" / "pci" / "drivers" / driver).is_dir():
             raise VfError(f"{driver} driver is not loaded (modprobe {driver})")
         if driver == "vfio-pci" and not (sysfs.pci_dir(sys_root, vf_pci) / "iommu_group").exists():
-            raise VfError(f"{vf_pci} has no IOMMU group: enable VT-d/AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt")
+            raise VfError(
+                f"{vf_pci} has no IOMMU group: enable VT-d/AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt"
+            )
     override = sysfs.pci_dir(sys_root, vf_pci) / "driver_override"
     try:
         if current is not None:

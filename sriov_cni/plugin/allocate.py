@@ -147,7 +147,13 @@ def _record(sys_root: Path, vf: sysfs.VF, attachment: Attachment) -> Allocation:
 def _same_attachment(a: Allocation, b: Allocation) -> bool:
     """Whether two records are of one attachment (one ADD), whatever that ADD recorded since."""
     return (a.container_id, a.ifname, a.network, a.netns, a.netns_inode, a.created) == (
-        b.container_id, b.ifname, b.network, b.netns, b.netns_inode, b.created)
+        b.container_id,
+        b.ifname,
+        b.network,
+        b.netns,
+        b.netns_inode,
+        b.created,
+    )
 
 
 def _take(store: Store, sys_root: Path, vf: sysfs.VF, attachment: Attachment, old: Allocation | None) -> Lease | str:

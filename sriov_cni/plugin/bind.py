@@ -222,7 +222,11 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation, retry: float) -> list[s
 
 
 def _move(
-    src: str | None, name: str, dst: str | None, new_name: str, altnames: tuple[str, ...] | None,
+    src: str | None,
+    name: str,
+    dst: str | None,
+    new_name: str,
+    altnames: tuple[str, ...] | None,
     link: LinkInfo | None = None,
 ) -> LinkInfo | None:
     """Move link ``name`` from namespace ``src`` to ``dst`` as ``new_name``, in one request.
@@ -429,8 +433,11 @@ def _home_link(
 ) -> LinkInfo | None:
     """The VF's netdev in the host, waited for when the kernel is still handing it back; None when it has none."""
     link = _find_home_link(host, alloc, orig, sys_root)
-    if link is None and alloc.in_pod and not pod_alive and sysfs.driver(sys_root, alloc.vf_pci) not in (
-        None, *sysfs.DPDK_DRIVERS
+    if (
+        link is None
+        and alloc.in_pod
+        and not pod_alive
+        and sysfs.driver(sys_root, alloc.vf_pci) not in (None, *sysfs.DPDK_DRIVERS)
     ):
         # Not home yet: until the kernel's cleanup of the pod's namespace
         # has run, the VF's netdev is in neither.  Dropping the record

@@ -17,7 +17,18 @@ from pathlib import Path
 from typing import IO
 
 from sriov_cni import __version__, attachments, vfstate
-from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, Interface, IPAddress, IPConfig, Result, dispatch, read_config
+from sriov_cni.cni import (
+    CmdArgs,
+    CNIError,
+    Code,
+    Handler,
+    Interface,
+    IPAddress,
+    IPConfig,
+    Result,
+    dispatch,
+    read_config,
+)
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings
@@ -113,9 +124,7 @@ def _candidates(conf: NetConf, sys_root: Path) -> allocate.Candidates:
 
 def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, deps: Deps) -> None:
     """Put back a VF whose container died without DEL, and free its address."""
-    logger.info(
-        "reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns
-    )
+    logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
     bind.restore(vfc, stale, deps.mac_retry_delay, deps.paths.sys)
     ipam_type = conf.ipam_type
     if ipam_type and stale.network == conf.name:
@@ -506,8 +515,10 @@ def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.Li
         not pod_link.carrier or sysfs.driver(sys_root, alloc.pf_pci) not in vfsettings.OWN_MAC_IN_READING
     ):
         return []
-    return [f"PF {alloc.pf_netdev} holds MAC {reading} for VF {alloc.vf_index}, not {pod_link.mac}: "
-            "the VF does not receive the pod's unicast traffic"]
+    return [
+        f"PF {alloc.pf_netdev} holds MAC {reading} for VF {alloc.vf_index}, not {pod_link.mac}: "
+        "the VF does not receive the pod's unicast traffic"
+    ]
 
 
 def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
@@ -583,9 +594,7 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], 
 
 def configure_logging_from_env(env: Mapping[str, str]) -> None:
     """Logging until the config says otherwise (it names logLevel and logFile)."""
-    log.configure(
-        "info", None, env.get("CNI_CONTAINERID", "-"), env.get("CNI_NETNS", "-"), env.get("CNI_IFNAME", "-")
-    )
+    log.configure("info", None, env.get("CNI_CONTAINERID", "-"), env.get("CNI_NETNS", "-"), env.get("CNI_IFNAME", "-"))
 
 
 def main() -> None:

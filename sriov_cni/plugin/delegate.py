@@ -89,8 +89,7 @@ class IpamCall:
         try:
             os.write(config, self._cmd.stdin)
             os.lseek(config, 0, os.SEEK_SET)
-            return subprocess.Popen([exe], stdin=config, stdout=subprocess.PIPE, env=env,
-                                    preexec_fn=_orphan_guard())
+            return subprocess.Popen([exe], stdin=config, stdout=subprocess.PIPE, env=env, preexec_fn=_orphan_guard())
         except OSError as exc:
             raise CNIError(Code.IPAM, f"cannot run IPAM plugin {exe}: {exc.strerror}") from exc
         finally:

@@ -113,28 +113,39 @@ def busy_cores_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def burst(node: HostNode, work: Path, shim: Path, pods: list[str], n: int, together: bool,
-          limit: int | None) -> Run:
+def burst(node: HostNode, work: Path, shim: Path, pods: list[str], n: int, together: bool, limit: int | None) -> Run:
     """N ADDs then N DELs through a fresh daemon in a fresh cgroup."""
     cgroup = MemoryCgroup(limit, "sriov-cni-bench")
     sock = work / f"run-{uuid.uuid4().hex[:6]}" / "plugin.sock"
     daemon = Daemon(sock.parent, program=node.daemon_command, wrapper=cgroup.wrap([]), env={"PYTHONPATH": str(ROOT)})
     proc, banner = daemon.proc, daemon.banner.strip()
-    conf = json.dumps({
-        "cniVersion": "1.0.0", "name": "burst", "type": "sriov", "pfNames": [pf.name for pf in node.node.pfs],
-        "dataDir": str(work / "state"),
-        "ipam": {"type": "host-local", "subnet": "10.96.0.0/24", "dataDir": str(work / "ipam")},
-    }).encode()
+    conf = json.dumps(
+        {
+            "cniVersion": "1.0.0",
+            "name": "burst",
+            "type": "sriov",
+            "pfNames": [pf.name for pf in node.node.pfs],
+            "dataDir": str(work / "state"),
+            "ipam": {"type": "host-local", "subnet": "10.96.0.0/24", "dataDir": str(work / "ipam")},
+        }
+    ).encode()
     errors: list[str] = []
 
     def env(i: int, command: str) -> dict[str, str]:
-        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": command, "CNI_CONTAINERID": f"burst{i}",
-                "CNI_NETNS": pods[i], "CNI_IFNAME": "net1", "CNI_PATH": str(shim.parent),
-                "SRIOV_CNI_SOCKET": str(sock)}
+        return {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": f"burst{i}",
+            "CNI_NETNS": pods[i],
+            "CNI_IFNAME": "net1",
+            "CNI_PATH": str(shim.parent),
+            "SRIOV_CNI_SOCKET": str(sock),
+        }
 
     def call(i: int, command: str) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([str(shim)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=env(i, command))
+        p = subprocess.Popen(
+            [str(shim)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(i, command)
+        )
         assert p.stdin is not None
         p.stdin.write(conf)
         p.stdin.close()
@@ -205,8 +216,11 @@ def namespace_moves(pods: list[str], together: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 64], help="calls at once (at most 64)")
-    parser.add_argument("--limit", default=DAEMONSET_LIMIT,
-                        help=f"the daemon's cgroup limit (default {DAEMONSET_LIMIT}, the DaemonSet's)")
+    parser.add_argument(
+        "--limit",
+        default=DAEMONSET_LIMIT,
+        help=f"the daemon's cgroup limit (default {DAEMONSET_LIMIT}, the DaemonSet's)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each size; medians are printed")
     args = parser.parse_args()
     limit = budget.parse_size(args.limit)
@@ -226,30 +240,35 @@ def main() -> None:
     cores = os.cpu_count() or 1
     try:
         print(f"{VFS} veth VFs, one PF, host-local IPAM, the daemon's cgroup: {limit / MiB:.0f} MiB", flush=True)
-        header = (f"{'N':>3} {'mode':>18} {'ADDs s':>7} {'DELs s':>7} {'at once/1 by 1':>14} {'peak MiB':>8} "
-                  f"{'OOM kills':>9} {'failed':>6} {'daemon':>6} {'CPU s':>6} {'callers CPU s':>13} "
-                  f"{'cores busy':>10} {'others busy':>11}  admitted")
+        header = (
+            f"{'N':>3} {'mode':>18} {'ADDs s':>7} {'DELs s':>7} {'at once/1 by 1':>14} {'peak MiB':>8} "
+            f"{'OOM kills':>9} {'failed':>6} {'daemon':>6} {'CPU s':>6} {'callers CPU s':>13} "
+            f"{'cores busy':>10} {'others busy':>11}  admitted"
+        )
         print(header, flush=True)
         lines.append(header)
         for n in args.sizes:
             runs: dict[str, list[Run]] = {mode: [] for mode, _, _ in MODES}
             for _ in range(args.repeats):
                 for mode, together, limited in MODES:
-                    runs[mode].append(burst(node, work, shimdir / "sriov", pods, n, together,
-                                            limit if limited else None))
+                    runs[mode].append(
+                        burst(node, work, shimdir / "sriov", pods, n, together, limit if limited else None)
+                    )
             seq = statistics.median(r.seconds for r in runs[MODES[0][0]])
             for mode, _, _ in MODES:
                 rs = runs[mode]
                 total = statistics.median(r.seconds for r in rs)
                 admitted = rs[-1].admitted
-                line = (f"{n:>3} {mode:>18} {statistics.median(r.add_s for r in rs):7.2f} "
-                        f"{statistics.median(r.del_s for r in rs):7.2f} {total / seq:14.2f} "
-                        f"{max(r.peak for r in rs) / MiB:8.1f} {sum(r.oom_kills for r in rs):>9} "
-                        f"{sum(r.failed for r in rs):>6} {'alive' if all(r.alive for r in rs) else 'DIED':>6} "
-                        f"{statistics.median(r.cpu_s for r in rs):6.2f} "
-                        f"{statistics.median(r.callers_cpu_s for r in rs):13.2f} "
-                        f"{statistics.median(r.ours for r in rs):10.2f} "
-                        f"{statistics.median(r.others for r in rs):11.2f}  {admitted}")
+                line = (
+                    f"{n:>3} {mode:>18} {statistics.median(r.add_s for r in rs):7.2f} "
+                    f"{statistics.median(r.del_s for r in rs):7.2f} {total / seq:14.2f} "
+                    f"{max(r.peak for r in rs) / MiB:8.1f} {sum(r.oom_kills for r in rs):>9} "
+                    f"{sum(r.failed for r in rs):>6} {'alive' if all(r.alive for r in rs) else 'DIED':>6} "
+                    f"{statistics.median(r.cpu_s for r in rs):6.2f} "
+                    f"{statistics.median(r.callers_cpu_s for r in rs):13.2f} "
+                    f"{statistics.median(r.ours for r in rs):10.2f} "
+                    f"{statistics.median(r.others for r in rs):11.2f}  {admitted}"
+                )
                 print(line, flush=True)
                 lines.append(line)
                 for r in rs:
@@ -258,11 +277,15 @@ def main() -> None:
             # The calls' CPU time spread over every core: the fastest a burst
             # can be, unless it costs less CPU than the calls one by one.
             ours = statistics.median(r.ours for r in runs[MODES[0][0]])
-            line = (f"{n:>3} one by one kept {ours:.2f} cores busy: on {cores} cores, a burst of the same CPU time "
-                    f"takes at least {ours / cores:.2f}x their time")
+            line = (
+                f"{n:>3} one by one kept {ours:.2f} cores busy: on {cores} cores, a burst of the same CPU time "
+                f"takes at least {ours / cores:.2f}x their time"
+            )
             moves = [namespace_moves(names[:n], together) for together in (False, True)]
-            line += (f"; {n} moves to a namespace and back take {moves[0]:.2f} s one by one, "
-                     f"{moves[1]:.2f} s at once ({moves[1] / moves[0]:.2f}x)")
+            line += (
+                f"; {n} moves to a namespace and back take {moves[0]:.2f} s one by one, "
+                f"{moves[1]:.2f} s at once ({moves[1] / moves[0]:.2f}x)"
+            )
             print(line, flush=True)
             lines.append(line)
     finally:

@@ -142,7 +142,9 @@ def main() -> None:
         data_dir = Path(tmp) / "networks"
         print(f"CPUs: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.1f}")
         print(f"\nAllocations per second into a fresh {SUBNET} ({args.total} ADDs per run)")
-        print(f"{'clients':>8} {'sriov-ipam exec':>16} {'host-local exec':>16} {'ratio':>6} {'sriov-ipam in-process':>22}")
+        print(
+            f"{'clients':>8} {'sriov-ipam exec':>16} {'host-local exec':>16} {'ratio':>6} {'sriov-ipam in-process':>22}"
+        )
         for clients in (1, 8, 64):
             ours = throughput(data_dir, clients, args.total, "exec")
             theirs = throughput(data_dir, clients, args.total, "host-local")

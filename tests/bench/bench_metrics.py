@@ -82,10 +82,23 @@ def main() -> None:
         daemon = Daemon(sock.parent, "metrics=127.0.0.1:0", f"data={state}", program=node.daemon_command)
         try:
             url = daemon.banner.split("metrics on ")[1].strip()
-            conf = json.dumps({"cniVersion": "1.0.0", "name": "bench", "type": "sriov",
-                               "pfNames": [node.node.pfs[0].name], "dataDir": str(state)}).encode()
-            env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_CONTAINERID": "bench", "CNI_NETNS": pod,
-                   "CNI_IFNAME": "net1", "CNI_PATH": "/usr/lib/cni", "SRIOV_CNI_SOCKET": str(sock)}
+            conf = json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "bench",
+                    "type": "sriov",
+                    "pfNames": [node.node.pfs[0].name],
+                    "dataDir": str(state),
+                }
+            ).encode()
+            env = {
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                "CNI_CONTAINERID": "bench",
+                "CNI_NETNS": pod,
+                "CNI_IFNAME": "net1",
+                "CNI_PATH": "/usr/lib/cni",
+                "SRIOV_CNI_SOCKET": str(sock),
+            }
 
             def scrape() -> None:
                 with urllib.request.urlopen(url, timeout=30) as answer:
@@ -94,8 +107,9 @@ def main() -> None:
             def pair() -> float:
                 start = time.perf_counter()
                 for command in ("ADD", "DEL"):
-                    done = subprocess.run([str(shim)], input=conf, env=dict(env, CNI_COMMAND=command),
-                                          capture_output=True, timeout=120)
+                    done = subprocess.run(
+                        [str(shim)], input=conf, env=dict(env, CNI_COMMAND=command), capture_output=True, timeout=120
+                    )
                     if done.returncode != 0:
                         raise SystemExit(f"{command} failed: {done.stdout.decode()}")
                 return time.perf_counter() - start
@@ -105,8 +119,13 @@ def main() -> None:
             scrapes = dict.fromkeys(MODES, 0)
             for _ in range(args.rounds):
                 for mode, interval in MODES.items():
-                    scraper = None if interval is None else subprocess.Popen(
-                        [sys.executable, "-c", SCRAPER, url, str(interval)], stdout=subprocess.PIPE, text=True)
+                    scraper = (
+                        None
+                        if interval is None
+                        else subprocess.Popen(
+                            [sys.executable, "-c", SCRAPER, url, str(interval)], stdout=subprocess.PIPE, text=True
+                        )
+                    )
                     pairs[mode] += [pair() for _ in range(args.pairs)]
                     if scraper is not None:
                         scraper.terminate()
@@ -131,9 +150,11 @@ def main() -> None:
     for mode in MODES:
         median = statistics.median(pairs[mode])
         print(f"  {mode:24} {median * 1000:6.1f} ms  ratio {median / peer:.2f}  ({scrapes[mode]} scrapes meanwhile)")
-    print(f"a scrape, {args.scrapes} with no call running: {statistics.median(times) * 1000:.1f} ms median; "
-          f"CPU per scrape: daemon {daemon_cpu / args.scrapes * 1000:.2f} ms, "
-          f"exporter {exporter_cpu / args.scrapes * 1000:.1f} ms")
+    print(
+        f"a scrape, {args.scrapes} with no call running: {statistics.median(times) * 1000:.1f} ms median; "
+        f"CPU per scrape: daemon {daemon_cpu / args.scrapes * 1000:.2f} ms, "
+        f"exporter {exporter_cpu / args.scrapes * 1000:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -98,7 +98,9 @@ class Bench:
 
 
 def find_pfs() -> list[str]:
-    return [dev.name for dev in sorted(Path("/sys/class/net").iterdir()) if (dev / "device" / "sriov_totalvfs").exists()]
+    return [
+        dev.name for dev in sorted(Path("/sys/class/net").iterdir()) if (dev / "device" / "sriov_totalvfs").exists()
+    ]
 
 
 def vf_netdev(vf_pci: str) -> str:
@@ -137,8 +139,15 @@ def host_node(work: Path, per_pf: int) -> Bench:
 class Daemon:
     """The sriov-cni daemon of the node, reporting every call's costs into ``stats``."""
 
-    def __init__(self, bench: Bench, sock: Path, stats: Path, profile: bool = False, code: Path = ROOT,
-                 calls_per_child: int | None = None) -> None:
+    def __init__(
+        self,
+        bench: Bench,
+        sock: Path,
+        stats: Path,
+        profile: bool = False,
+        code: Path = ROOT,
+        calls_per_child: int | None = None,
+    ) -> None:
         """``code``: the checkout whose package the daemon runs (another revision's has no reports)."""
         self.sock = sock
         self.stats = stats
@@ -149,8 +158,9 @@ class Daemon:
         options: list[str] = []
         if calls_per_child is not None:
             # The host node's daemon (tests/support/hostnode.py) takes it among its PFs.
-            options = ([f"calls={calls_per_child}"] if bench.kind == "host"
-                       else ["--calls-per-child", str(calls_per_child)])
+            options = (
+                [f"calls={calls_per_child}"] if bench.kind == "host" else ["--calls-per-child", str(calls_per_child)]
+            )
         self.seen: set[str] = set()
         self.daemon = daemonlib.Daemon(sock.parent, *options, program=bench.daemon_program, env=env, cwd=code)
         self.proc = self.daemon.proc
@@ -187,10 +197,14 @@ class Daemon:
 # --- running executables --------------------------------------------------------
 
 
-def start(exe: Path, command: str, conf: dict[str, Any], env: dict[str, str],
-          wrap: list[str] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    exe: Path, command: str, conf: dict[str, Any], env: dict[str, str], wrap: list[str] | None = None
+) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        (wrap or []) + [str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        (wrap or []) + [str(exe)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env=dict(env, CNI_COMMAND=command),
     )
     assert proc.stdin is not None
@@ -261,19 +275,27 @@ def cycles(peers: dict[str, Peer], n: int, daemon: Daemon) -> tuple[list[str], l
     for name, peer in peers.items():
         mine = [r for r in timed if r["program"] == "sriov" and r["container"] == peer.env["CNI_CONTAINERID"]]
         if mine:
-            cpu[name] = sum(statistics.median(r["cpu_seconds"] for r in mine if r["command"] == command)
-                            for command in ("ADD", "DEL"))
+            cpu[name] = sum(
+                statistics.median(r["cpu_seconds"] for r in mine if r["command"] == command)
+                for command in ("ADD", "DEL")
+            )
     go = statistics.median(peers["host-device (Go)"].times)
     width = max(len(name) for name in peers)
-    lines = [f"{'plugin':{width}} {'median ms':>9} {'min ms':>7} {'ratio':>6} {'child CPU ms':>12} {'exe peak MiB':>12} "
-             f"{'child peak MiB':>14} {'child private MiB':>17}"]
+    lines = [
+        f"{'plugin':{width}} {'median ms':>9} {'min ms':>7} {'ratio':>6} {'child CPU ms':>12} {'exe peak MiB':>12} "
+        f"{'child peak MiB':>14} {'child private MiB':>17}"
+    ]
     for name, peer in peers.items():
         med = statistics.median(peer.times)
         own = f"{peer.own_kib / 1024:.1f}" if peer.own_kib else "n/a"
-        peak, private = (f"{child[name][0] / 1024:.1f}", f"{child[name][1] / 1024:.1f}") if name in child else ("-", "-")
+        peak, private = (
+            (f"{child[name][0] / 1024:.1f}", f"{child[name][1] / 1024:.1f}") if name in child else ("-", "-")
+        )
         spent = f"{cpu[name] * 1000:.1f}" if name in cpu else "-"
-        lines.append(f"{name:{width}} {med * 1000:9.1f} {min(peer.times) * 1000:7.1f} {med / go:6.2f} {spent:>12} {own:>12} "
-                     f"{peak:>14} {private:>17}")
+        lines.append(
+            f"{name:{width}} {med * 1000:9.1f} {min(peer.times) * 1000:7.1f} {med / go:6.2f} {spent:>12} {own:>12} "
+            f"{peak:>14} {private:>17}"
+        )
     shim = statistics.median(peers["sriov, shim + daemon"].times)
     lines.append(f"shim + daemon / Go host-device: {shim / go:.2f} (same VF, host-local IPAM, this run)")
     lines.append(f"daemon process peak RSS: {daemon.hwm_kib() / 1024:.1f} MiB (one per node, shared by every call)")
@@ -302,7 +324,8 @@ def profiled(bench: Bench, work: Path, peer: Peer, timed: list[dict[str, Any]], 
         [report] = [r for r in reports if r["program"] == "sriov" and r["command"] == command]
         samples = unprofiled.get(command) or []
         lines += phases.table(
-            f"{command} in the daemon's child", daemon.stats / f"{report['name']}.prof",
+            f"{command} in the daemon's child",
+            daemon.stats / f"{report['name']}.prof",
             statistics.median(samples) if samples else None,
         )
         lines.append(f"  (the whole shim call took {walls[command] * 1000:.1f} ms with profiling)")
@@ -311,9 +334,14 @@ def profiled(bench: Bench, work: Path, peer: Peer, timed: list[dict[str, Any]], 
 
 def concurrency(bench: Bench, work: Path, shim: Path, base_env: dict[str, str], daemon: Daemon) -> list[str]:
     state = work / "state-pool"
-    conf = {"cniVersion": "1.0.0", "name": "bench-pool", "type": "sriov", "pfNames": bench.pfs,
-            "dataDir": str(state),
-            "ipam": {"type": "host-local", "subnet": "10.98.0.0/24", "dataDir": str(work / "ipam-pool")}}
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "bench-pool",
+        "type": "sriov",
+        "pfNames": bench.pfs,
+        "dataDir": str(state),
+        "ipam": {"type": "host-local", "subnet": "10.98.0.0/24", "dataDir": str(work / "ipam-pool")},
+    }
     token = uuid.uuid4().hex[:5]
     pods = [f"sriov-bench-{token}-{i}" for i in range(CONCURRENT)]
     for pod in pods:
@@ -430,12 +458,19 @@ def scale(work: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--node", choices=("auto", "igb", "host"), default="auto",
-                        help="igb: real SR-IOV PFs; host: the veth fixtures (auto: igb when a PF is found)")
+    parser.add_argument(
+        "--node",
+        choices=("auto", "igb", "host"),
+        default="auto",
+        help="igb: real SR-IOV PFs; host: the veth fixtures (auto: igb when a PF is found)",
+    )
     parser.add_argument("--pf", action="append", help="SR-IOV PF netdev (repeatable; default: every PF found)")
     parser.add_argument("--cycles", type=int, default=20)
-    parser.add_argument("--baseline", metavar="REV",
-                        help="also run the shim against the daemon of this git revision, interleaved (before/after)")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run the shim against the daemon of this git revision, interleaved (before/after)",
+    )
     parser.add_argument("--skip", action="append", default=[], choices=("cycles", "phases", "concurrency", "scale"))
     args = parser.parse_args()
 
@@ -467,8 +502,14 @@ def main() -> None:
         return {"type": kind, "subnet": "10.99.0.0/24", "dataDir": str(work / f"ipam-{kind}")}
 
     def sriov(ipam_kind: str) -> dict[str, Any]:
-        return {"cniVersion": "1.0.0", "name": "bench", "type": "sriov", "deviceID": vf.pci,
-                "dataDir": str(work / "state"), "ipam": ipam(ipam_kind)}
+        return {
+            "cniVersion": "1.0.0",
+            "name": "bench",
+            "type": "sriov",
+            "deviceID": vf.pci,
+            "dataDir": str(work / "state"),
+            "ipam": ipam(ipam_kind),
+        }
 
     base_env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -481,20 +522,29 @@ def main() -> None:
     peers = {
         "host-device (Go)": Peer(
             bindir / "host-device",
-            {"cniVersion": "1.0.0", "name": "bench", "type": "host-device", "device": vf.netdev,
-             "ipam": ipam("host-local")},
-            base_env, False,
+            {
+                "cniVersion": "1.0.0",
+                "name": "bench",
+                "type": "host-device",
+                "device": vf.netdev,
+                "ipam": ipam("host-local"),
+            },
+            base_env,
+            False,
         ),
         "sriov, shim + daemon": Peer(shimdir / "sriov", sriov("host-local"), dict(via, CNI_CONTAINERID="shim"), True),
         "sriov, Python + daemon": Peer(bindir / "sriov", sriov("host-local"), dict(via, CNI_CONTAINERID="py"), True),
-        "sriov, shim + sriov-ipam": Peer(shimdir / "sriov", sriov("sriov-ipam"), dict(via, CNI_CONTAINERID="ipam"),
-                                         True),
+        "sriov, shim + sriov-ipam": Peer(
+            shimdir / "sriov", sriov("sriov-ipam"), dict(via, CNI_CONTAINERID="ipam"), True
+        ),
     }
     # Calls far apart find only children that have served none: each call
     # then copies the daemon's pages it writes (see defaults.CALLS_PER_CHILD).
     fresh = Daemon(bench, work / "run-fresh" / "plugin.sock", work / "stats-fresh", calls_per_child=1)
     peers["sriov, shim + daemon, fresh child per call"] = Peer(
-        shimdir / "sriov", sriov("host-local"), dict(base_env, SRIOV_CNI_SOCKET=str(fresh.sock), CNI_CONTAINERID="fresh"),
+        shimdir / "sriov",
+        sriov("host-local"),
+        dict(base_env, SRIOV_CNI_SOCKET=str(fresh.sock), CNI_CONTAINERID="fresh"),
         False,  # its reports are in its own directory
     )
     baseline: Daemon | None = None
@@ -505,7 +555,8 @@ def main() -> None:
         subprocess.run(["tar", "-x", "-C", str(code)], input=archive.stdout, check=True)
         baseline = Daemon(bench, work / "run-baseline" / "plugin.sock", work / "stats-baseline", code=code)
         peers[f"sriov, shim + daemon@{args.baseline[:7]}"] = Peer(
-            shimdir / "sriov", sriov("host-local"),
+            shimdir / "sriov",
+            sriov("host-local"),
             dict(base_env, SRIOV_CNI_SOCKET=str(baseline.sock), CNI_CONTAINERID="base"),
             False,  # its reports, if that revision writes any, are not collected
         )
@@ -513,6 +564,7 @@ def main() -> None:
         peers["sriov, in process"] = Peer(
             bindir / "sriov", sriov("host-local"), dict(base_env, SRIOV_CNI_SOCKET=str(work / "no-daemon.sock")), False
         )
+
     def part(title: str, lines: list[str]) -> None:
         report.extend(["", f"== {title}", *lines])
         print("\n".join(["", f"== {title}", *lines]), flush=True)
@@ -521,16 +573,21 @@ def main() -> None:
     try:
         if "cycles" not in args.skip:
             lines, timed = cycles(peers, args.cycles, daemon)
-            part(f"ADD+DEL cycles on VF {vf.pci} ({vf.netdev}), {args.cycles} each, {kind} node, "
-                 "host-local IPAM unless noted", lines)
+            part(
+                f"ADD+DEL cycles on VF {vf.pci} ({vf.netdev}), {args.cycles} each, {kind} node, "
+                "host-local IPAM unless noted",
+                lines,
+            )
         if "phases" not in args.skip:
             shim_peer = peers["sriov, shim + daemon"]
             same = [r for r in timed if r["container"] == shim_peer.env["CNI_CONTAINERID"]]
             part("phases of one ADD and one DEL through the shim", profiled(bench, work, shim_peer, same))
             if args.baseline:
                 base_peer = peers[f"sriov, shim + daemon@{args.baseline[:7]}"]
-                part(f"phases of one ADD and one DEL through the shim, daemon@{args.baseline[:7]}",
-                     profiled(bench, work, base_peer, [], work / "baseline"))
+                part(
+                    f"phases of one ADD and one DEL through the shim, daemon@{args.baseline[:7]}",
+                    profiled(bench, work, base_peer, [], work / "baseline"),
+                )
         if "concurrency" not in args.skip:
             part("concurrency", concurrency(bench, work, shimdir / "sriov", via, daemon))
     finally:

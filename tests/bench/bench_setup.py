@@ -38,7 +38,11 @@ SYS = Paths().sys
 
 def igb_pfs() -> list[str]:
     net = SYS / "class" / "net"
-    return sorted(p.name for p in net.iterdir() if (p / "device" / "sriov_totalvfs").exists() and (p / "device" / "driver").resolve().name == "igb")
+    return sorted(
+        p.name
+        for p in net.iterdir()
+        if (p / "device" / "sriov_totalvfs").exists() and (p / "device" / "driver").resolve().name == "igb"
+    )
 
 
 def reset(pcis: list[str]) -> None:
@@ -71,9 +75,19 @@ def in_process(config: node_config.NodeConfig, data: Path, state: Path) -> float
 def as_process(config_file: Path, data: Path, state: Path) -> float:
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, str(REPO / "bin" / "sriov-cni"), "setup", "--config", str(config_file),
-         "--data-dir", str(data), "--state-file", str(state)],
-        check=True, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            str(REPO / "bin" / "sriov-cni"),
+            "setup",
+            "--config",
+            str(config_file),
+            "--data-dir",
+            str(data),
+            "--state-file",
+            str(state),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     return time.perf_counter() - start
 
@@ -113,8 +127,12 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"{len(pfs)} PFs x {args.vfs} VFs with IRQ/RPS/XPS/RFS tuning, median of {args.rounds} rounds")
     print(f"  bare sriov_numvfs write + wait for netdevs: {med['bare'] * 1000:8.1f} ms")
-    print(f"  sriov-cni setup, in-process:               {med['setup'] * 1000:8.1f} ms   overhead {(med['setup'] - med['bare']) * 1000:+.1f} ms")
-    print(f"  bin/sriov-cni setup, as a process:         {med['process'] * 1000:8.1f} ms   overhead {(med['process'] - med['bare']) * 1000:+.1f} ms")
+    print(
+        f"  sriov-cni setup, in-process:               {med['setup'] * 1000:8.1f} ms   overhead {(med['setup'] - med['bare']) * 1000:+.1f} ms"
+    )
+    print(
+        f"  bin/sriov-cni setup, as a process:         {med['process'] * 1000:8.1f} ms   overhead {(med['process'] - med['bare']) * 1000:+.1f} ms"
+    )
     print("  rounds (ms): " + "; ".join(f"{k} " + " ".join(f"{t * 1000:.0f}" for t in v) for k, v in times.items()))
 
 

@@ -114,9 +114,11 @@ def breakdown(prof: Path) -> tuple[dict[str, float], dict[str, float], float]:
 
 def table(title: str, prof: Path, unprofiled: float | None) -> list[str]:
     seconds, requests, total = breakdown(prof)
-    lines = [f"{title}: {total * 1000:.1f} ms under cProfile"
-             + (f" ({unprofiled * 1000:.1f} ms without)" if unprofiled is not None else "")
-             + (f", {sum(requests.values()):.0f} netlink requests" if requests else "")]
+    lines = [
+        f"{title}: {total * 1000:.1f} ms under cProfile"
+        + (f" ({unprofiled * 1000:.1f} ms without)" if unprofiled is not None else "")
+        + (f", {sum(requests.values()):.0f} netlink requests" if requests else "")
+    ]
     lines.append(f"  {'phase':42} {'ms':>8} {'share':>6}" + (f" {'netlink':>7}" if requests else ""))
     for name, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
         count = f" {requests.get(name, 0):7.0f}" if requests else ""

@@ -127,8 +127,9 @@ def test_the_cap_is_what_fits_beside_the_daemon_with_headroom(tmp_path: Path) ->
     # --max-children stays an upper bound, and a budget too small for one
     # child still serves calls one at a time.
     assert budget.admission(3, None, root, proc).children == 3
-    assert budget.admission(64, 40 * MiB, root, proc) == budget.Admission(1, 40 * MiB, "--memory-budget",
-                                                                          40 * MiB // 32, 45 * MiB, 64)
+    assert budget.admission(64, 40 * MiB, root, proc) == budget.Admission(
+        1, 40 * MiB, "--memory-budget", 40 * MiB // 32, 45 * MiB, 64
+    )
     assert budget.Admission(1, 40 * MiB, "--memory-budget").describe().startswith("at most 1 call at once")
 
 
@@ -156,10 +157,17 @@ def test_the_flag_overrides_the_cgroup(tmp_path: Path) -> None:
     assert budget.admission(64, 1024 * MiB, root, proc).source == "--memory-budget"
 
 
-@pytest.mark.parametrize(("text", "size"), [
-    ("167772160", 160 * MiB), ("160Mi", 160 * MiB), ("1Gi", 1 << 30), ("512Ki", 512 << 10), ("200M", 200_000_000),
-    (" 2G ", 2_000_000_000),
-])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("167772160", 160 * MiB),
+        ("160Mi", 160 * MiB),
+        ("1Gi", 1 << 30),
+        ("512Ki", 512 << 10),
+        ("200M", 200_000_000),
+        (" 2G ", 2_000_000_000),
+    ],
+)
 def test_sizes_as_kubernetes_writes_them(text: str, size: int) -> None:
     assert budget.parse_size(text) == size
 
@@ -179,8 +187,12 @@ def test_the_daemon_names_its_cap_and_budget_when_it_starts(tmp_path: Path) -> N
 
 
 def test_a_budget_that_is_not_a_size_is_refused_before_listening(tmp_path: Path) -> None:
-    proc = subprocess.run(command_line(tmp_path / "run" / "plugin.sock", "--memory-budget", "1.5Gi"),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        command_line(tmp_path / "run" / "plugin.sock", "--memory-budget", "1.5Gi"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--memory-budget" in proc.stderr and "not a size" in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
 

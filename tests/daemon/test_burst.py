@@ -47,18 +47,30 @@ class Rig:
         self.daemon = Daemon(tmp_path / "run", program=self.node.daemon_command, wrapper=self.cgroup.wrap([]))
 
     def conf(self, ipam_type: str = "host-local") -> bytes:
-        return json.dumps({
-            "cniVersion": "1.0.0", "name": "burst", "type": "sriov",
-            "pfNames": [pf.name for pf in self.node.node.pfs], "dataDir": str(self.tmp / "state"),
-            "ipam": {"type": ipam_type, "subnet": "10.95.0.0/24", "dataDir": str(self.tmp / "ipam")},
-        }).encode()
+        return json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": "burst",
+                "type": "sriov",
+                "pfNames": [pf.name for pf in self.node.node.pfs],
+                "dataDir": str(self.tmp / "state"),
+                "ipam": {"type": ipam_type, "subnet": "10.95.0.0/24", "dataDir": str(self.tmp / "ipam")},
+            }
+        ).encode()
 
     def start(self, command: str, i: int, conf: bytes, cni_path: str = DEBIAN_CNI_DIR) -> subprocess.Popen[bytes]:
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": command, "CNI_CONTAINERID": f"burst{i}",
-               "CNI_NETNS": self.pods[i], "CNI_IFNAME": "net1", "CNI_PATH": cni_path,
-               "SRIOV_CNI_SOCKET": str(self.daemon.socket)}
-        proc = subprocess.Popen([str(self.bin / "sriov")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env)
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": f"burst{i}",
+            "CNI_NETNS": self.pods[i],
+            "CNI_IFNAME": "net1",
+            "CNI_PATH": cni_path,
+            "SRIOV_CNI_SOCKET": str(self.daemon.socket),
+        }
+        proc = subprocess.Popen(
+            [str(self.bin / "sriov")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
         assert proc.stdin is not None
         proc.stdin.write(conf)
         proc.stdin.close()
@@ -124,8 +136,9 @@ def test_a_burst_of_64_adds_in_a_small_cgroup_all_succeed_and_the_daemon_lives(s
 
 def may_lower_oom_score_adj() -> bool:
     """Whether this process has CAP_SYS_RESOURCE (a container may have root without it)."""
-    [caps] = [line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
-              if line.startswith("CapEff:")]
+    [caps] = [
+        line.split()[1] for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("CapEff:")
+    ]
     return bool(int(caps, 16) >> CAP_SYS_RESOURCE & 1)
 
 
@@ -143,7 +156,9 @@ def test_the_daemon_is_exempt_from_the_oom_killer_and_its_children_go_first(smal
 
     def adjusted() -> list[str]:
         """The spares' oom_score_adj, once the daemon has forked them and they have set it."""
-        values = [Path(f"/proc/{child}/oom_score_adj").read_text().strip() for child in children_file.read_text().split()]
+        values = [
+            Path(f"/proc/{child}/oom_score_adj").read_text().strip() for child in children_file.read_text().split()
+        ]
         return values if values and set(values) == {str(budget.CHILD_OOM_SCORE_ADJ)} else []
 
     deadline = time.monotonic() + 30
@@ -160,8 +175,10 @@ def test_a_call_killed_by_the_oom_killer_fails_clearly_and_leaves_nothing(tmp_pa
     hog_dir = tmp_path / "hog-bin"
     hog_dir.mkdir()
     hog = hog_dir / "hog-ipam"
-    hog.write_text(f"#!{sys.executable}\nimport os\nheld = []\nwhile os.environ['CNI_COMMAND'] == 'ADD':\n"
-                   "    held.append(b'x' * (1 << 20))\n")
+    hog.write_text(
+        f"#!{sys.executable}\nimport os\nheld = []\nwhile os.environ['CNI_COMMAND'] == 'ADD':\n"
+        "    held.append(b'x' * (1 << 20))\n"
+    )
     hog.chmod(0o755)
     rig = Rig(tmp_path, 2, 80 * MiB)
     try:

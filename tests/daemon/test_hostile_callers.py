@@ -45,8 +45,16 @@ def test_children_that_end_at_start_are_forked_again_only_after_a_while(tmp_path
     try:
         # The daemon's own warning (an OOM exemption it may not be allowed
         # to set) may come first.
-        lines = list(itertools.islice((line for line in iter(d.proc.stderr.readline, "")
-                                       if not line.startswith("sriov-cni daemon: warning: cannot exempt")), 4))
+        lines = list(
+            itertools.islice(
+                (
+                    line
+                    for line in iter(d.proc.stderr.readline, "")
+                    if not line.startswith("sriov-cni daemon: warning: cannot exempt")
+                ),
+                4,
+            )
+        )
         # Logged once each, every fork after a doubled interval: not a
         # fork loop.
         for line in lines:
@@ -194,6 +202,7 @@ def _settle(d: Daemon, expected: tuple[int, int] | None = None) -> tuple[int, in
     With ``expected``, once they are back to it (a refused caller's
     connection is closed once it is read to its end, a moment later).
     """
+
     def now() -> tuple[int, int]:
         return _descriptors(d.proc.pid), len(d.all_children())
 
@@ -224,8 +233,9 @@ def hdaemon(tmp_path: Path) -> Iterator[Daemon]:
     d.stop()
 
 
-def test_a_frame_cut_at_any_byte_is_refused_as_truncated(hdaemon: Daemon, tmp_path: Path, stdin_file: int,
-                                                         devnull: int) -> None:
+def test_a_frame_cut_at_any_byte_is_refused_as_truncated(
+    hdaemon: Daemon, tmp_path: Path, stdin_file: int, devnull: int
+) -> None:
     whole = frame()
 
     def load() -> None:
@@ -239,10 +249,14 @@ def test_a_frame_cut_at_any_byte_is_refused_as_truncated(hdaemon: Daemon, tmp_pa
     assert call(hdaemon.socket, whole, [stdin_file, devnull, devnull], close_after=False) == ("exited", 0)
 
 
-@pytest.mark.parametrize("length", [wire.MAX_REQUEST + 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF],
-                         ids=["one-over", "int32-max", "negative-as-int32", "uint32-max"])
-def test_a_length_over_the_bound_is_refused_without_reading(hdaemon: Daemon, tmp_path: Path, stdin_file: int,
-                                                             devnull: int, length: int) -> None:
+@pytest.mark.parametrize(
+    "length",
+    [wire.MAX_REQUEST + 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF],
+    ids=["one-over", "int32-max", "negative-as-int32", "uint32-max"],
+)
+def test_a_length_over_the_bound_is_refused_without_reading(
+    hdaemon: Daemon, tmp_path: Path, stdin_file: int, devnull: int, length: int
+) -> None:
     def load() -> None:
         conn = send(hdaemon.socket, length.to_bytes(4, "big"), [stdin_file, devnull, devnull], close_after=False)
         kind, error = answer_of(conn)
@@ -257,16 +271,16 @@ def test_an_empty_request_is_refused_as_unreadable(hdaemon: Daemon, stdin_file: 
 
 
 @pytest.mark.parametrize("version", ["0.0.1", "", "\udcff-not-utf-8"])
-def test_another_version_is_refused_naming_both(hdaemon: Daemon, stdin_file: int, devnull: int,
-                                                version: str) -> None:
+def test_another_version_is_refused_naming_both(hdaemon: Daemon, stdin_file: int, devnull: int, version: str) -> None:
     kind, error = call(hdaemon.socket, frame(version), [stdin_file, devnull, devnull], close_after=False)
     assert kind == "refused" and error["code"] == 11, error
     assert f"the sriov-cni daemon is {__version__}" in error["msg"] and "version skew" in error["msg"]
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 4, 250])
-def test_a_request_without_exactly_three_descriptors_is_refused(hdaemon: Daemon, tmp_path: Path,
-                                                                stdin_file: int, count: int) -> None:
+def test_a_request_without_exactly_three_descriptors_is_refused(
+    hdaemon: Daemon, tmp_path: Path, stdin_file: int, count: int
+) -> None:
     def load() -> None:
         conn = send(hdaemon.socket, frame(), [stdin_file] * count, close_after=False)
         kind, error = answer_of(conn)
@@ -303,6 +317,7 @@ def _pipe_end(reading: bool) -> Callable[[Path], int]:
         r, w = os.pipe()
         os.close(w if reading else r)
         return r if reading else w
+
     return make
 
 
@@ -315,21 +330,40 @@ def _eventfd(tmp_path: Path) -> int:
     return os.eventfd(0)
 
 
-@pytest.mark.parametrize("index,make,problem", [
-    (0, _directory, "a directory"),
-    (0, _listening, "a listening socket"),
-    (1, _listening, "a listening socket"),
-    (2, _unconnected, "a socket connected to nothing"),
-    (1, _unread_pipe, "a pipe or socket nobody reads"),
-    (0, _path_only, "opened only as a path"),
-    (0, _pipe_end(reading=False), "not open for reading"),
-    (1, _pipe_end(reading=True), "not open for writing"),
-    (2, _eventfd, "neither a file, a pipe, a socket nor a character device"),
-], ids=["stdin-dir", "stdin-listening", "stdout-listening", "stderr-unconnected", "stdout-unread-pipe",
-        "stdin-o-path", "stdin-write-end", "stdout-read-end", "stderr-eventfd"])
-def test_a_descriptor_that_cannot_serve_is_refused_naming_it(hdaemon: Daemon, tmp_path: Path, stdin_file: int,
-                                                             devnull: int, index: int,
-                                                             make: Callable[[Path], int], problem: str) -> None:
+@pytest.mark.parametrize(
+    "index,make,problem",
+    [
+        (0, _directory, "a directory"),
+        (0, _listening, "a listening socket"),
+        (1, _listening, "a listening socket"),
+        (2, _unconnected, "a socket connected to nothing"),
+        (1, _unread_pipe, "a pipe or socket nobody reads"),
+        (0, _path_only, "opened only as a path"),
+        (0, _pipe_end(reading=False), "not open for reading"),
+        (1, _pipe_end(reading=True), "not open for writing"),
+        (2, _eventfd, "neither a file, a pipe, a socket nor a character device"),
+    ],
+    ids=[
+        "stdin-dir",
+        "stdin-listening",
+        "stdout-listening",
+        "stderr-unconnected",
+        "stdout-unread-pipe",
+        "stdin-o-path",
+        "stdin-write-end",
+        "stdout-read-end",
+        "stderr-eventfd",
+    ],
+)
+def test_a_descriptor_that_cannot_serve_is_refused_naming_it(
+    hdaemon: Daemon,
+    tmp_path: Path,
+    stdin_file: int,
+    devnull: int,
+    index: int,
+    make: Callable[[Path], int],
+    problem: str,
+) -> None:
     odd = make(tmp_path)
     try:
         fds = [stdin_file, devnull, devnull]
@@ -353,12 +387,12 @@ def test_a_stdin_that_ended_empty_is_read_as_empty(hdaemon: Daemon, devnull: int
 
 
 def test_odd_environment_entries_do_not_refuse_the_call(hdaemon: Daemon, tmp_path: Path, stdin_file: int) -> None:
-    body = b"\0".join([__version__.encode(), b"sriov-ipam", b"/", b"=x", b"NO_EQUALS", b"", b"\xff\xfe=\x80",
-                       b"CNI_COMMAND=VERSION"])
+    body = b"\0".join(
+        [__version__.encode(), b"sriov-ipam", b"/", b"=x", b"NO_EQUALS", b"", b"\xff\xfe=\x80", b"CNI_COMMAND=VERSION"]
+    )
     r, w = os.pipe()
     try:
-        kind, status = call(hdaemon.socket, len(body).to_bytes(4, "big") + body, [stdin_file, w, w],
-                            close_after=False)
+        kind, status = call(hdaemon.socket, len(body).to_bytes(4, "big") + body, [stdin_file, w, w], close_after=False)
         os.close(w)
         with os.fdopen(r, "rb") as out:
             printed = json.loads(out.read())
@@ -381,8 +415,9 @@ def _still_waiting(conn: socket.socket) -> bool:
     return False
 
 
-def test_idle_and_slow_callers_hold_no_child_and_delay_no_honest_call(tmp_path: Path, stdin_file: int,
-                                                                      devnull: int) -> None:
+def test_idle_and_slow_callers_hold_no_child_and_delay_no_honest_call(
+    tmp_path: Path, stdin_file: int, devnull: int
+) -> None:
     # Long enough that none of the stalled callers is dropped before the
     # honest calls are done: they are served beside them, not after.
     d = Daemon(tmp_path / "run", "--request-timeout", "300", "--max-children", "4")
@@ -412,8 +447,7 @@ def test_idle_and_slow_callers_hold_no_child_and_delay_no_honest_call(tmp_path: 
         d.stop()
 
 
-def test_a_stalled_caller_is_refused_after_the_request_timeout(tmp_path: Path, stdin_file: int,
-                                                               devnull: int) -> None:
+def test_a_stalled_caller_is_refused_after_the_request_timeout(tmp_path: Path, stdin_file: int, devnull: int) -> None:
     d = Daemon(tmp_path / "run", "--request-timeout", "0.5")
     try:
         whole = frame()
@@ -424,11 +458,11 @@ def test_a_stalled_caller_is_refused_after_the_request_timeout(tmp_path: Path, s
         d.stop()
 
 
-def test_a_thousand_callers_at_once_are_all_answered(hdaemon: Daemon, tmp_path: Path, stdin_file: int,
-                                                     devnull: int) -> None:
+def test_a_thousand_callers_at_once_are_all_answered(
+    hdaemon: Daemon, tmp_path: Path, stdin_file: int, devnull: int
+) -> None:
     def load() -> None:
-        conns = [send(hdaemon.socket, frame(), [stdin_file, devnull, devnull], close_after=False)
-                 for _ in range(1000)]
+        conns = [send(hdaemon.socket, frame(), [stdin_file, devnull, devnull], close_after=False) for _ in range(1000)]
         answers = [answer_of(conn) for conn in conns]
         assert answers == [("exited", 0)] * 1000
 
@@ -451,8 +485,9 @@ def test_more_stalled_callers_than_it_reads_at_once_make_way_for_honest_ones(hda
     _settle(hdaemon, baseline)
 
 
-def test_callers_that_leave_before_the_answer_leave_nothing_behind(hdaemon: Daemon, tmp_path: Path,
-                                                                   stdin_file: int, devnull: int) -> None:
+def test_callers_that_leave_before_the_answer_leave_nothing_behind(
+    hdaemon: Daemon, tmp_path: Path, stdin_file: int, devnull: int
+) -> None:
     def load() -> None:
         for data in (frame(), frame(version="0.0.1"), wire.MAX_REQUEST.to_bytes(4, "big") + b"x" * 100):
             for _ in range(20):
@@ -468,15 +503,23 @@ def test_a_call_whose_caller_left_while_it_waited_for_a_child_is_not_run(tmp_pat
     try:
         # The only child is busy with a call whose stdin stays open.
         env = {**ipam_env("first"), "CNI_COMMAND": "ADD"}
-        first = send(d.socket, wire.encode_request(__version__, "sriov-ipam", "/", env),
-                     [first_stdin_r, devnull, devnull], close_after=False)
+        first = send(
+            d.socket,
+            wire.encode_request(__version__, "sriov-ipam", "/", env),
+            [first_stdin_r, devnull, devnull],
+            close_after=False,
+        )
         wait_for(lambda: d.children())
         conf_file = tmp_path / "conf.json"
         conf_file.write_bytes(conf)
         second_stdin = os.open(conf_file, os.O_RDONLY)
         env = {**ipam_env("left-while-waiting"), "CNI_COMMAND": "ADD"}
-        second = send(d.socket, wire.encode_request(__version__, "sriov-ipam", "/", env),
-                      [second_stdin, devnull, devnull], close_after=False)
+        second = send(
+            d.socket,
+            wire.encode_request(__version__, "sriov-ipam", "/", env),
+            [second_stdin, devnull, devnull],
+            close_after=False,
+        )
         os.close(second_stdin)
         second.close()
         os.write(first_stdin_w, conf)
@@ -541,24 +584,38 @@ def frames(draw: st.DrawFn) -> Frame:
     program = draw(_field) if "program" in broken else draw(st.sampled_from(["sriov-ipam", "sriov"]))
     cwd = draw(st.sampled_from(["/", "/nonexistent", ""]) if "cwd" in broken else st.just("/"))
     entries = draw(st.lists(_entry, max_size=4)) if "entries" in broken else [b"PATH=/usr/bin:/bin"]
-    body = b"\0".join([version.encode("utf-8", "surrogateescape"), program.encode("utf-8", "surrogateescape"),
-                       cwd.encode(), *entries, b"CNI_COMMAND=VERSION"])
+    body = b"\0".join(
+        [
+            version.encode("utf-8", "surrogateescape"),
+            program.encode("utf-8", "surrogateescape"),
+            cwd.encode(),
+            *entries,
+            b"CNI_COMMAND=VERSION",
+        ]
+    )
     if "body" in broken:
         body = draw(st.binary(max_size=64))
-    length = draw(st.one_of(st.integers(0, len(body) + 8), st.integers(0, 2**32 - 1))) if "length" in broken \
-        else len(body)
+    length = (
+        draw(st.one_of(st.integers(0, len(body) + 8), st.integers(0, 2**32 - 1))) if "length" in broken else len(body)
+    )
     data = length.to_bytes(4, "big") + body
     cut = draw(st.integers(0, len(data))) if "cut" in broken else None
-    kinds = draw(st.lists(st.sampled_from(KINDS), max_size=5)) if "kinds" in broken else \
-        draw(st.lists(st.sampled_from(USABLE), min_size=3, max_size=3))
+    kinds = (
+        draw(st.lists(st.sampled_from(KINDS), max_size=5))
+        if "kinds" in broken
+        else draw(st.lists(st.sampled_from(USABLE), min_size=3, max_size=3))
+    )
     return Frame(data, cut, kinds)
 
 
 def _open_kind(kind: str, index: int, tmp_path: Path, opened: list[int]) -> int:
     """A descriptor of ``kind`` fit for ``index`` when it can be; every descriptor made goes to ``opened``."""
     if kind == "file":
-        fd = os.open(tmp_path / "stdin.json", os.O_RDONLY) if index == 0 else \
-            os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        fd = (
+            os.open(tmp_path / "stdin.json", os.O_RDONLY)
+            if index == 0
+            else os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        )
     elif kind == "devnull":
         fd = os.open(os.devnull, os.O_RDWR)
     elif kind == "pipe":
@@ -593,8 +650,12 @@ def test_any_frame_is_answered_and_only_a_whole_valid_one_runs(hdaemon: Daemon, 
     baseline = _settle(hdaemon)
 
     @seed(30)
-    @settings(max_examples=200, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=200,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(frames())
     def one(f: Frame) -> None:
         opened: list[int] = []
@@ -635,8 +696,9 @@ def _hostile_round(sock: Path, rng: random.Random, tmp_path: Path) -> None:
         elif choice == 1:  # stops short
             answer_of(send(sock, whole[: rng.randrange(len(whole))], fds))
         elif choice == 2:  # a length over the bound
-            answer_of(send(sock, (wire.MAX_REQUEST + rng.randrange(1, 1 << 20)).to_bytes(4, "big"), fds,
-                           close_after=False))
+            answer_of(
+                send(sock, (wire.MAX_REQUEST + rng.randrange(1, 1 << 20)).to_bytes(4, "big"), fds, close_after=False)
+            )
         elif choice == 3:  # a directory as stdin
             answer_of(send(sock, whole, [directory, out, out], close_after=False))
         elif choice == 4:  # leaves before its answer
@@ -690,8 +752,10 @@ def test_soak_honest_calls_are_all_served_beside_hostile_callers(tmp_path: Path)
             t.join()
         assert not failures, failures[:5]
         assert served and hostile
-        print(f"soak: {len(served)} honest ADD/DEL pairs served, beside {len(hostile)} hostile callers, "
-              f"in {SOAK_SECONDS:g} s")
+        print(
+            f"soak: {len(served)} honest ADD/DEL pairs served, beside {len(hostile)} hostile callers, "
+            f"in {SOAK_SECONDS:g} s"
+        )
         _settle(d, baseline)
         honest(d, tmp_path)
     finally:

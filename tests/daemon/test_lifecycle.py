@@ -19,14 +19,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemonlib import REPO, SHIM, Daemon, broken_children, command_line, ipam_conf, ipam_env, shim, wait_for
+from tests.support.daemonlib import (
+    REPO,
+    SHIM,
+    Daemon,
+    broken_children,
+    command_line,
+    ipam_conf,
+    ipam_env,
+    shim,
+    wait_for,
+)
 
 
 def ready(socket_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     # The subprocess timeout only keeps a probe that ignores its own from
     # hanging the suite.
-    return subprocess.run(command_line(socket_path, *options, command="ready"),
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        command_line(socket_path, *options, command="ready"), cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_ready_when_the_daemon_runs_a_call(tmp_path: Path) -> None:
@@ -60,8 +71,13 @@ def test_ready_loads_neither_the_daemon_nor_the_node_modules(tmp_path: Path) -> 
         "    print(loaded())\n"
     )
     with Daemon(tmp_path / "run") as d:
-        proc = subprocess.run([sys.executable, "-c", code, "ready", "--socket", str(d.socket)],
-                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, "ready", "--socket", str(d.socket)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert proc.returncode == 0, proc
     assert proc.stdout.splitlines() == [
         f"ready: the daemon at {d.socket} ran a call and answered",
@@ -77,12 +93,15 @@ def test_not_ready_without_a_socket(tmp_path: Path) -> None:
     assert f"not ready: no daemon answers at {sock}: No such file or directory" in proc.stderr
 
 
-@pytest.mark.parametrize("listening, says", [
-    # What a daemon that died leaves behind.
-    (False, "not ready: no daemon answers at {sock}: Connection refused"),
-    # It takes the connection and the request, and never answers: a stuck daemon.
-    (True, "not ready: the daemon at {sock} did not answer within 0.5 s"),
-])
+@pytest.mark.parametrize(
+    "listening, says",
+    [
+        # What a daemon that died leaves behind.
+        (False, "not ready: no daemon answers at {sock}: Connection refused"),
+        # It takes the connection and the request, and never answers: a stuck daemon.
+        (True, "not ready: the daemon at {sock} did not answer within 0.5 s"),
+    ],
+)
 def test_not_ready_when_the_socket_answers_nothing(tmp_path: Path, listening: bool, says: str) -> None:
     sock = tmp_path / "plugin.sock"
     bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -149,7 +168,8 @@ def stopping(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
 
 def test_sigterm_lets_the_call_in_flight_end_refuses_new_ones_and_exits_0(
-        stopping: Callable[..., Daemon], tmp_path: Path) -> None:
+    stopping: Callable[..., Daemon], tmp_path: Path
+) -> None:
     # The request timeout bounds how long the child reads the slow call's
     # stdin: longer than this test holds it open on a loaded machine.
     d = stopping("--request-timeout", "120")
@@ -180,7 +200,8 @@ def test_sigterm_lets_the_call_in_flight_end_refuses_new_ones_and_exits_0(
 
 
 def test_sigterm_with_a_call_running_past_the_drain_timeout_exits_1_naming_it(
-        stopping: Callable[..., Daemon], tmp_path: Path) -> None:
+    stopping: Callable[..., Daemon], tmp_path: Path
+) -> None:
     d = stopping("--request-timeout", "120", "--drain-timeout", "0.5")
     slow = slow_call(d, tmp_path, "stuck")
     d.proc.send_signal(signal.SIGTERM)

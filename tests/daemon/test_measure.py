@@ -17,10 +17,17 @@ def test_every_claim_records_its_wait_and_whether_it_got_the_claim(tmp_path: Pat
     files = FileStore(tmp_path)
     # Held by another process, as another call holds a VF.
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys\nfrom sriov_cni.vfstore import FileStore\n"
-         "claim = FileStore(sys.argv[1]).claim(sys.argv[2])\nprint(claim is not None, flush=True)\nsys.stdin.read()",
-         str(tmp_path), PCI_B],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom sriov_cni.vfstore import FileStore\n"
+            "claim = FileStore(sys.argv[1]).claim(sys.argv[2])\nprint(claim is not None, flush=True)\nsys.stdin.read()",
+            str(tmp_path),
+            PCI_B,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout is not None and holder.stdout.readline() == "True\n"
     try:

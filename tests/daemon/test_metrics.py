@@ -58,26 +58,41 @@ class Rig:
         for name in ("sriov", "sriov-ipam"):
             (self.bin / name).symlink_to(SHIM)
         # Two calls per child: children end after their calls too.
-        self.daemon = Daemon(tmp_path / "run", "calls=2", "metrics=127.0.0.1:0", f"data={self.state}",
-                             program=self.node.daemon_command)
+        self.daemon = Daemon(
+            tmp_path / "run", "calls=2", "metrics=127.0.0.1:0", f"data={self.state}", program=self.node.daemon_command
+        )
         self.socket, self.proc, banner = self.daemon.socket, self.daemon.proc, self.daemon.banner
         assert "metrics on http://" in banner, banner
         self.url = banner.split("metrics on ")[1].strip()
         self.address = urllib.parse.urlparse(self.url).netloc
 
     def conf(self, network: str = "net-a", pf: int = 0) -> bytes:
-        return json.dumps({"cniVersion": "1.0.0", "name": network, "type": "sriov",
-                           "pfNames": [self.pfs[pf].name], "dataDir": str(self.state)}).encode()
+        return json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": network,
+                "type": "sriov",
+                "pfNames": [self.pfs[pf].name],
+                "dataDir": str(self.state),
+            }
+        ).encode()
 
     def env(self, command: str, pod: int) -> dict[str, str]:
-        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": command, "CNI_CONTAINERID": f"pod{pod}",
-                "CNI_NETNS": self.pods[pod], "CNI_IFNAME": "net1", "CNI_PATH": "/usr/lib/cni",
-                "SRIOV_CNI_SOCKET": str(self.socket)}
+        return {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": f"pod{pod}",
+            "CNI_NETNS": self.pods[pod],
+            "CNI_IFNAME": "net1",
+            "CNI_PATH": "/usr/lib/cni",
+            "SRIOV_CNI_SOCKET": str(self.socket),
+        }
 
     def call(self, command: str, pod: int, conf: bytes, program: str = "sriov") -> tuple[int, dict[str, Any]]:
         # The timeout only keeps a broken daemon from hanging the suite.
-        proc = subprocess.run([str(self.bin / program)], input=conf, env=self.env(command, pod),
-                              capture_output=True, timeout=120)
+        proc = subprocess.run(
+            [str(self.bin / program)], input=conf, env=self.env(command, pod), capture_output=True, timeout=120
+        )
         return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else {})
 
     def scrape(self) -> Samples:
@@ -143,6 +158,7 @@ def durations(samples: Samples, program: str, command: str) -> tuple[float, floa
 
 def settled(rig: Rig, want: Any) -> Samples:
     """A scrape once ``want(samples)`` holds: a child reports its call just after answering it."""
+
     def probe() -> Samples:
         samples = rig.scrape()
         return samples if want(samples) else {}
@@ -169,8 +185,13 @@ def test_calls_are_counted_by_command_and_the_code_each_caller_got(rig: Rig) -> 
     ended = key("sriov_cni_daemon_children_ended_total", how="after_calls")
     # Counted once the children have reported their calls, and the daemon
     # has reaped the ones that served their two (it does so just after).
-    after = settled(rig, lambda s: sum(calls(s, "sriov", c, r) - calls(before, "sriov", c, r)
-                                       for c, r in expected) == len(expected) and s.get(ended, 0) >= 2)
+    after = settled(
+        rig,
+        lambda s: (
+            sum(calls(s, "sriov", c, r) - calls(before, "sriov", c, r) for c, r in expected) == len(expected)
+            and s.get(ended, 0) >= 2
+        ),
+    )
     for (command, result), count in expected.items():
         assert calls(after, "sriov", command, result) - calls(before, "sriov", command, result) == count
     for command, count in (("ADD", 2), ("DEL", 1), ("VERSION", 1), ("other", 1)):
@@ -347,8 +368,10 @@ def test_an_exporter_whose_port_is_taken_is_tried_again_until_it_is_free(rig: Ri
                 assert "serves on" in line, line
         taken.listen()
         line = said(rig, "metrics exporter")
-        assert (f"could not start again on {rig.address}: cannot listen on {rig.address}: Address already in use"
-                in line and "starting another in" in line), line
+        assert (
+            f"could not start again on {rig.address}: cannot listen on {rig.address}: Address already in use" in line
+            and "starting another in" in line
+        ), line
         rc, out = rig.call("VERSION", 0, VERSION)
         assert rc == 0, out
     # Free again: the attempt under way or the next one listens (a line
@@ -393,32 +416,64 @@ def test_the_example_alert_rules_are_valid_and_fire_as_the_readme_says(tmp_path:
     assert check.returncode == 0, check.stdout + check.stderr
     pf = 'pf="ens1f0",pci="0000:af:00.0",instance="node1:9731",job="sriov-cni"'
     node = 'instance="node1:9731",job="sriov-cni"'
-    tests: dict[str, Any] = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m",
-        "input_series": [
-            {"series": f'sriov_cni_pf_vfs{{{pf}}}', "values": "8x20"},
-            {"series": f'sriov_cni_vfs{{{pf},state="free"}}', "values": "3 0x19"},
-            {"series": f'sriov_cni_vfs{{{pf},state="stale"}}', "values": "0x20"},
-            {"series": f'up{{{node}}}', "values": "1 1 0x18"},
-            {"series": f'sriov_cni_daemon_up{{{node}}}', "values": "1x20"},
-            {"series": f'sriov_cni_calls_total{{{node},program="sriov",command="ADD",result="0"}}',
-             "values": "0+10x20"},
-            {"series": f'sriov_cni_calls_total{{{node},program="sriov",command="ADD",result="101"}}',
-             "values": "0 0 0 0 0+10x16"},
+    tests: dict[str, Any] = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f"sriov_cni_pf_vfs{{{pf}}}", "values": "8x20"},
+                    {"series": f'sriov_cni_vfs{{{pf},state="free"}}', "values": "3 0x19"},
+                    {"series": f'sriov_cni_vfs{{{pf},state="stale"}}', "values": "0x20"},
+                    {"series": f"up{{{node}}}", "values": "1 1 0x18"},
+                    {"series": f"sriov_cni_daemon_up{{{node}}}", "values": "1x20"},
+                    {
+                        "series": f'sriov_cni_calls_total{{{node},program="sriov",command="ADD",result="0"}}',
+                        "values": "0+10x20",
+                    },
+                    {
+                        "series": f'sriov_cni_calls_total{{{node},program="sriov",command="ADD",result="101"}}',
+                        "values": "0 0 0 0 0+10x16",
+                    },
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "3m", "alertname": "SriovCniPoolExhausted", "exp_alerts": []},
+                    {
+                        "eval_time": "15m",
+                        "alertname": "SriovCniPoolExhausted",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "pf": "ens1f0",
+                                    "pci": "0000:af:00.0",
+                                    "instance": "node1:9731",
+                                    "job": "sriov-cni",
+                                }
+                            }
+                        ],
+                    },
+                    {"eval_time": "3m", "alertname": "SriovCniDaemonDown", "exp_alerts": []},
+                    {
+                        "eval_time": "10m",
+                        "alertname": "SriovCniDaemonDown",
+                        "exp_alerts": [
+                            {"exp_labels": {"severity": "critical", "instance": "node1:9731", "job": "sriov-cni"}}
+                        ],
+                    },
+                    {"eval_time": "4m", "alertname": "SriovCniCallErrors", "exp_alerts": []},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "SriovCniCallErrors",
+                        "exp_alerts": [
+                            {"exp_labels": {"severity": "warning", "instance": "node1:9731", "job": "sriov-cni"}}
+                        ],
+                    },
+                ],
+            }
         ],
-        "alert_rule_test": [
-            {"eval_time": "3m", "alertname": "SriovCniPoolExhausted", "exp_alerts": []},
-            {"eval_time": "15m", "alertname": "SriovCniPoolExhausted", "exp_alerts": [{
-                "exp_labels": {"severity": "warning", "pf": "ens1f0", "pci": "0000:af:00.0",
-                               "instance": "node1:9731", "job": "sriov-cni"}}]},
-            {"eval_time": "3m", "alertname": "SriovCniDaemonDown", "exp_alerts": []},
-            {"eval_time": "10m", "alertname": "SriovCniDaemonDown", "exp_alerts": [{
-                "exp_labels": {"severity": "critical", "instance": "node1:9731", "job": "sriov-cni"}}]},
-            {"eval_time": "4m", "alertname": "SriovCniCallErrors", "exp_alerts": []},
-            {"eval_time": "20m", "alertname": "SriovCniCallErrors", "exp_alerts": [{
-                "exp_labels": {"severity": "warning", "instance": "node1:9731", "job": "sriov-cni"}}]},
-        ],
-    }]}
+    }
     # promtool compares annotations too: each expected alert's are the rule's, filled in.
     for case in tests["tests"][0]["alert_rule_test"]:
         for alert in case["exp_alerts"]:
@@ -445,14 +500,24 @@ def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> 
         pytest.fail(NOT_INSTALLED)
     rc, out = rig.call("ADD", 0, rig.conf())
     assert rc == 0, out
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(RULES)],
-              "scrape_configs": [{"job_name": "sriov-cni", "static_configs": [{"targets": [rig.address]}]}]}
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES)],
+        "scrape_configs": [{"job_name": "sriov-cni", "static_configs": [{"targets": [rig.address]}]}],
+    }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     web = f"127.0.0.1:{free_port()}"
     log = (tmp_path / "prometheus.log").open("w")
-    prometheus = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address={web}"],
-                                  stdout=log, stderr=subprocess.STDOUT)
+    prometheus = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address={web}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
     def api(path: str, **params: str) -> Any:
         url = f"http://{web}/api/v1/{path}?{urllib.parse.urlencode(params)}"
@@ -466,9 +531,12 @@ def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> 
         data = api("query", query=query)
         if not data or not data["result"]:
             return None
-        return {key(r["metric"].pop("__name__"), **{k: v for k, v in r["metric"].items()
-                                                    if k not in ("instance", "job")}): float(r["value"][1])
-                for r in data["result"]}
+        return {
+            key(
+                r["metric"].pop("__name__"), **{k: v for k, v in r["metric"].items() if k not in ("instance", "job")}
+            ): float(r["value"][1])
+            for r in data["result"]
+        }
 
     try:
         expected = expected_pool(status_json(rig))
@@ -498,8 +566,14 @@ def test_metrics_on_an_address_in_use_or_malformed_stop_the_daemon_saying_why(tm
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        for address, why in ((f"127.0.0.1:{port}", f"cannot serve metrics: cannot listen on 127.0.0.1:{port}"),
-                             ("9731", "is not HOST:PORT")):
-            proc = subprocess.run(command_line(tmp_path / "run" / "plugin.sock", "--metrics-address", address),
-                                  capture_output=True, text=True, timeout=60)
+        for address, why in (
+            (f"127.0.0.1:{port}", f"cannot serve metrics: cannot listen on 127.0.0.1:{port}"),
+            ("9731", "is not HOST:PORT"),
+        ):
+            proc = subprocess.run(
+                command_line(tmp_path / "run" / "plugin.sock", "--metrics-address", address),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert proc.returncode != 0 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -27,8 +27,13 @@ def _mode(path: Path) -> int:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from sriov_cni.cli import main; main()", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", "from sriov_cni.cli import main; main()", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_new_socket_directory_is_root_only(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ PT_INTERP = 3
 def test_the_shim_is_a_static_executable() -> None:
     data = SHIM.read_bytes()
     assert data[:4] == b"\x7fELF" and data[4] == 2, "a 64-bit ELF file"
-    phoff, = struct.unpack_from("<Q", data, 0x20)
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     types = [struct.unpack_from("<I", data, phoff + i * phentsize)[0] for i in range(phnum)]
     assert types and PT_INTERP not in types, "a program interpreter means shared libraries"
@@ -64,10 +64,11 @@ def test_old_socket_variable_still_names_the_socket(tmp_path: Path) -> None:
 
 def test_version_skew_is_refused_naming_both_versions(daemon: Daemon, tmp_path: Path) -> None:
     other = tmp_path / "old-shim"
-    subprocess.run(["gcc", "-O2", "-static", '-DSHIM_VERSION="0.0.9-old"', "-o", str(other),
-                    str(REPO / "shim" / "sriov-shim.c")], check=True)
-    rc, out = shim(daemon.socket, "ADD", ipam_conf(tmp_path), exe=other, name="sriov-ipam",
-                   env=ipam_env("skew"))
+    subprocess.run(
+        ["gcc", "-O2", "-static", '-DSHIM_VERSION="0.0.9-old"', "-o", str(other), str(REPO / "shim" / "sriov-shim.c")],
+        check=True,
+    )
+    rc, out = shim(daemon.socket, "ADD", ipam_conf(tmp_path), exe=other, name="sriov-ipam", env=ipam_env("skew"))
     assert rc == 1 and out["code"] == 11, out
     assert "0.0.9-old" in out["msg"] and __version__ in out["msg"]
     assert not (tmp_path / "ipam").exists(), "nothing ran"
@@ -102,8 +103,7 @@ def test_a_request_sent_in_one_piece_is_served(daemon: Daemon, tmp_path: Path) -
     try:
         with stdin.open("rb") as f:
             conn.connect(str(daemon.socket))
-            conn.sendmsg([frame],
-                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", f.fileno(), w, w))])
+            conn.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", f.fileno(), w, w))])
         os.close(w)
         answer = b""
         while chunk := conn.recv(4096):
@@ -143,13 +143,26 @@ def test_a_call_and_its_ipam_end_when_the_shim_is_killed(daemon: Daemon, tmp_pat
     bin_dir = tmp_path / "cni-bin"
     bin_dir.mkdir()
     pid_file = tmp_path / "ipam.pid"
-    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "sriov", "dataDir": str(tmp_path / "state"),
-                       "ipam": {"type": hangipam.install(bin_dir, pid_file)}})
+    conf = json.dumps(
+        {
+            "cniVersion": "1.0.0",
+            "name": "n",
+            "type": "sriov",
+            "dataDir": str(tmp_path / "state"),
+            "ipam": {"type": hangipam.install(bin_dir, pid_file)},
+        }
+    )
     link = tmp_path / "bin" / "sriov"
     link.parent.mkdir()
     link.symlink_to(SHIM)
-    env = {"CNI_COMMAND": "DEL", "SRIOV_CNI_SOCKET": str(daemon.socket), "CNI_CONTAINERID": "abandoned",
-           "CNI_NETNS": str(tmp_path / "gone"), "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir)}
+    env = {
+        "CNI_COMMAND": "DEL",
+        "SRIOV_CNI_SOCKET": str(daemon.socket),
+        "CNI_CONTAINERID": "abandoned",
+        "CNI_NETNS": str(tmp_path / "gone"),
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": str(bin_dir),
+    }
     proc = subprocess.Popen([str(link)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(conf.encode())
@@ -197,7 +210,10 @@ def test_install_cni_writes_the_shim_atomically_as_both_executables(tmp_path: Pa
     (dest / "sriov").write_text("an older plugin\n")
     proc = subprocess.run(
         [sys.executable, "-c", "from sriov_cni.cli import main; main()", "install-cni", "--dest", str(dest)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["sriov", "sriov-ipam"], "no temporary files left"
@@ -217,31 +233,41 @@ def test_install_cni_python_scripts_run_this_installation(tmp_path: Path) -> Non
     env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(tmp_path / "none.sock"), "PATH": "/usr/bin:/bin"}
     for path in written:
         assert f"sys.path.insert(0, {str(REPO)!r})" in Path(path).read_text()
-        proc = subprocess.run([path], input=b'{"cniVersion": "1.0.0"}', env=env, cwd=tmp_path,
-                              capture_output=True, timeout=60)
+        proc = subprocess.run(
+            [path], input=b'{"cniVersion": "1.0.0"}', env=env, cwd=tmp_path, capture_output=True, timeout=60
+        )
         assert proc.returncode == 0, proc.stderr
         assert "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
 
 
-def run_python_sriov(sock: Path | None, version: str, plugin_importable: bool = True,
-                     variable: str = "SRIOV_CNI_SOCKET", command: str = "VERSION") -> subprocess.CompletedProcess[bytes]:
+def run_python_sriov(
+    sock: Path | None,
+    version: str,
+    plugin_importable: bool = True,
+    variable: str = "SRIOV_CNI_SOCKET",
+    command: str = "VERSION",
+) -> subprocess.CompletedProcess[bytes]:
     """The Python ``sriov`` executable, claiming to be ``version``, told of ``sock`` by ``variable``.
 
     Without ``plugin_importable`` it can run nothing itself, so a call that
     succeeds was run by the daemon. ``sock`` None sets no socket variable.
     """
     block = "" if plugin_importable else "import sys; sys.modules['sriov_cni.plugin.commands'] = None; "
-    code = (f"import sriov_cni; sriov_cni.__version__ = {version!r}; {block}"
-            "from sriov_cni.daemon.client import main; main()")
+    code = (
+        f"import sriov_cni; sriov_cni.__version__ = {version!r}; {block}"
+        "from sriov_cni.daemon.client import main; main()"
+    )
     env = {"CNI_COMMAND": command, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     if sock is not None:
         env[variable] = str(sock)
-    return subprocess.run([sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env,
-                          capture_output=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env, capture_output=True, timeout=60
+    )
 
 
-def python_sriov(sock: Path | None, version: str, plugin_importable: bool = True,
-                 variable: str = "SRIOV_CNI_SOCKET") -> tuple[int, dict[str, Any]]:
+def python_sriov(
+    sock: Path | None, version: str, plugin_importable: bool = True, variable: str = "SRIOV_CNI_SOCKET"
+) -> tuple[int, dict[str, Any]]:
     proc = run_python_sriov(sock, version, plugin_importable, variable)
     return proc.returncode, json.loads(proc.stdout)
 
@@ -307,8 +333,14 @@ def test_a_measuring_daemon_reports_each_call_after_answering(tmp_path: Path) ->
 
 
 def test_a_failed_call_exits_non_zero_through_the_daemon(daemon: Daemon, tmp_path: Path) -> None:
-    conf = json.dumps({"cniVersion": "1.0.0", "name": "shim-bad", "type": "sriov",
-                       "ipam": {"type": "sriov-ipam", "dataDir": str(tmp_path / "ipam")}}).encode()
+    conf = json.dumps(
+        {
+            "cniVersion": "1.0.0",
+            "name": "shim-bad",
+            "type": "sriov",
+            "ipam": {"type": "sriov-ipam", "dataDir": str(tmp_path / "ipam")},
+        }
+    ).encode()
     rc, out = shim(daemon.socket, "ADD", conf, name="sriov-ipam", env=ipam_env("bad"))
     assert rc == 1 and out["code"] == 7 and "msg" in out, out
 
@@ -332,10 +364,22 @@ def test_a_child_serves_calls_in_turn_each_with_only_its_own_settings(tmp_path: 
     link.symlink_to(SHIM)
 
     def delete(container: str, log_file: Path | None) -> str:
-        conf = {"cniVersion": "1.0.0", "name": "n", "type": "sriov", "logLevel": "debug",
-                "dataDir": str(tmp_path / "state"), **({"logFile": str(log_file)} if log_file else {})}
-        env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": container, "CNI_NETNS": str(tmp_path / "gone"),
-               "CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin", "SRIOV_CNI_SOCKET": str(d.socket)}
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": "n",
+            "type": "sriov",
+            "logLevel": "debug",
+            "dataDir": str(tmp_path / "state"),
+            **({"logFile": str(log_file)} if log_file else {}),
+        }
+        env = {
+            "CNI_COMMAND": "DEL",
+            "CNI_CONTAINERID": container,
+            "CNI_NETNS": str(tmp_path / "gone"),
+            "CNI_IFNAME": "net1",
+            "CNI_PATH": "/opt/cni/bin",
+            "SRIOV_CNI_SOCKET": str(d.socket),
+        }
         proc = subprocess.run([str(link)], input=json.dumps(conf).encode(), env=env, capture_output=True, timeout=60)
         assert proc.returncode == 0, proc
         return proc.stderr.decode()

@@ -45,8 +45,15 @@ def _shim_defines() -> dict[str, str]:
 def test_the_shim_has_the_wire_modules_constants() -> None:
     defines = _shim_defines()
     # Each constant it has by hand is checked here: a new one must be too.
-    assert set(defines) == {"DEFAULT_SOCKET", "MAX_REQUEST", "TAG_EXITED", "TAG_REFUSED", "CONNECT_TIMEOUT",
-                            "CODE_INVALID_ENV", "CODE_TRY_AGAIN"}
+    assert set(defines) == {
+        "DEFAULT_SOCKET",
+        "MAX_REQUEST",
+        "TAG_EXITED",
+        "TAG_REFUSED",
+        "CONNECT_TIMEOUT",
+        "CODE_INVALID_ENV",
+        "CODE_TRY_AGAIN",
+    }
     assert defines["MAX_REQUEST"] == f"(1u << {wire.MAX_REQUEST.bit_length() - 1})"
     assert 1 << (wire.MAX_REQUEST.bit_length() - 1) == wire.MAX_REQUEST
     assert defines["TAG_EXITED"] == f"'{chr(wire.EXITED)}'"
@@ -76,8 +83,18 @@ def test_odd_environment_entries_decode_as_the_c_library_reads_them() -> None:
 CONF = b'{"cniVersion": "1.0.0"}'
 # A process that may open the root-only socket (it keeps CAP_DAC_OVERRIDE)
 # without being root.
-AS_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--inh-caps", "+dac_override",
-             "--ambient-caps", "+dac_override"]
+AS_NOBODY = [
+    "setpriv",
+    "--reuid",
+    "65534",
+    "--regid",
+    "65534",
+    "--clear-groups",
+    "--inh-caps",
+    "+dac_override",
+    "--ambient-caps",
+    "+dac_override",
+]
 # One variable is limited to 128 KiB by execve; ten of them exceed wire.MAX_REQUEST.
 BIG_ENV = {f"BIG{i}": "x" * (120 << 10) for i in range(10)}
 
@@ -95,8 +112,12 @@ class Answer:
 
 
 PLUGIN = Answer(None)
-NO_ANSWER = Answer(1, 11, "the sriov-cni daemon at {socket} ended without an answer (did it die or restart?); "
-                          "the call may have partly run and was not retried")
+NO_ANSWER = Answer(
+    1,
+    11,
+    "the sriov-cni daemon at {socket} ended without an answer (did it die or restart?); "
+    "the call may have partly run and was not retried",
+)
 
 
 class Peer:
@@ -262,39 +283,78 @@ CASES = [
     # The plugin's own refusal, run by the daemon.
     Case("oversized-config", RealDaemon, PLUGIN, stdin=b" " * (MAX_CONFIG + 1), ran=2),
     # The daemon refuses; the Python executable runs the call itself.
-    Case("not-root", RealDaemon, Answer(1, 4, "only root may call the sriov-cni daemon, not uid 65534; nothing ran"),
-         PLUGIN, as_nobody=True, ran=0),
+    Case(
+        "not-root",
+        RealDaemon,
+        Answer(1, 4, "only root may call the sriov-cni daemon, not uid 65534; nothing ran"),
+        PLUGIN,
+        as_nobody=True,
+        ran=0,
+    ),
     # The shim refuses it itself; the daemon refuses the Python executable's.
-    Case("oversized-request", RealDaemon, Answer(1, 4, f"more than the {wire.MAX_REQUEST} the sriov-cni daemon accepts"),
-         PLUGIN, env=BIG_ENV, ran=0),
+    Case(
+        "oversized-request",
+        RealDaemon,
+        Answer(1, 4, f"more than the {wire.MAX_REQUEST} the sriov-cni daemon accepts"),
+        PLUGIN,
+        env=BIG_ENV,
+        ran=0,
+    ),
     Case("killed-mid-call", KillingDaemon, NO_ANSWER, ran=0),
-    Case("no-daemon", Absent, Answer(1, 11, "the sriov-cni daemon is not reachable at {socket} (No such file or "
-                                          "directory): start it with `sriov-cni daemon`"), PLUGIN),
+    Case(
+        "no-daemon",
+        Absent,
+        Answer(
+            1,
+            11,
+            "the sriov-cni daemon is not reachable at {socket} (No such file or "
+            "directory): start it with `sriov-cni daemon`",
+        ),
+        PLUGIN,
+    ),
     Case("connection-refused", Refusing, Answer(1, 11, "not reachable at {socket} (Connection refused)"), PLUGIN),
-    Case("daemon-stopped", Stopped,
-         Answer(1, 11, f"not reachable at {{socket}} (it did not accept within {wire.CONNECT_TIMEOUT} s)"), PLUGIN),
+    Case(
+        "daemon-stopped",
+        Stopped,
+        Answer(1, 11, f"not reachable at {{socket}} (it did not accept within {wire.CONNECT_TIMEOUT} s)"),
+        PLUGIN,
+    ),
     Case("exited-0", stand_in(wire.exited(0)), Answer(0)),
     Case("exited-3", stand_in(wire.exited(3)), Answer(3)),
     # The status a plain status byte could not tell from "refused".
     Case("exited-255", stand_in(wire.exited(255)), Answer(255)),
-    Case("refused", stand_in(wire.refused(json.dumps(ERROR).encode() + b"\n")), Answer(1, 7, "refused by the stand-in"), PLUGIN),
+    Case(
+        "refused",
+        stand_in(wire.refused(json.dumps(ERROR).encode() + b"\n")),
+        Answer(1, 7, "refused by the stand-in"),
+        PLUGIN,
+    ),
     Case("no-answer", stand_in(b""), NO_ANSWER),
     Case("cut-after-tag", stand_in(bytes([wire.EXITED])), NO_ANSWER),
     # What a daemon from before the tag answers an executable of another version.
-    Case("unknown-tag", stand_in(b"\xff" + json.dumps(ERROR).encode()),
-         Answer(1, 11, "answered in a form this shim (version " + __version__ + ") does not know (first byte 0xff)"),
-         PLUGIN),
+    Case(
+        "unknown-tag",
+        stand_in(b"\xff" + json.dumps(ERROR).encode()),
+        Answer(1, 11, "answered in a form this shim (version " + __version__ + ") does not know (first byte 0xff)"),
+        PLUGIN,
+    ),
 ]
 
 
 def _call(argv: list[str], sock: Path, case: Case, peer: Peer, cwd: Path) -> subprocess.CompletedProcess[bytes]:
-    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(sock), "CONFORMANCE": "yes", "PATH": "/usr/bin:/bin",
-           **case.env}
+    env = {
+        "CNI_COMMAND": "VERSION",
+        "SRIOV_CNI_SOCKET": str(sock),
+        "CONFORMANCE": "yes",
+        "PATH": "/usr/bin:/bin",
+        **case.env,
+    }
     if case.as_nobody:
         argv = AS_NOBODY + argv
         env["PYTHONDONTWRITEBYTECODE"] = "1"  # no caches owned by nobody in the tree
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=cwd)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd
+    )
     try:
         peer.during(proc)
         out, err = proc.communicate(case.stdin, timeout=60)
@@ -307,15 +367,21 @@ def _call(argv: list[str], sock: Path, case: Case, peer: Peer, cwd: Path) -> sub
 def _plugin(case: Case) -> tuple[int, bytes]:
     """The plugin's answer, run directly."""
     env = {"CNI_COMMAND": "VERSION", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **case.env}
-    proc = subprocess.run([sys.executable, "-c", "from sriov_cni.plugin.commands import main; main()"],
-                          input=case.stdin, env=env, capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from sriov_cni.plugin.commands import main; main()"],
+        input=case.stdin,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     return proc.returncode, proc.stdout
 
 
-def _check(answer: Answer, proc: subprocess.CompletedProcess[bytes], peer: Peer, plugin: tuple[int, bytes],
-           sock: Path) -> None:
+def _check(
+    answer: Answer, proc: subprocess.CompletedProcess[bytes], peer: Peer, plugin: tuple[int, bytes], sock: Path
+) -> None:
     assert proc.stdout.startswith(peer.out) and proc.stderr.startswith(peer.err), proc
-    rest = proc.stdout[len(peer.out):]
+    rest = proc.stdout[len(peer.out) :]
     if answer.status is None:
         assert (proc.returncode, rest) == plugin, proc
     elif answer.code is None:

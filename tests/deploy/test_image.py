@@ -20,21 +20,30 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/sriov-cni:0.1.0"
 # The same modest rlimits build-image.sh gives a build: a host that is itself
 # a container may not raise them to podman's defaults.
-PODMAN_RUN = ["podman", "run", "--rm", "--network", "host",
-              "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+PODMAN_RUN = [
+    "podman",
+    "run",
+    "--rm",
+    "--network",
+    "host",
+    "--ulimit",
+    "nofile=4096:4096",
+    "--ulimit",
+    "nproc=4096:4096",
+]
 
 
 @pytest.fixture(scope="module")
 def image() -> Iterator[str]:
-    subprocess.run(["bash", str(REPO / "deploy" / "build-image.sh"), "--offline"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["bash", str(REPO / "deploy" / "build-image.sh"), "--offline"], check=True, stdout=subprocess.DEVNULL
+    )
     yield IMAGE
 
 
 def run_in(image: str, *argv: str, volumes: tuple[str, ...] = ()) -> str:
     opts = [a for v in volumes for a in ("--volume", v)]
-    out = subprocess.run([*PODMAN_RUN, *opts, image, *argv],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run([*PODMAN_RUN, *opts, image, *argv], check=True, capture_output=True, text=True)
     return out.stdout
 
 
@@ -45,8 +54,7 @@ def test_cli_lists_the_daemonset_commands(image: str) -> None:
 
 
 def test_install_step_writes_the_static_shim(image: str, tmp_path: Path) -> None:
-    run_in(image, "sriov-cni", "install-cni", "--dest", "/host/opt/cni/bin",
-           volumes=(f"{tmp_path}:/host/opt/cni/bin",))
+    run_in(image, "sriov-cni", "install-cni", "--dest", "/host/opt/cni/bin", volumes=(f"{tmp_path}:/host/opt/cni/bin",))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sriov", "sriov-ipam"]
     sriov = (tmp_path / "sriov").read_bytes()
     assert (tmp_path / "sriov-ipam").read_bytes() == sriov
@@ -58,9 +66,7 @@ def test_install_step_writes_the_static_shim(image: str, tmp_path: Path) -> None
         assert os.access(tmp_path / name, os.X_OK)
     # Run on the host, outside the image: with no daemon behind the socket it
     # answers as the CNI spec asks of a plugin that cannot serve yet.
-    env = {"CNI_COMMAND": "VERSION",
-           "SRIOV_CNI_SOCKET": str(tmp_path / "no-daemon.sock")}
-    res = subprocess.run([str(tmp_path / "sriov")], env=env, stdin=subprocess.DEVNULL,
-                         capture_output=True, text=True)
+    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_SOCKET": str(tmp_path / "no-daemon.sock")}
+    res = subprocess.run([str(tmp_path / "sriov")], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     assert res.returncode == 1
     assert json.loads(res.stdout)["code"] == 11

@@ -102,8 +102,17 @@ def test_nad_config_parses(name: str, doc: dict[str, Any]) -> None:
     if "k8s.v1.cni.cncf.io/resourceName" in doc["metadata"].get("annotations", {}):
         # Multus passes the device plugin's VF as runtimeConfig.deviceID.
         conf["runtimeConfig"] = {"deviceID": "0000:03:10.0"}
-    cmd = CmdArgs(command="ADD", container_id="c", netns="/var/run/netns/pod", ifname="net1",
-                  args={}, path=(), stdin=json.dumps(conf).encode(), conf=conf,
-                  cni_version=conf["cniVersion"], env={})
+    cmd = CmdArgs(
+        command="ADD",
+        container_id="c",
+        netns="/var/run/netns/pod",
+        ifname="net1",
+        args={},
+        path=(),
+        stdin=json.dumps(conf).encode(),
+        conf=conf,
+        cni_version=conf["cniVersion"],
+        env={},
+    )
     # No notes: no key is ignored for another or read under another name.
     assert plugin_config.load(cmd).notes == ()

@@ -132,9 +132,7 @@ def data_dir(tmp_path: Path) -> Path:
 def netconf(data_dir: Path) -> MakeConf:
     """Build a network config: ``netconf(ranges, version=..., **extra_ipam_keys)``."""
 
-    def make(
-        ranges: list[list[dict[str, str]]] | None = None, version: str = "1.0.0", **ipam: Any
-    ) -> dict[str, Any]:
+    def make(ranges: list[list[dict[str, str]]] | None = None, version: str = "1.0.0", **ipam: Any) -> dict[str, Any]:
         section: dict[str, Any] = {"type": "sriov-ipam", "dataDir": str(data_dir), **ipam}
         if ranges is not None:
             section["ranges"] = ranges

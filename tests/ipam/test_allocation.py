@@ -130,8 +130,9 @@ def test_failure_in_a_later_set_releases_the_earlier_ones(cni: Invoke, netconf: 
     assert stored() == {"10.0.0.2": "a\r\neth0", "10.1.0.2": "a\r\neth0"}
 
 
-def test_del_releases_every_set_and_is_idempotent(cni: Invoke, netconf: MakeConf, net_dir: Path, stored: Stored,
-                                                  data_dir: Path) -> None:
+def test_del_releases_every_set_and_is_idempotent(
+    cni: Invoke, netconf: MakeConf, net_dir: Path, stored: Stored, data_dir: Path
+) -> None:
     conf = netconf(DUAL)
     cni("ADD", conf, cid="a")
     cni("ADD", conf, cid="b")
@@ -156,8 +157,9 @@ def test_del_tolerates_a_broken_range_config(cni: Invoke, netconf: MakeConf, sto
     assert stored() == {}
 
 
-def test_del_finds_reservations_it_has_no_hint_for(cni: Invoke, netconf: MakeConf, net_dir: Path,
-                                                   stored: Stored) -> None:
+def test_del_finds_reservations_it_has_no_hint_for(
+    cni: Invoke, netconf: MakeConf, net_dir: Path, stored: Stored
+) -> None:
     conf = netconf(SMALL)
     net_dir.mkdir(parents=True)
     (net_dir / "10.0.0.4").write_bytes(b"x\r\neth0")
@@ -199,8 +201,9 @@ def gc_conf(conf: dict[str, Any], key: str, valid: list[tuple[str, str]] | None)
 
 
 @pytest.mark.parametrize("key", ["cni.dev/valid-attachments", "cni.dev/attachments"])
-def test_gc_releases_what_is_not_listed(cni: Invoke, netconf: MakeConf, net_dir: Path, stored: Stored,
-                                        key: str) -> None:
+def test_gc_releases_what_is_not_listed(
+    cni: Invoke, netconf: MakeConf, net_dir: Path, stored: Stored, key: str
+) -> None:
     conf = netconf(DUAL, version="1.1.0")
     for cid in ("a", "b", "c"):
         cni("ADD", conf, cid=cid)
@@ -224,15 +227,20 @@ def test_gc_without_a_list_releases_everything(cni: Invoke, netconf: MakeConf, n
 def test_gc_rejects_a_malformed_list(cni: Invoke, netconf: MakeConf) -> None:
     conf = {**netconf(SMALL, version="1.1.0"), "cni.dev/valid-attachments": [{"containerID": "a"}]}
     got = cni("GC", conf)
-    assert (got.code, got.msg) == (Code.INVALID_CONFIG, "cni.dev/valid-attachments[0].ifname must be a non-empty string")
+    assert (got.code, got.msg) == (
+        Code.INVALID_CONFIG,
+        "cni.dev/valid-attachments[0].ifname must be a non-empty string",
+    )
 
 
 @pytest.mark.parametrize(
-    "value", [None, False, 0, "", {}, [{"containerID": "a"}], [{"containerID": "a", "ifname": ""}]],
+    "value",
+    [None, False, 0, "", {}, [{"containerID": "a"}], [{"containerID": "a", "ifname": ""}]],
     ids=["null", "false", "0", "empty string", "empty object", "entry without ifname", "entry with empty ifname"],
 )
-def test_gc_with_a_malformed_list_releases_nothing(cni: Invoke, netconf: MakeConf, stored: Stored,
-                                                   value: object) -> None:
+def test_gc_with_a_malformed_list_releases_nothing(
+    cni: Invoke, netconf: MakeConf, stored: Stored, value: object
+) -> None:
     # The same parser as the sriov plugin's GC: both refuse before releasing.
     conf = netconf(SMALL, version="1.1.0")
     cni("ADD", conf, cid="a")
@@ -264,8 +272,9 @@ def test_io_failure_names_the_path(cni: Invoke, netconf: MakeConf, tmp_path: Pat
     assert "Traceback" not in got.stderr
 
 
-def test_disk_full_leaves_no_half_written_reservation(cni: Invoke, netconf: MakeConf, stored: Stored,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_full_leaves_no_half_written_reservation(
+    cni: Invoke, netconf: MakeConf, stored: Stored, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def full(fd: int, data: object) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 

@@ -103,8 +103,9 @@ BAD_IPAM: list[tuple[str, dict[str, Any], str]] = [
 
 
 @pytest.mark.parametrize("ipam, message", [c[1:] for c in BAD_IPAM], ids=[c[0] for c in BAD_IPAM])
-def test_bad_ipam_section_is_invalid_config_naming_the_field(cni: Invoke, netconf: MakeConf, ipam: dict[str, Any],
-                                                             message: str) -> None:
+def test_bad_ipam_section_is_invalid_config_naming_the_field(
+    cni: Invoke, netconf: MakeConf, ipam: dict[str, Any], message: str
+) -> None:
     conf = netconf()
     conf["ipam"] = {"type": "sriov-ipam", "dataDir": conf["ipam"]["dataDir"], **ipam}
     for command in ("ADD", "CHECK"):
@@ -122,7 +123,12 @@ def test_missing_ipam_section(cni: Invoke, netconf: MakeConf) -> None:
 
 
 BAD_REQUESTS: list[tuple[str, dict[str, Any], str, str]] = [
-    ("outside every range", {"runtimeConfig": {"ips": ["10.9.0.5"]}}, "", "runtimeConfig.ips[0] 10.9.0.5 is not inside"),
+    (
+        "outside every range",
+        {"runtimeConfig": {"ips": ["10.9.0.5"]}},
+        "",
+        "runtimeConfig.ips[0] 10.9.0.5 is not inside",
+    ),
     ("gateway", {}, "IgnoreUnknown=1;IP=10.1.0.1", "CNI_ARGS IP 10.1.0.1 is the gateway of ipam.ranges[0][0]"),
     ("not an address", {"args": {"cni": {"ips": ["ten"]}}}, "", "args.cni.ips[0] 'ten' is not an IP address"),
     ("prefix mismatch", {"args": {"cni": {"ips": ["10.1.0.7/16"]}}}, "", "args.cni.ips[0] 10.1.0.7/16 has prefix /16"),
@@ -137,8 +143,9 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str, str]] = [
 
 
 @pytest.mark.parametrize("extra, cni_args, message", [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
-def test_bad_requested_address_names_its_source(cni: Invoke, netconf: MakeConf, stored: Stored, extra: dict[str, Any],
-                                                cni_args: str, message: str) -> None:
+def test_bad_requested_address_names_its_source(
+    cni: Invoke, netconf: MakeConf, stored: Stored, extra: dict[str, Any], cni_args: str, message: str
+) -> None:
     conf = {**netconf([[V4]]), **extra}
     got = cni("ADD", conf, cni_args=cni_args)
     assert (got.rc, got.code) == (1, Code.INVALID_CONFIG)
@@ -179,7 +186,9 @@ def test_legacy_single_range_is_range_set_zero(cni: Invoke, netconf: MakeConf, n
 
 def test_resolv_conf_becomes_result_dns(cni: Invoke, netconf: MakeConf, tmp_path: Path) -> None:
     resolv = tmp_path / "resolv.conf"
-    resolv.write_text("# comment\nnameserver 10.0.0.53\nnameserver 10.0.0.54\ndomain example.org\nsearch a.org b.org\noptions ndots:2\n")
+    resolv.write_text(
+        "# comment\nnameserver 10.0.0.53\nnameserver 10.0.0.54\ndomain example.org\nsearch a.org b.org\noptions ndots:2\n"
+    )
     got = cni("ADD", netconf([[V4]], resolvConf=str(resolv)))
     assert got.rc == 0
     assert got.out is not None and got.out["dns"] == {

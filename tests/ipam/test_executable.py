@@ -33,7 +33,11 @@ def test_add_check_del_round_trip(exe: Invoke, netconf: MakeConf, stored: Stored
 def test_errors_are_cni_error_objects_without_tracebacks(exe: Invoke, netconf: MakeConf, tmp_path: Path) -> None:
     bad = exe("ADD", netconf([[{"subnet": "10.3.0.0/33"}]]))
     assert bad.rc == 1
-    assert bad.out == {"cniVersion": "1.0.0", "code": Code.INVALID_CONFIG, "msg": "ipam.ranges[0][0].subnet '10.3.0.0/33' is not a CIDR subnet"}
+    assert bad.out == {
+        "cniVersion": "1.0.0",
+        "code": Code.INVALID_CONFIG,
+        "msg": "ipam.ranges[0][0].subnet '10.3.0.0/33' is not a CIDR subnet",
+    }
     (tmp_path / "file").write_text("")
     io_err = exe("ADD", netconf([[{"subnet": "10.3.0.0/24"}]], dataDir=str(tmp_path / "file" / "sub")))
     assert io_err.code == Code.IO_FAILURE and str(tmp_path / "file") in io_err.msg
@@ -43,14 +47,23 @@ def test_errors_are_cni_error_objects_without_tracebacks(exe: Invoke, netconf: M
 def test_version_and_about(exe_path: Path) -> None:
     env = {**os.environ, "CNI_COMMAND": "VERSION"}
     out = subprocess.run([str(exe_path)], input=b'{"cniVersion":"1.0.0"}', env=env, capture_output=True, check=True)
-    assert json.loads(out.stdout)["supportedVersions"] == ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+    assert json.loads(out.stdout)["supportedVersions"] == [
+        "0.1.0",
+        "0.2.0",
+        "0.3.0",
+        "0.3.1",
+        "0.4.0",
+        "1.0.0",
+        "1.1.0",
+    ]
     env.pop("CNI_COMMAND")
     about = subprocess.run([str(exe_path)], input=b"", env=env, capture_output=True, check=True)
     assert about.stdout == b"" and b"sriov-ipam" in about.stderr
 
 
-def test_parallel_adds_hand_out_distinct_addresses_and_parallel_dels_free_them(netconf: MakeConf, net_dir: Path,
-                                                                               spawn: Spawn, wait: Wait) -> None:
+def test_parallel_adds_hand_out_distinct_addresses_and_parallel_dels_free_them(
+    netconf: MakeConf, net_dir: Path, spawn: Spawn, wait: Wait
+) -> None:
     # 200 addresses (.10-.209), 230 clients: exactly 200 must win.
     conf = netconf([[{"subnet": "10.4.0.0/24", "rangeStart": "10.4.0.10", "rangeEnd": "10.4.0.209"}]])
     cids = [f"pod-{i}" for i in range(230)]

@@ -73,8 +73,9 @@ def test_gateway_inside_another_range_is_still_refused(cni: Invoke, tmp_path: Pa
 
 
 @pytest.mark.parametrize("data_dir", ["relative", "./data", "data/../x"])
-def test_relative_data_dir_is_refused(cni: Invoke, tmp_path: Path, data_dir: str,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_data_dir_is_refused(
+    cni: Invoke, tmp_path: Path, data_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     for command in ("ADD", "DEL", "GC"):
         conf = net(tmp_path, dataDir=data_dir)

@@ -19,8 +19,9 @@ from tests.ipam.ipamtypes import Invoke, MakeConf, Stored
 DUAL = [[{"subnet": "10.8.0.0/28"}], [{"subnet": "fd08::/64"}]]
 
 
-def test_neither_tool_hands_out_the_others_addresses(cni: Invoke, host_local: Invoke, netconf: MakeConf,
-                                                     stored: Stored) -> None:
+def test_neither_tool_hands_out_the_others_addresses(
+    cni: Invoke, host_local: Invoke, netconf: MakeConf, stored: Stored
+) -> None:
     conf = netconf(DUAL)
     theirs = [host_local("ADD", conf, cid=f"h{i}").addresses() for i in range(3)]
     ours = [cni("ADD", conf, cid=f"s{i}").addresses() for i in range(3)]
@@ -34,8 +35,9 @@ def test_neither_tool_hands_out_the_others_addresses(cni: Invoke, host_local: In
     assert owners == sorted([f"h{i}\r\neth0" for i in range(6)] + [f"s{i}\r\neth0" for i in range(3)])
 
 
-def test_each_tool_releases_and_checks_the_others_reservations(cni: Invoke, host_local: Invoke, netconf: MakeConf,
-                                                               stored: Stored) -> None:
+def test_each_tool_releases_and_checks_the_others_reservations(
+    cni: Invoke, host_local: Invoke, netconf: MakeConf, stored: Stored
+) -> None:
     conf = netconf(DUAL, version="0.4.0")
     cni("ADD", conf, cid="ours")
     host_local("ADD", conf, cid="theirs")
@@ -50,8 +52,9 @@ def test_each_tool_releases_and_checks_the_others_reservations(cni: Invoke, host
     assert cni("CHECK", conf, cid="ours").code == Code.IPAM
 
 
-def test_an_address_host_local_reissued_is_not_ours_any_more(cni: Invoke, host_local: Invoke, netconf: MakeConf,
-                                                             net_dir: Path) -> None:
+def test_an_address_host_local_reissued_is_not_ours_any_more(
+    cni: Invoke, host_local: Invoke, netconf: MakeConf, net_dir: Path
+) -> None:
     conf = netconf([[{"subnet": "10.8.0.0/29"}]])
     first = cni("ADD", conf, cid="a").addresses()
     host_local("DEL", conf, cid="a")
@@ -76,9 +79,7 @@ def test_host_local_waits_for_our_lock(netconf: MakeConf, net_dir: Path, data_di
     }
     s = DiskStore(str(data_dir), "testnet")
     with s.locked():
-        proc = subprocess.Popen(
-            ["/usr/lib/cni/host-local"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
+        proc = subprocess.Popen(["/usr/lib/cni/host-local"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(json.dumps(conf).encode())
         proc.stdin.close()
@@ -93,8 +94,9 @@ def test_host_local_waits_for_our_lock(netconf: MakeConf, net_dir: Path, data_di
 
 
 @pytest.mark.parametrize("version", [None, "", "0.1.0", "0.2.0"], ids=["missing", "empty", "0.1.0", "0.2.0"])
-def test_old_versions_are_answered_as_host_local_answers_them(exe: Invoke, host_local: Invoke, netconf: MakeConf,
-                                                              stored: Stored, version: str | None) -> None:
+def test_old_versions_are_answered_as_host_local_answers_them(
+    exe: Invoke, host_local: Invoke, netconf: MakeConf, stored: Stored, version: str | None
+) -> None:
     # skel reads a missing or empty cniVersion as 0.1.0; results before
     # 0.3.0 carry one address per family as ip4/ip6.
     conf = netconf(DUAL, routes=[{"dst": "0.0.0.0/0"}, {"dst": "fd09::/64"}])
@@ -113,7 +115,9 @@ def test_old_versions_are_answered_as_host_local_answers_them(exe: Invoke, host_
     # host-local's answer has the same shape (its dns is always there, empty).
     assert theirs.out is not None
     assert {k: v for k, v in theirs.out.items() if k != "dns"} == {
-        **ours.out, "ip4": {**ours.out["ip4"], "ip": "10.8.0.2/28"}, "ip6": {**ours.out["ip6"], "ip": "fd08::2/64"}
+        **ours.out,
+        "ip4": {**ours.out["ip4"], "ip": "10.8.0.2/28"},
+        "ip6": {**ours.out["ip6"], "ip": "fd08::2/64"},
     }
     # And DEL of such a config works, for each tool's reservation.
     assert exe("DEL", conf, cid="theirs").rc == 0

@@ -83,8 +83,11 @@ def test_route_attributes_reach_the_kernel(pod: str, inside: netlink.Namespace) 
     assert v6["fd61::/64 300"]["metric"] == 5 and v6["fd61::/64 300"]["gateway"] == "fd60::1"
     # The dump sees every table, and only this link's routes.
     added = {
-        (net("10.61.0.0/16"), gw4), (net("0.0.0.0/0"), gw4), (net("10.62.0.0/16"), gw4),
-        (net("10.63.0.0/16"), None), (net("fd61::/64"), gw6),
+        (net("10.61.0.0/16"), gw4),
+        (net("0.0.0.0/0"), gw4),
+        (net("10.62.0.0/16"), gw4),
+        (net("10.63.0.0/16"), None),
+        (net("fd61::/64"), gw6),
     }
     assert added <= set(inside.routes(index))
     peer = inside.find("d0p")
@@ -187,10 +190,17 @@ def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> N
         # ip shows the carrier (LOWER_UP) of a link that is up only.
         carrier = "LOWER_UP" in entry["flags"] if up else found.carrier
         assert found == netlink.LinkInfo(
-            index=entry["ifindex"], name=name, mac=entry["address"], mtu=entry["mtu"],
-            up=up, carrier=carrier, promisc="PROMISC" in entry["flags"],
-            altnames=tuple(entry.get("altnames", ())), alias=entry.get("ifalias", ""),
-            parent_bus=entry.get("parentbus", ""), parent_dev=entry.get("parentdev", ""),
+            index=entry["ifindex"],
+            name=name,
+            mac=entry["address"],
+            mtu=entry["mtu"],
+            up=up,
+            carrier=carrier,
+            promisc="PROMISC" in entry["flags"],
+            altnames=tuple(entry.get("altnames", ())),
+            alias=entry.get("ifalias", ""),
+            parent_bus=entry.get("parentbus", ""),
+            parent_dev=entry.get("parentdev", ""),
         )
     # Each of the settings made above shows, so the comparison covers them.
     d0 = inside.find("d0")
@@ -252,8 +262,16 @@ def test_every_link_address_and_route_request_is_encoded_as_pyroute2_would(
     net = ipaddress.ip_network
     inside.add_address(index, ipaddress.ip_interface("10.65.0.2/24"))
     inside.add_address(index, ipaddress.ip_interface("fd65::2/64"))
-    inside.add_route(index, net("10.66.0.0/16"), ipaddress.ip_address("10.65.0.1"), priority=7, mtu=1300,
-                     advmss=1200, table=300, scope=0)
+    inside.add_route(
+        index,
+        net("10.66.0.0/16"),
+        ipaddress.ip_address("10.65.0.1"),
+        priority=7,
+        mtu=1300,
+        advmss=1200,
+        table=300,
+        scope=0,
+    )
     inside.add_route(index, net("::/0"), ipaddress.ip_address("fd65::1"))
     inside.addresses(index)
     inside.routes(index)
@@ -272,8 +290,11 @@ def test_every_vf_request_is_encoded_as_pyroute2_would(
     # No PF here: the requests are encoded and answered without the kernel.
     answer = rtnl.encode(rtnl.message(ifinfmsg, {"index": 7}, []), RTM_NEWLINK, 0, 1)
     encodings.clear()
-    monkeypatch.setattr(rtnl.Rtnl, "request",
-                        lambda self, msg_type, msg, flags=0: [answer] if rtnl.encode(msg, msg_type, flags, 1) else [])
+    monkeypatch.setattr(
+        rtnl.Rtnl,
+        "request",
+        lambda self, msg_type, msg, flags=0: [answer] if rtnl.encode(msg, msg_type, flags, 1) else [],
+    )
     vfc = KernelVfControl()
     try:
         assert vfc.vfs("pf0") == {}
@@ -305,10 +326,19 @@ def test_the_8021ad_vlan_is_sent_at_the_kernels_size_and_pyroute2_is_left_as_it_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The table as pyroute2 ships it, from a process that never loaded our modules.
-    shipped = ast.literal_eval(subprocess.run(
-        [sys.executable, "-c", "from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg\n"
-         "print(repr(ifinfmsg.vflist.vfinfo.vf_vlist.ivvi.fields))"],
-        capture_output=True, text=True, check=True).stdout)
+    shipped = ast.literal_eval(
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg\n"
+                "print(repr(ifinfmsg.vflist.vfinfo.vf_vlist.ivvi.fields))",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     sent: list[bytes] = []
 
     def request(self: rtnl.Rtnl, msg_type: int, msg: rtnl.Message, flags: int = 0) -> list[bytes]:
@@ -327,9 +357,31 @@ def test_the_8021ad_vlan_is_sent_at_the_kernels_size_and_pyroute2_is_left_as_it_
     ivvi = ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
     assert ivvi.fields == shipped
     theirs = ifinfmsg()
-    theirs["attrs"] = [("IFLA_IFNAME", "pf0"), ("IFLA_VFINFO_LIST", {"attrs": [("IFLA_VF_INFO", {"attrs": [
-        ("IFLA_VF_VLAN_LIST", {"attrs": [("IFLA_VF_VLAN_INFO", {"vf": 3, "vlan": 100, "qos": 5, "proto": 0x88A8})]}),
-    ]})]})]
+    theirs["attrs"] = [
+        ("IFLA_IFNAME", "pf0"),
+        (
+            "IFLA_VFINFO_LIST",
+            {
+                "attrs": [
+                    (
+                        "IFLA_VF_INFO",
+                        {
+                            "attrs": [
+                                (
+                                    "IFLA_VF_VLAN_LIST",
+                                    {
+                                        "attrs": [
+                                            ("IFLA_VF_VLAN_INFO", {"vf": 3, "vlan": 100, "qos": 5, "proto": 0x88A8})
+                                        ]
+                                    },
+                                ),
+                            ]
+                        },
+                    )
+                ]
+            },
+        ),
+    ]
     theirs["header"]["type"] = RTM_NEWLINK
     theirs.encode()
     shipped_size = sum(struct.calcsize(f if f[0] in "<>!" else "=" + f) for _, f in shipped)

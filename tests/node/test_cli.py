@@ -29,7 +29,10 @@ def test_setup_dry_run(tree: Tree, tmp_path: Path) -> None:
     config = tmp_path / "node.yaml"
     config.write_text("pfs: [{pf: eth0, numVfs: 2}]\n")
     code, out = invoke(tree, "setup", "--config", str(config), "--dry-run", "--data-dir", str(tmp_path / "data"))
-    assert (code, out) == (0, "dry run: nothing is changed\neth0 (0000:01:00.0): sriov_numvfs 0 -> 2: would change\neth0 (0000:01:00.0): link up: unchanged\n")
+    assert (code, out) == (
+        0,
+        "dry run: nothing is changed\neth0 (0000:01:00.0): sriov_numvfs 0 -> 2: would change\neth0 (0000:01:00.0): link up: unchanged\n",
+    )
 
 
 @pytest.mark.parametrize(
@@ -59,7 +62,9 @@ def test_setup_writes_the_state_file_given(tree: Tree, tmp_path: Path, monkeypat
     config = tmp_path / "node.yaml"
     config.write_text("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]\n")
     state = tmp_path / "state.json"
-    code, out = invoke(tree, "setup", "--config", str(config), "--state-file", str(state), "--data-dir", str(tmp_path / "data"))
+    code, out = invoke(
+        tree, "setup", "--config", str(config), "--state-file", str(state), "--data-dir", str(tmp_path / "data")
+    )
     assert code == 0, out
     assert out.splitlines()[-1] == f"state {state}: written"
     assert json.loads(state.read_text())["pfs"]["0000:01:00.0"]["pins"] == {"31": 0}
@@ -87,7 +92,14 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
     assert code == 0, out
     pf0, pf1 = json.loads(out)["pfs"]
     assert {k: pf0[k] for k in ("pci", "netdev", "driver", "numVfs", "totalVfs", "mtu", "link", "free")} == {
-        "pci": "0000:01:00.0", "netdev": "eth0", "driver": "igb", "numVfs": 3, "totalVfs": 7, "mtu": 1500, "link": "up", "free": 1,
+        "pci": "0000:01:00.0",
+        "netdev": "eth0",
+        "driver": "igb",
+        "numVfs": 3,
+        "totalVfs": 7,
+        "mtu": 1500,
+        "link": "up",
+        "free": 1,
     }
     assert pf0["irqs"] == [{"irq": 31, "name": "eth0-TxRx-0", "cpus": "0-7"}]
     assert pf0["irqbalance"] == {"pids": [], "banned": False}
@@ -97,7 +109,10 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
         (2, "0000:01:10.2", "igbvf", "eth0v2", "stale"),
     ]
     assert pf0["vfs"][1]["allocation"] == {
-        "network": "net-a", "containerID": "0123456789abcdef", "ifname": "net1", "netns": str(tmp_path / "netns-alive"),
+        "network": "net-a",
+        "containerID": "0123456789abcdef",
+        "ifname": "net1",
+        "netns": str(tmp_path / "netns-alive"),
     }
     assert pf0["vfs"][0]["irqs"] == [
         {"irq": 100, "name": "eth0v0-tx-0", "cpus": "0-7"},
@@ -117,11 +132,39 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
     code, out = invoke(node, "status", "--data-dir", str(tmp_path / "data"))
     assert code == 0, out
     lines = out.splitlines()
-    assert lines[0] == "PF eth0 0000:01:00.0  driver igb  VFs 3/7  MTU 1500  link up  free 1  irqbalance off  IRQs 31:0-7"
-    assert lines[1].split() == ["VF", "PCI", "DRIVER", "NETDEV", "STATE", "OWNER", "(network", "container", "ifname", "netns)", "IRQ:CPUS"]
-    assert lines[3].split() == ["1", "0000:01:10.1", "igbvf", "eth0v1", "allocated", "net-a", "0123456789ab", "net1", str(tmp_path / "netns-alive"), "103:0-7", "104:0-7"]
+    assert (
+        lines[0] == "PF eth0 0000:01:00.0  driver igb  VFs 3/7  MTU 1500  link up  free 1  irqbalance off  IRQs 31:0-7"
+    )
+    assert lines[1].split() == [
+        "VF",
+        "PCI",
+        "DRIVER",
+        "NETDEV",
+        "STATE",
+        "OWNER",
+        "(network",
+        "container",
+        "ifname",
+        "netns)",
+        "IRQ:CPUS",
+    ]
+    assert lines[3].split() == [
+        "1",
+        "0000:01:10.1",
+        "igbvf",
+        "eth0v1",
+        "allocated",
+        "net-a",
+        "0123456789ab",
+        "net1",
+        str(tmp_path / "netns-alive"),
+        "103:0-7",
+        "104:0-7",
+    ]
     assert lines[4].split()[4:6] == ["stale", "(netns"]
-    assert lines[5] == "PF eth1 0000:02:00.0  driver igb  VFs 0/4  MTU 1500  link up  free 0  irqbalance off  IRQs 41:0-7"
+    assert (
+        lines[5] == "PF eth1 0000:02:00.0  driver igb  VFs 0/4  MTU 1500  link up  free 0  irqbalance off  IRQs 41:0-7"
+    )
 
 
 def test_status_does_not_create_the_store(node: Tree, tmp_path: Path) -> None:
@@ -130,5 +173,7 @@ def test_status_does_not_create_the_store(node: Tree, tmp_path: Path) -> None:
 
 
 def test_bin_script_runs_from_anywhere(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(REPO / "bin" / "sriov-cni"), "--help"], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bin" / "sriov-cni"), "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert done.returncode == 0 and "setup" in done.stdout and "status" in done.stdout

@@ -151,23 +151,30 @@ def test_a_later_run_without_tuning_lifts_the_bans(node: Tree, links: FakeLinks,
     assert ask(script(tmp_path), node.devices / "0000:01:00.0", 31).stdout == ""
 
 
-def test_stop_without_systemd_ends_irqbalance(node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer]) -> None:
+def test_stop_without_systemd_ends_irqbalance(
+    node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer]
+) -> None:
     no_systemd = tmp_path / "no-systemd"
     b = balancers("--foreground")
     out = setup("irqbalance: stop\n" + TUNED, tmp_path, links, no_systemd)  # sees the unreaped zombie as ended
-    assert out[0] == f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it again)"
+    assert (
+        out[0]
+        == f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it again)"
+    )
     assert b.proc.poll() == 0
     assert not script(tmp_path).exists()
     assert setup("irqbalance: stop\n" + TUNED, tmp_path, links, no_systemd)[0] == "irqbalance: not running: unchanged"
 
 
-def test_stop_under_systemd_disables_the_unit(node: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stop_under_systemd_disables_the_unit(
+    node: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     systemd = tmp_path / "systemd"
     systemd.mkdir()
     # A systemctl that records its calls; the unit counts as enabled.
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "systemctl").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'calls'}\n")
+    (bindir / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "calls"}\n')
     (bindir / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     out = setup("irqbalance: stop\n" + TUNED, tmp_path, links, systemd)
@@ -178,7 +185,9 @@ def test_stop_under_systemd_disables_the_unit(node: Tree, links: FakeLinks, tmp_
     ]
 
 
-def test_leave_warns_with_what_to_do(node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer]) -> None:
+def test_leave_warns_with_what_to_do(
+    node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer]
+) -> None:
     b = balancers("--foreground")
     out = setup("irqbalance: leave\npfs: [{pf: eth0, numVfs: 2, tuning: {}}]", tmp_path, links)
     assert out[-1].startswith(f"warning: irqbalance (pid {b.pid}) is running and will move the pinned IRQs back")
@@ -191,11 +200,26 @@ def test_status_says_per_pf_whether_irqbalance_bans_its_irqs(
 ) -> None:
     setup(TUNED, tmp_path, links)
     b = balancers("--foreground", f"--policyscript={script(tmp_path)}")
-    result = CliRunner().invoke(main, ["status", "--json", "--data-dir", str(tmp_path / "data")], obj=links.tree.paths(tmp_path / "run" / "node.json"))
+    result = CliRunner().invoke(
+        main,
+        ["status", "--json", "--data-dir", str(tmp_path / "data")],
+        obj=links.tree.paths(tmp_path / "run" / "node.json"),
+    )
     pf0, pf1 = json.loads(result.output)["pfs"]
-    assert (pf0["irqbalance"], pf1["irqbalance"]) == ({"pids": [b.pid], "banned": True}, {"pids": [b.pid], "banned": False})
+    assert (pf0["irqbalance"], pf1["irqbalance"]) == (
+        {"pids": [b.pid], "banned": True},
+        {"pids": [b.pid], "banned": False},
+    )
     # A second irqbalance without the script makes no PF safe.
     other = balancers("--foreground")
-    lines = CliRunner().invoke(main, ["status", "--data-dir", str(tmp_path / "data")], obj=links.tree.paths(tmp_path / "run" / "node.json")).output.splitlines()
+    lines = (
+        CliRunner()
+        .invoke(
+            main, ["status", "--data-dir", str(tmp_path / "data")], obj=links.tree.paths(tmp_path / "run" / "node.json")
+        )
+        .output.splitlines()
+    )
     pf_lines = [line for line in lines if line.startswith("PF ")]
-    assert [line.split("  ")[6] for line in pf_lines] == [f"irqbalance on (pid {b.pid}, {other.pid}), IRQs NOT banned"] * 2
+    assert [line.split("  ")[6] for line in pf_lines] == [
+        f"irqbalance on (pid {b.pid}, {other.pid}), IRQs NOT banned"
+    ] * 2

@@ -51,13 +51,19 @@ def test_local_is_the_default_irq_cpus() -> None:
         ("pfs: [{pf: eth0, numVfs: 2, vfDriver: uio}]", "pfs[0].vfDriver: must be one of kernel, vfio-pci"),
         ("pfs: [{pf: eth0, numVfs: 2, numvfs: 3}]", "pfs[0].numvfs: unknown field"),
         ("pfs: [{pf: eth0, numVfs: 2, tuning: {irqCpus: 3-1}}]", "pfs[0].tuning.irqCpus: '3-1' is not a CPU range"),
-        ("pfs: [{pf: eth0, numVfs: 2, tuning: {rfsFlowEntries: 64}}]", "pfs[0].tuning.rfsFlowEntries: RFS steers through RPS"),
+        (
+            "pfs: [{pf: eth0, numVfs: 2, tuning: {rfsFlowEntries: 64}}]",
+            "pfs[0].tuning.rfsFlowEntries: RFS steers through RPS",
+        ),
         ("pfs: [{pf: eth0, numVfs: 2, tuning: {rpsCpus: 1}}]", "pfs[0].tuning.rpsCpus: given while rps is off"),
         ("pfs: [{pf: eth0, numVfs: 2, tuning: {xps: 1}}]", "pfs[0].tuning.xps: must be true or false"),
         ("pfs: [{pf: eth0, numVfs: 1}, {pf: eth0, numVfs: 2}]", "pfs[1].pf: eth0 is already configured in pfs[0]"),
         ("pfs: []", "pfs: must be a non-empty list"),
         ("nodes: []", "config.nodes: unknown field"),
-        ("irqbalance: disable\npfs: [{pf: eth0, numVfs: 1}]", "irqbalance: must be one of ban, stop, leave, got 'disable'"),
+        (
+            "irqbalance: disable\npfs: [{pf: eth0, numVfs: 1}]",
+            "irqbalance: must be one of ban, stop, leave, got 'disable'",
+        ),
         ("pfs: [", "not valid YAML at line 1"),
     ],
 )
@@ -71,5 +77,8 @@ def test_errors_name_the_field(text: str, message: str) -> None:
 def test_the_deployed_example_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "node-config.example.yaml"
     config = load(example)
-    assert [(p.pf, p.num_vfs, p.vf_driver) for p in config.pfs] == [("ens1f0", 8, "kernel"), ("0000:3b:00.1", 4, "vfio-pci")]
+    assert [(p.pf, p.num_vfs, p.vf_driver) for p in config.pfs] == [
+        ("ens1f0", 8, "kernel"),
+        ("0000:3b:00.1", 4, "vfio-pci"),
+    ]
     assert config.irqbalance == "ban"

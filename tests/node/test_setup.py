@@ -32,7 +32,9 @@ def run(text: str, tmp_path: Path, links: FakeLinks, dry: bool = False) -> list[
     return out
 
 
-def test_dry_run_prints_the_plan_and_changes_nothing(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
+def test_dry_run_prints_the_plan_and_changes_nothing(
+    tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]
+) -> None:
     tree.igb(queues=2, up=False)
     out = run(CONFIG, tmp_path, links, dry=True)
     assert out == [
@@ -50,7 +52,9 @@ def test_dry_run_prints_the_plan_and_changes_nothing(tree: Tree, links: FakeLink
     assert not (tmp_path / "run").exists() and not (tmp_path / "data").exists()
 
 
-def test_run_applies_then_second_run_writes_nothing(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
+def test_run_applies_then_second_run_writes_nothing(
+    tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]
+) -> None:
     tree.igb(vfs=3, queues=2, up=False)
     out = run(CONFIG, tmp_path, links)
     script = tmp_path / "run" / "irqbalance-policy"
@@ -68,7 +72,10 @@ def test_run_applies_then_second_run_writes_nothing(tree: Tree, links: FakeLinks
     assert (tree.proc / "sys/net/core/rps_sock_flow_entries").read_text().strip() == "32768"
     state = json.loads((tmp_path / "run" / "node.json").read_text())
     assert state["pfs"]["0000:01:00.0"]["tuning"] == {
-        "irq_cpus": list(range(8)), "rps_cpus": list(range(8)), "rfs_flow_entries": 32768, "xps": True,
+        "irq_cpus": list(range(8)),
+        "rps_cpus": list(range(8)),
+        "rfs_flow_entries": 32768,
+        "xps": True,
     }
     assert state["pfs"]["0000:01:00.0"]["pins"] == {"31": 0, "32": 1}
 
@@ -103,7 +110,9 @@ def _allocation(tmp_path: Path, vf_pci: str, index: int, pf_pci: str = "0000:01:
     )
 
 
-def test_count_change_refused_while_a_vf_is_allocated(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
+def test_count_change_refused_while_a_vf_is_allocated(
+    tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]
+) -> None:
     vfs = tree.igb(vfs=3)
     _allocation(tmp_path, vfs[1], 1)
     with pytest.raises(node_setup.SetupError) as info:
@@ -116,7 +125,9 @@ def test_count_change_refused_while_a_vf_is_allocated(tree: Tree, links: FakeLin
     assert tree.read("bus/pci/devices/0000:01:00.0/sriov_numvfs") == "3"
 
 
-def test_allocations_on_another_pf_do_not_block(tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]) -> None:
+def test_allocations_on_another_pf_do_not_block(
+    tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]
+) -> None:
     tree.igb(vfs=3)
     tree.igb("0000:02:00.0", "eth1", vfs=2)
     _allocation(tmp_path, "0000:02:10.0", 0, pf_pci="0000:02:00.0")
@@ -134,7 +145,9 @@ def test_allocations_on_another_pf_do_not_block(tree: Tree, links: FakeLinks, tm
         (errno.ENOENT, "the PF has no driver"),
     ],
 )
-def test_kernel_errors_are_explained(tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, words: str) -> None:
+def test_kernel_errors_are_explained(
+    tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, words: str
+) -> None:
     tree.igb()
 
     def refuse(path: Path, value: str) -> None:
@@ -147,7 +160,9 @@ def test_kernel_errors_are_explained(tree: Tree, links: FakeLinks, tmp_path: Pat
     assert str(info.value).startswith("0000:01:00.0: cannot set sriov_numvfs to 4: ")
 
 
-def test_fewer_vfs_than_asked_is_an_error(tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fewer_vfs_than_asked_is_an_error(
+    tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tree.igb(vfs=2)
     real = sysfs.write
 
@@ -161,7 +176,9 @@ def test_fewer_vfs_than_asked_is_an_error(tree: Tree, links: FakeLinks, tmp_path
 
 def test_more_vfs_than_totalvfs_names_the_field(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
     tree.igb()
-    with pytest.raises(node_setup.SetupError, match=r"^pfs\[0\]\.numVfs: 8 is more than eth0 supports \(sriov_totalvfs 7\)$"):
+    with pytest.raises(
+        node_setup.SetupError, match=r"^pfs\[0\]\.numVfs: 8 is more than eth0 supports \(sriov_totalvfs 7\)$"
+    ):
         run("pfs: [{pf: eth0, numVfs: 8}]", tmp_path, links)
 
 
@@ -172,7 +189,9 @@ def test_unknown_pf_names_the_field(tree: Tree, links: FakeLinks, tmp_path: Path
 
 def test_same_pf_by_name_and_address_is_refused(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
     tree.igb()
-    with pytest.raises(node_setup.SetupError, match=r"pfs\[1\]\.pf: 0000:01:00.0 is 0000:01:00.0, which an earlier entry"):
+    with pytest.raises(
+        node_setup.SetupError, match=r"pfs\[1\]\.pf: 0000:01:00.0 is 0000:01:00.0, which an earlier entry"
+    ):
         run("pfs: [{pf: eth0, numVfs: 1}, {pf: '0000:01:00.0', numVfs: 1}]", tmp_path, links)
 
 
@@ -216,7 +235,9 @@ def test_offline_explicit_cpus_are_an_error(tree: Tree, links: FakeLinks, tmp_pa
         run("pfs: [{pf: eth0, numVfs: 0, tuning: {irqCpus: 7-9}}]", tmp_path, links)
 
 
-def test_kernel_managed_irqs_are_skipped_not_failed(tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_managed_irqs_are_skipped_not_failed(
+    tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tree.igb(queues=2)
     real = sysfs.write
 
@@ -231,7 +252,9 @@ def test_kernel_managed_irqs_are_skipped_not_failed(tree: Tree, links: FakeLinks
     assert tree.affinity(32) == "0-7"
 
 
-def test_other_pin_failures_stop_setup(tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_pin_failures_stop_setup(
+    tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tree.igb()
 
     def invalid(path: Path, value: str) -> None:

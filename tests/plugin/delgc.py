@@ -22,17 +22,33 @@ def stale_record(node: Node, vf_index: int = 0, **applied: Any) -> Allocation:
     entry = link(str(vf.netdev))
     assert entry is not None
     alloc = Allocation(
-        vf_pci=vf.pci, pf_pci=pf.pci, pf_netdev=pf.name, vf_index=vf_index, network="sriov-net",
-        container_id="dead", ifname="net1", netns="/var/run/netns/svpod-long-gone", netns_inode=12345,
+        vf_pci=vf.pci,
+        pf_pci=pf.pci,
+        pf_netdev=pf.name,
+        vf_index=vf_index,
+        network="sriov-net",
+        container_id="dead",
+        ifname="net1",
+        netns="/var/run/netns/svpod-long-gone",
+        netns_inode=12345,
         original=OriginalState(
             pf=PfSettings(
-                vlan=Vlan(0, 0, 0x8100), mac="00:00:00:00:00:00", rate=Rate(0, 0), spoofchk=True, trust=False,
+                vlan=Vlan(0, 0, 0x8100),
+                mac="00:00:00:00:00:00",
+                rate=Rate(0, 0),
+                spoofchk=True,
+                trust=False,
                 link_state=0,
             ),
-            netdev=str(vf.netdev), mtu=entry["mtu"],
-            mac=entry["address"], promisc=False, altnames=entry["altnames"], alias="",
+            netdev=str(vf.netdev),
+            mtu=entry["mtu"],
+            mac=entry["address"],
+            promisc=False,
+            altnames=entry["altnames"],
+            alias="",
         ),
-        applied=PfSettings(**applied), in_pod=True,
+        applied=PfSettings(**applied),
+        in_pod=True,
     )
     FileStore(node.data_dir).put(alloc)
     return alloc

@@ -39,12 +39,17 @@ def make(vf: sysfs.VF, container: str = "ours") -> Allocation:
 
 
 def take(
-    tree: Tree, store: Store, candidates: list[sysfs.VF], container: str = "ours", named: bool = False,
+    tree: Tree,
+    store: Store,
+    candidates: list[sysfs.VF],
+    container: str = "ours",
+    named: bool = False,
     host: allocate.Host | None = None,
 ) -> Lease:
     """allocate.reserve for ``container``'s attachment, with the host namespace of the tree unless ``host``."""
-    return allocate.reserve(store, allocate.Candidates(candidates, named), attachment(container),
-                            host or FakeHost(tree.sys), tree.sys)
+    return allocate.reserve(
+        store, allocate.Candidates(candidates, named), attachment(container), host or FakeHost(tree.sys), tree.sys
+    )
 
 
 class Meanwhile:
@@ -185,13 +190,16 @@ def test_the_highest_sriov_vf_index_is_accepted_and_one_more_is_not() -> None:
             parse_pool_entry(entry)
 
 
-@pytest.mark.parametrize(("entry", "words"), [
-    ("eth0#3-2", "ends before it starts"),
-    ("#3", "names no PF"),
-    ("eth0#", "is not a VF index or range"),
-    ("eth0#1-", "is not a VF index or range"),
-    ("eth 0#1", "neither a PF netdev name nor a PCI address"),
-])
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ("eth0#3-2", "ends before it starts"),
+        ("#3", "names no PF"),
+        ("eth0#", "is not a VF index or range"),
+        ("eth0#1-", "is not a VF index or range"),
+        ("eth 0#1", "neither a PF netdev name nor a PCI address"),
+    ],
+)
 def test_a_bad_pool_entry_is_refused_saying_why(entry: str, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         parse_pool_entry(entry)
@@ -202,16 +210,21 @@ def test_overlapping_pool_entries_name_each_vf_once_in_order(tree: Tree) -> None
     entries = [parse_pool_entry(e) for e in ("eth0#2,1", "eth0#1-3", "0000:01:00.0#0")]
     got = pool_vfs(tree.sys, entries)
     assert [(vf.index, vf.pci, vf.pf.pci) for vf in got] == [
-        (1, vfs[1], "0000:01:00.0"), (2, vfs[2], "0000:01:00.0"), (3, vfs[3], "0000:01:00.0"),
+        (1, vfs[1], "0000:01:00.0"),
+        (2, vfs[2], "0000:01:00.0"),
+        (3, vfs[3], "0000:01:00.0"),
         (0, vfs[0], "0000:01:00.0"),
     ]
 
 
-@pytest.mark.parametrize(("entry", "words"), [
-    ("eth0#3", "asks for VF 3, but eth0 has sriov_numvfs=3"),
-    ("eth0#2-3", "asks for VF 3, but eth0 has sriov_numvfs=3"),
-    ("eth9", "pfNames entry 'eth9'"),
-])
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ("eth0#3", "asks for VF 3, but eth0 has sriov_numvfs=3"),
+        ("eth0#2-3", "asks for VF 3, but eth0 has sriov_numvfs=3"),
+        ("eth9", "pfNames entry 'eth9'"),
+    ],
+)
 def test_a_pool_entry_beyond_the_pf_is_a_config_error(tree: Tree, entry: str, words: str) -> None:
     tree.igb(vfs=3)
     with pytest.raises(CNIError) as err:
@@ -238,7 +251,11 @@ def test_vf_states(tree: Tree, tmp_path: Path) -> None:
     dpdk = vfstate.vf_state(tree.sys, "0000:01:10.1", None, lambda name: False)
     no_netdev = vfstate.vf_state(tree.sys, "0000:01:10.2", None, host.__contains__)
     assert (free, elsewhere, dpdk, no_netdev) == (
-        vfstate.VfState.FREE, vfstate.VfState.IN_USE, vfstate.VfState.FREE, vfstate.VfState.IN_USE)
+        vfstate.VfState.FREE,
+        vfstate.VfState.IN_USE,
+        vfstate.VfState.FREE,
+        vfstate.VfState.IN_USE,
+    )
 
     own = os.stat("/proc/self/ns/net").st_ino
     alloc = make(sysfs.VF(vf0, 0, sysfs.resolve_pf(tree.sys, "eth0")))
@@ -280,8 +297,7 @@ def test_a_stale_vf_is_reclaimed_only_when_none_is_free(tree: Tree, tmp_path: Pa
         reserve(tree, store, candidates)
     assert err.value.code == Code.NO_FREE_VF
     assert err.value.msg == "no free VF in the pool (2 VFs, all taken)"
-    assert err.value.details == "; ".join(
-        f"{vf.pci} (container ours, netns /proc/self/ns/net)" for vf in candidates)
+    assert err.value.details == "; ".join(f"{vf.pci} (container ours, netns /proc/self/ns/net)" for vf in candidates)
 
 
 def test_a_named_vf_that_is_not_free_is_named_with_its_owner(tree: Tree, tmp_path: Path) -> None:

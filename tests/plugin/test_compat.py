@@ -83,13 +83,20 @@ REFERENCE: dict[str, Ref] = {
     "readme-dpdk": Ref(VF_DPDK, {"vlan": (1000, 0, Q)}, why="DPDK VF: PF-side settings only, nothing moved"),
     "confref-all-fields": Ref(
         ENS3_VF0_DPDK,
-        {"vlan": (1000, 4, AD), "mac": "ca:fe:c0:ff:ee:00", "rate": (100, 200), "spoofchk": False, "trust": True,
-         "link_state": ENABLE},
+        {
+            "vlan": (1000, 4, AD),
+            "mac": "ca:fe:c0:ff:ee:00",
+            "rate": (100, 200),
+            "spoofchk": False,
+            "trust": True,
+            "link_state": ENABLE,
+        },
         log_level="debug",
         why="ApplyVFConfig order: vlan, mac (lower-cased in CmdAdd), rate, spoofchk, trust, link_state",
     ),
-    "confref-runtime-mac": Ref(VF1, {"mac": "ca:fe:c0:ff:ee:00"}, ipam="host-local",
-                               why="runtimeConfig.mac from the mac capability"),
+    "confref-runtime-mac": Ref(
+        VF1, {"mac": "ca:fe:c0:ff:ee:00"}, ipam="host-local", why="runtimeConfig.mac from the mac capability"
+    ),
     "loadconf-no-deviceid": refused("LoadConf: 'VF pci addr is required'"),
     # pkg/config/config_test.go fixtures
     "cfgtest-existing-deviceid": Ref(VF1, ipam="host-local", why='"vf" is no key of NetConf: ignored'),
@@ -108,10 +115,16 @@ REFERENCE: dict[str, Ref] = {
     "cfgtest-vlan-defaults": Ref(VF1, {"vlan": NO_VLAN}),
     # test/integration (bash_unit) configs
     "integ-macaddress": Ref(VF0, {"mac": "60:00:00:00:00:e1"}, ipam="test-ipam-cni", log_level="debug"),
-    "integ-vlan": Ref(VF0, {"vlan": (1234, 0, Q), "mac": "60:00:00:00:00:e1"}, ipam="test-ipam-cni",
-                      log_level="debug", why="the test asserts 'LinkSetVfVlanQosProto enp175s0f1 0 1234 0 33024'"),
-    "integ-mtu-reset": Ref(VF0, {"vlan": (1234, 0, Q), "mac": "60:00:00:00:00:e1"}, ipam="test-ipam-cni",
-                           log_level="debug"),
+    "integ-vlan": Ref(
+        VF0,
+        {"vlan": (1234, 0, Q), "mac": "60:00:00:00:00:e1"},
+        ipam="test-ipam-cni",
+        log_level="debug",
+        why="the test asserts 'LinkSetVfVlanQosProto enp175s0f1 0 1234 0 33024'",
+    ),
+    "integ-mtu-reset": Ref(
+        VF0, {"vlan": (1234, 0, Q), "mac": "60:00:00:00:00:e1"}, ipam="test-ipam-cni", log_level="debug"
+    ),
     "integ-concurrent": Ref(VF0, ipam="test-ipam-cni", log_level="debug"),
     "integ-long-running-ipam": Ref(VF0, {"vlan": NO_VLAN}, ipam="test-ipam-cni", log_level="debug"),
     # sriov-network-operator renderings
@@ -126,8 +139,12 @@ REFERENCE: dict[str, Ref] = {
     "op-linkstate-disable": Ref(VF1, {"vlan": NO_VLAN, "link_state": DISABLE}, ipam="host-local"),
     "op-linkstate-auto": Ref(VF1, {"vlan": NO_VLAN, "link_state": AUTO}, ipam="host-local"),
     "op-rates": Ref(VF1, {"vlan": NO_VLAN, "rate": (40, 100)}, ipam="host-local"),
-    "op-max-rate-only": Ref(VF1, {"vlan": NO_VLAN, "rate": (0, 100)}, ipam="host-local",
-                            why="ApplyVFConfig: the rate not configured is sent as 0"),
+    "op-max-rate-only": Ref(
+        VF1,
+        {"vlan": NO_VLAN, "rate": (0, 100)},
+        ipam="host-local",
+        why="ApplyVFConfig: the rate not configured is sent as 0",
+    ),
     "op-vlan1-qos2": Ref(VF1, {"vlan": (1, 2, Q)}, ipam="host-local"),
     "op-ipv6-hostlocal": Ref(VF1, {"vlan": NO_VLAN}, ipam="host-local"),
     "op-vlanproto-upper": Ref(VF1, {"vlan": (100, 0, AD)}, why='"802.1AD" lower-cased by LoadConf'),
@@ -139,8 +156,13 @@ REFERENCE: dict[str, Ref] = {
     "op-template-v031": Ref(VF0, {"vlan": (100, 0, Q), "spoofchk": True, "trust": False}, ipam="host-local"),
     # Multus and StarlingX documentation
     "multus-howto-sriov": Ref(ENS3_VF1, {"vlan": NO_VLAN, "spoofchk": True, "trust": True}, ipam="host-local"),
-    "multus-example-sriov-pod": Ref(VF0, {"vlan": (1000, 0, Q)}, ipam="host-local", version="0.1.0",
-                                    why='libcni passes cniVersion "", which skel reads as 0.1.0'),
+    "multus-example-sriov-pod": Ref(
+        VF0,
+        {"vlan": (1000, 0, Q)},
+        ipam="host-local",
+        version="0.1.0",
+        why='libcni passes cniVersion "", which skel reads as 0.1.0',
+    ),
     "stx-net1-minimal": Ref(VF_DPDK),
     "stx-net2-vlan2000": Ref(VF0, {"vlan": (2000, 0, Q)}),
     "stx-net3-calico-ipam": Ref(VF1, ipam="calico-ipam"),
@@ -202,8 +224,9 @@ OURS: dict[str, Ref] = {
     "deviceid-upper": Ref(VF0, why="PCI addresses are case-insensitive here"),
     "master-no-deviceid": Ref(VF0, ipam="host-local", why="master is a self-allocation pool here"),
     "runtimeconfig-deviceid-only": Ref(VF0, why="runtimeConfig.deviceID (the deviceID capability) names the VF"),
-    "cniargs-unknown-no-ignore": Ref(VF0, {"mac": "02:00:00:00:00:0c"},
-                                     why="CNI_ARGS keys this plugin does not read are ignored"),
+    "cniargs-unknown-no-ignore": Ref(
+        VF0, {"mac": "02:00:00:00:00:0c"}, why="CNI_ARGS keys this plugin does not read are ignored"
+    ),
     # Same outcome, without the reference's partly configured VF: refused
     # by the config check before anything changes.
     "mac-multicast": refused("a multicast MAC is refused before anything changes"),
@@ -472,8 +495,14 @@ def test_other_spellings_are_logged_and_the_exact_one_wins(node: Node, capsys: p
     pf = node.add_pf(1)
     pod = node.pod()
     # Go also folds the Kelvin sign onto "k" and the long s onto "s".
-    spellings: dict[str, Any] = {"VLAN": 20, "vlan": 10, "vlanqos": 3, "SpoofChk": "ON", "Trust": "on",
-                                 "lin\u212a_\u017ftate": "disable"}
+    spellings: dict[str, Any] = {
+        "VLAN": 20,
+        "vlan": 10,
+        "vlanqos": 3,
+        "SpoofChk": "ON",
+        "Trust": "on",
+        "lin\u212a_\u017ftate": "disable",
+    }
     conf = node.conf(**spellings)
 
     node.add(conf, netns=pod)

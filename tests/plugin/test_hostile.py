@@ -240,7 +240,10 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], int]] = {
     "NUL in deviceID": ({"deviceID": "0000:3b:10.0\0"}, Code.INVALID_CONFIG),
     "newline after deviceID": ({"deviceID": "0000:3b:10.0\n"}, Code.INVALID_CONFIG),
     "NUL in pfNames": ({"pfNames": ["eth\0"]}, Code.INVALID_CONFIG),
-    "NUL in ipam.dataDir": ({"ipam": {"type": "sriov-ipam", "dataDir": "/x\0", "subnet": "10.9.0.0/24"}}, Code.INVALID_CONFIG),
+    "NUL in ipam.dataDir": (
+        {"ipam": {"type": "sriov-ipam", "dataDir": "/x\0", "subnet": "10.9.0.0/24"}},
+        Code.INVALID_CONFIG,
+    ),
     "NUL in ipam.resolvConf": (
         {"ipam": {"type": "sriov-ipam", "subnet": "10.9.0.0/24", "resolvConf": "/etc/\0"}},
         Code.INVALID_CONFIG,

@@ -52,9 +52,30 @@ JSON_VALUES = st.recursive(
     max_leaves=12,
 )
 CONF_KEYS = [
-    "cniVersion", "name", "deviceID", "pciBusID", "pfNames", "master", "mac", "vlan", "vlanQoS", "vlanProto",
-    "spoofchk", "trust", "link_state", "min_tx_rate", "max_tx_rate", "logLevel", "logFile", "dataDir", "dns",
-    "prevResult", "runtimeConfig", "args", "ipam", "cni.dev/valid-attachments",
+    "cniVersion",
+    "name",
+    "deviceID",
+    "pciBusID",
+    "pfNames",
+    "master",
+    "mac",
+    "vlan",
+    "vlanQoS",
+    "vlanProto",
+    "spoofchk",
+    "trust",
+    "link_state",
+    "min_tx_rate",
+    "max_tx_rate",
+    "logLevel",
+    "logFile",
+    "dataDir",
+    "dns",
+    "prevResult",
+    "runtimeConfig",
+    "args",
+    "ipam",
+    "cni.dev/valid-attachments",
 ]
 IPAM_KEYS = ["type", "dataDir", "subnet", "rangeStart", "rangeEnd", "gateway", "ranges", "routes", "resolvConf"]
 COMMANDS = st.sampled_from(["ADD"] * 6 + ["DEL", "CHECK", "GC", "STATUS", "VERSION", "BOGUS"])
@@ -234,7 +255,9 @@ def test_sriov_ipam_edge(paths: dict[str, str], tmp_path: Path, monkeypatch: pyt
         if not network.is_dir():
             return set()
         return {
-            p.name for p in network.iterdir() if p.name[0].isdigit() and p.read_bytes().split(b"\r\n")[0] == container.encode()
+            p.name
+            for p in network.iterdir()
+            if p.name[0].isdigit() and p.read_bytes().split(b"\r\n")[0] == container.encode()
         }
 
     @_bounded(300)

@@ -26,8 +26,9 @@ from tests.plugin.delgc import ok, stale_record
 
 
 @contextmanager
-def claimed_elsewhere(data_dir: Path, vf_pci: str, then: Callable[[], None] = lambda: None,
-                      hold: float = 60.0) -> Iterator[None]:
+def claimed_elsewhere(
+    data_dir: Path, vf_pci: str, then: Callable[[], None] = lambda: None, hold: float = 60.0
+) -> Iterator[None]:
     """A child process holds ``vf_pci``'s claim for ``hold`` seconds, runs ``then``, and exits."""
     ready_r, ready_w = os.pipe()
     pid = os.fork()
@@ -66,7 +67,8 @@ def test_add_passes_over_a_stale_vf_another_call_is_giving_back(node: Node) -> N
         assert "another CNI call is giving it back" in res.out["details"]
         assert node.fake.calls == []
         assert {k: v for k, v in node.picture().items() if k != "pods"} == {
-            k: v for k, v in before.items() if k != "pods"}
+            k: v for k, v in before.items() if k != "pods"
+        }
 
     node.add(node.conf(), netns=node.pod(), container="new")
     assert node.fake.calls[0] == ("vlan", pf.name, 0, (0, 0, 0x8100))

@@ -166,9 +166,7 @@ def test_stale_allocation_is_reclaimed_by_add(node: Node) -> None:
     [record] = FileStore(node.data_dir).all()
     assert record.container_id == "new"
     ok(node.cni("DEL", node.conf("1.1.0"), netns=pod, container="new"))
-    assert {k: v for k, v in node.picture().items() if k != "pods"} == {
-        k: v for k, v in clean.items() if k != "pods"
-    }
+    assert {k: v for k, v in node.picture().items() if k != "pods"} == {k: v for k, v in clean.items() if k != "pods"}
 
 
 def test_add_reclaiming_a_stale_vf_gets_the_last_address_of_the_range(node: Node) -> None:
@@ -179,9 +177,14 @@ def test_add_reclaiming_a_stale_vf_gets_the_last_address_of_the_range(node: Node
     one_address = [[{"subnet": "10.41.0.0/24", "rangeStart": "10.41.0.9", "rangeEnd": "10.41.0.9"}]]
     conf = node.conf(ipam=node.host_local(ranges=one_address))
     stale_record(node)
-    held = subprocess.run([f"{DEBIAN_CNI_DIR}/host-local"], input=json.dumps(conf), capture_output=True,
-                          text=True, check=True,
-                          env=node.env("ADD", container="dead", netns="/var/run/netns/svpod-long-gone"))
+    held = subprocess.run(
+        [f"{DEBIAN_CNI_DIR}/host-local"],
+        input=json.dumps(conf),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=node.env("ADD", container="dead", netns="/var/run/netns/svpod-long-gone"),
+    )
     assert json.loads(held.stdout)["ips"][0]["address"] == "10.41.0.9/24"
     pod = node.pod()
 
@@ -232,9 +235,7 @@ def test_exhausted_pool_fails_101_and_status_50(node: Node) -> None:
     status = node.cni("STATUS", conf)
     assert status.rc != 0 and status.code == 50
     assert "no free VF" in status.out["msg"]
-    assert {k: v for k, v in node.picture().items() if k != "pods"} == {
-        k: v for k, v in before.items() if k != "pods"
-    }
+    assert {k: v for k, v in node.picture().items() if k != "pods"} == {k: v for k, v in before.items() if k != "pods"}
 
     ok(node.cni("DEL", conf, netns=node.pods[1], container="c1"))
     ok(node.cni("STATUS", conf))
@@ -307,8 +308,15 @@ def test_gc_releases_what_is_not_listed(node: Node) -> None:
 
     # The older key name, and an attachment for another ifname is not ours.
     node.add(net_a, netns=legacy_keep, container="legacy")
-    gc = dict(net_a, **{"cni.dev/attachments": [{"containerID": "legacy", "ifname": "net1"},
-                                               {"containerID": "keep", "ifname": "eth9"}]})
+    gc = dict(
+        net_a,
+        **{
+            "cni.dev/attachments": [
+                {"containerID": "legacy", "ifname": "net1"},
+                {"containerID": "keep", "ifname": "eth9"},
+            ]
+        },
+    )
     ok(node.cni("GC", gc))
     owners = {r.container_id: r.network for r in FileStore(node.data_dir).all()}
     assert owners == {"legacy": "net-a", "other-net": "net-b"}

@@ -118,8 +118,9 @@ def test_setting_refused_by_the_driver_rolls_back_what_was_applied(ready: Ready)
     node, pod, before = ready
     pf = node.pfs[0].name
     node.fake.refuse["link_state"] = netlink.NotSupported("setting link_state 2: Operation not supported", 95)
-    conf = node.conf(vlan=7, vlanQoS=2, mac="02:00:00:00:0f:01", max_tx_rate=100, spoofchk="off", trust="on",
-                     link_state="disable")
+    conf = node.conf(
+        vlan=7, vlanQoS=2, mac="02:00:00:00:0f:01", max_tx_rate=100, spoofchk="off", trust="on", link_state="disable"
+    )
 
     res = node.cni("ADD", conf, netns=pod)
 

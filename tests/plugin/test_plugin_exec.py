@@ -68,8 +68,9 @@ def test_unknown_command_is_code_4() -> None:
 
 def test_add_with_unknown_pf_fails_in_the_config_version(tmp_path: Path) -> None:
     conf = {"cniVersion": "0.4.0", "name": "n", "type": "sriov", "pfNames": ["nosuchpf7"], "dataDir": str(tmp_path)}
-    res = run_bin(env("ADD", CNI_CONTAINERID="c", CNI_NETNS="/proc/self/ns/net", CNI_IFNAME="net1"),
-                  json.dumps(conf).encode())
+    res = run_bin(
+        env("ADD", CNI_CONTAINERID="c", CNI_NETNS="/proc/self/ns/net", CNI_IFNAME="net1"), json.dumps(conf).encode()
+    )
     assert res.rc != 0
     out = json.loads(res.stdout)
     assert out == {"cniVersion": "0.4.0", "code": 7, "msg": out["msg"]} and "nosuchpf7" in out["msg"]
@@ -89,8 +90,13 @@ def test_del_of_nothing_succeeds_silently(tmp_path: Path) -> None:
 def test_a_stdin_that_never_ends_is_an_error_not_a_growing_plugin(command: str, tmp_path: Path) -> None:
     # Read without a bound, /dev/zero grows the plugin until it is killed;
     # the timeout here only keeps that from hanging the suite.
-    call_env = env(command, CNI_CONTAINERID="c", CNI_NETNS="/proc/1/ns/net", CNI_IFNAME="net1",
-                   SRIOV_CNI_SOCKET=str(tmp_path / "no-daemon.sock"))
+    call_env = env(
+        command,
+        CNI_CONTAINERID="c",
+        CNI_NETNS="/proc/1/ns/net",
+        CNI_IFNAME="net1",
+        SRIOV_CNI_SOCKET=str(tmp_path / "no-daemon.sock"),
+    )
     with open("/dev/zero", "rb") as zero:
         proc = subprocess.run([str(SRIOV_BIN)], stdin=zero, env=call_env, capture_output=True, timeout=60)
     out = json.loads(proc.stdout)

@@ -37,8 +37,11 @@ def test_address_and_routes_in_the_pod_then_released(node: Node, version: str, k
     assert addresses("net1", ns) == {"10.47.0.2/24"}
     table = {(r["dst"], r.get("gateway"), r["dev"]) for r in routes(ns)}
     # A route without gw goes via the range's gateway, as CNI's ConfigureIface does.
-    assert {("default", "10.47.0.1", "net1"), ("172.30.0.0/16", "10.47.0.254", "net1"),
-            ("10.47.0.0/24", None, "net1")} == table
+    assert {
+        ("default", "10.47.0.1", "net1"),
+        ("172.30.0.0/16", "10.47.0.254", "net1"),
+        ("10.47.0.0/24", None, "net1"),
+    } == table
     assert ipam_reservations(node.ipam_dir, "sriov-net") == {"10.47.0.2"}
 
     assert node.cni("DEL", conf, netns=pod).rc == 0
@@ -79,11 +82,18 @@ def test_a_delegated_ipam_plugin_dies_with_the_plugin(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     pid_file = tmp_path / "ipam.pid"
-    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "sriov",
-                       "ipam": {"type": hangipam.install(bin_dir, pid_file)}})
-    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1", "CNI_PATH": str(bin_dir),
-           "CNI_NETNS": str(tmp_path / "gone"), "SRIOV_CNI_SOCKET": str(tmp_path / "no-daemon.sock"),
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    conf = json.dumps(
+        {"cniVersion": "1.0.0", "name": "n", "type": "sriov", "ipam": {"type": hangipam.install(bin_dir, pid_file)}}
+    )
+    env = {
+        "CNI_COMMAND": "DEL",
+        "CNI_CONTAINERID": "c1",
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": str(bin_dir),
+        "CNI_NETNS": str(tmp_path / "gone"),
+        "SRIOV_CNI_SOCKET": str(tmp_path / "no-daemon.sock"),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    }
     plugin = subprocess.Popen([str(SRIOV_BIN)], stdin=subprocess.PIPE, env=env)
     assert plugin.stdin is not None
     plugin.stdin.write(conf.encode())

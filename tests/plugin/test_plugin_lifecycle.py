@@ -85,8 +85,9 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("keys,after,calls", SETTINGS, ids=lambda v: str(v) if isinstance(v, dict) else None)
-def test_pf_setting_applied_and_restored(node: Node, keys: dict[str, Any], after: dict[str, Any],
-                                         calls: list[tuple[str, object]]) -> None:
+def test_pf_setting_applied_and_restored(
+    node: Node, keys: dict[str, Any], after: dict[str, Any], calls: list[tuple[str, object]]
+) -> None:
     pf = node.add_pf(1)
     node.fake.state[pf.name][0].update(min_tx_rate=5, max_tx_rate=500)
     pod = node.pod()
@@ -103,8 +104,13 @@ def test_pf_setting_applied_and_restored(node: Node, keys: dict[str, Any], after
     assert node.cni("DEL", node.conf(**keys), netns=pod).rc == 0
 
     assert node.picture() == before
-    restored = {"vlan": ("vlan", (0, 0, 0x8100)), "spoofchk": ("spoofchk", True), "trust": ("trust", False),
-                "link_state": ("link_state", 0), "rate": ("rate", (5, 500))}
+    restored = {
+        "vlan": ("vlan", (0, 0, 0x8100)),
+        "spoofchk": ("spoofchk", True),
+        "trust": ("trust", False),
+        "link_state": ("link_state", 0),
+        "rate": ("rate", (5, 500)),
+    }
     assert [(c[0], c[3]) for c in node.fake.calls] == [restored[name] for name, _ in calls]
 
 
@@ -112,8 +118,16 @@ def test_all_settings_restored_in_reverse_order(node: Node) -> None:
     pf = node.add_pf(1)
     pod = node.pod()
     before = node.picture()
-    conf = node.conf(vlan=10, vlanQoS=1, mac="02:aa:bb:cc:dd:01", min_tx_rate=1, max_tx_rate=50,
-                     spoofchk="off", trust="on", link_state="enable")
+    conf = node.conf(
+        vlan=10,
+        vlanQoS=1,
+        mac="02:aa:bb:cc:dd:01",
+        min_tx_rate=1,
+        max_tx_rate=50,
+        spoofchk="off",
+        trust="on",
+        link_state="enable",
+    )
 
     node.add(conf, netns=pod)
 
@@ -179,8 +193,9 @@ MAC_CONF, MAC_ARGS, MAC_RUNTIME = "02:00:00:00:00:c1", "02:00:00:00:00:a2", "02:
         (MAC_CONF, MAC_ARGS, MAC_RUNTIME, MAC_RUNTIME),
     ],
 )
-def test_mac_precedence(node: Node, conf_mac: str | None, args_mac: str | None, runtime_mac: str | None,
-                        expected: str) -> None:
+def test_mac_precedence(
+    node: Node, conf_mac: str | None, args_mac: str | None, runtime_mac: str | None, expected: str
+) -> None:
     pf = node.add_pf(1)
     vf = pf.vfs[0]
     assert vf.netdev

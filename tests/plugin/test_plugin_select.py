@@ -72,8 +72,7 @@ def test_pci_bus_id_is_accepted_as_from_multus(node: Node) -> None:
 def test_device_id_precedence(node: Node) -> None:
     pf = node.add_pf(3)
     # runtimeConfig.deviceID (the device plugin's capability) beats deviceID, which beats pciBusID.
-    conf = node.conf("1.1.0", deviceID=pf.vfs[0].pci, pciBusID=pf.vfs[1].pci,
-                     runtimeConfig={"deviceID": pf.vfs[2].pci})
+    conf = node.conf("1.1.0", deviceID=pf.vfs[0].pci, pciBusID=pf.vfs[1].pci, runtimeConfig={"deviceID": pf.vfs[2].pci})
     assert taken(node, node.add(conf, netns=node.pod(), container="a")) == pf.vfs[2].pci
     conf = node.conf("1.1.0", deviceID=pf.vfs[0].pci, pciBusID=pf.vfs[1].pci)
     assert taken(node, node.add(conf, netns=node.pod(), container="b")) == pf.vfs[0].pci
@@ -98,13 +97,17 @@ def test_dpdk_vf_is_configured_on_the_pf_but_not_moved(node: Node) -> None:
     vf = pf.vfs[1]
     pod = node.pod()
     before = node.picture()
-    conf = node.conf("1.1.0", deviceID=vf.pci, vlan=30, mac="02:00:00:00:d0:01", spoofchk="off",
-                     ipam=node.sriov_ipam("10.42.0.0/24"))
+    conf = node.conf(
+        "1.1.0", deviceID=vf.pci, vlan=30, mac="02:00:00:00:d0:01", spoofchk="off", ipam=node.sriov_ipam("10.42.0.0/24")
+    )
 
     res = node.add(conf, netns=pod)
 
     assert node.fake.state[pf.name][1] == {
-        **before["fake"][pf.name][1], "vlan": 30, "mac": "02:00:00:00:d0:01", "spoofchk": False,
+        **before["fake"][pf.name][1],
+        "vlan": 30,
+        "mac": "02:00:00:00:d0:01",
+        "spoofchk": False,
     }
     assert link_names(os.path.basename(pod)) == {"lo"}  # nothing moved, nothing configured in the pod
     assert res.out == {

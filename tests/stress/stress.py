@@ -116,7 +116,7 @@ def answer_problems(command: str, ans: Answer) -> list[str]:
     for stream in (ans.stdout, ans.stderr):
         if "Traceback" in stream:
             # Its last lines name the exception and where it came from.
-            tail = " | ".join(stream[stream.index("Traceback"):].strip().splitlines()[-6:])
+            tail = " | ".join(stream[stream.index("Traceback") :].strip().splitlines()[-6:])
             problems.append(f"traceback in the output: {tail}")
     obj = ans.obj
     if obj is ValueError:
@@ -125,8 +125,9 @@ def answer_problems(command: str, ans: Answer) -> list[str]:
         if command == "ADD" and not (isinstance(obj, dict) and obj.get("interfaces")):
             problems.append(f"ADD succeeded without a result: {ans.stdout[:200]!r}")
     elif not (isinstance(obj, dict) and isinstance(obj.get("code"), int) and isinstance(obj.get("msg"), str)):
-        problems.append(f"failed (status {ans.rc}) without an error object: {ans.stdout[:200]!r},"
-                        f" stderr ends {ans.stderr[-600:]!r}")
+        problems.append(
+            f"failed (status {ans.rc}) without an error object: {ans.stdout[:200]!r}, stderr ends {ans.stderr[-600:]!r}"
+        )
     elif obj["code"] == 999:
         problems.append(f"internal error: {obj}")
     return problems
@@ -264,7 +265,11 @@ class ExecTransport:
 
     def start(self, env: dict[str, str], stdin: bytes) -> Running:
         proc = subprocess.Popen(
-            self.exe, env={**env, **self.socket_env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            self.exe,
+            env={**env, **self.socket_env},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         proc.stdin.write(stdin)
@@ -414,8 +419,23 @@ class HostNode:
                     raise RuntimeError(f"veth {peer} outlived its namespace")
                 time.sleep(0.02)
             subprocess.run(
-                ["ip", "link", "add", str(vf.netdev), "address", entry["address"], "mtu", str(entry["mtu"]), "type", "veth",
-                 "peer", "name", peer, "netns", self.node.peer_ns],
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    str(vf.netdev),
+                    "address",
+                    entry["address"],
+                    "mtu",
+                    str(entry["mtu"]),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    peer,
+                    "netns",
+                    self.node.peer_ns,
+                ],
                 check=True,
             )
 
@@ -478,6 +498,7 @@ class IgbNode:
 
         assert src.prev is not None and dst.prev is not None
         address = dst.prev["ips"][0]["address"].split("/")[0]
+
         def carrier(att: Attachment) -> bool:
             links = ip_json("link", "show", "dev", att.ifname, netns=att.netns_name)
             return bool(links) and "LOWER_UP" in links[0]["flags"]
@@ -487,8 +508,11 @@ class IgbNode:
             if time.monotonic() > deadline:
                 return f"no carrier within {VF_CARRIER_TIMEOUT:g} s"
             time.sleep(0.1)
-        out = subprocess.run(["ip", "netns", "exec", src.netns_name, "ping", "-c", "2", "-i", "0.2", "-W", "5", address],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            ["ip", "netns", "exec", src.netns_name, "ping", "-c", "2", "-i", "0.2", "-W", "5", address],
+            capture_output=True,
+            text=True,
+        )
         return None if out.returncode == 0 else f"{src.container} cannot ping {address}: {out.stdout.strip()}"
 
     def close(self) -> None:
@@ -572,8 +596,17 @@ class Op:
 
 
 class Driver:
-    def __init__(self, node: StressNode, transport: Transport, state: StateDir, rng: random.Random,
-                 concurrency: int, deadline: float, work: Path, ipam_exe: Path) -> None:
+    def __init__(
+        self,
+        node: StressNode,
+        transport: Transport,
+        state: StateDir,
+        rng: random.Random,
+        concurrency: int,
+        deadline: float,
+        work: Path,
+        ipam_exe: Path,
+    ) -> None:
         self.node = node
         self.transport = transport
         self.state = state
@@ -586,8 +619,9 @@ class Driver:
         self.cni_bin = work / "cni-bin"
         self.cni_bin.mkdir()
         wrapper = self.cni_bin / "stress-ipam"
-        wrapper.write_text(IPAM_WRAPPER.replace("{hang}", str(deadline + IPAM_HANG_EXTRA)).replace(
-            "{exe}", str(ipam_exe)))
+        wrapper.write_text(
+            IPAM_WRAPPER.replace("{hang}", str(deadline + IPAM_HANG_EXTRA)).replace("{exe}", str(ipam_exe))
+        )
         wrapper.chmod(0o755)
         self.attachments: list[Attachment] = []
         self.busy: set[str] = set()
@@ -611,8 +645,15 @@ class Driver:
         else:
             ipam = {"type": "stress-ipam", "dataDir": str(self.ipam_dir), "ranges": [[{"subnet": "10.61.0.0/24"}]]}
             extra = {}
-        out: dict[str, Any] = {"cniVersion": "1.1.0", "name": network, "type": "sriov",
-                               "dataDir": str(self.data_dir), "ipam": ipam, **self.node.pool_conf(), **extra}
+        out: dict[str, Any] = {
+            "cniVersion": "1.1.0",
+            "name": network,
+            "type": "sriov",
+            "dataDir": str(self.data_dir),
+            "ipam": ipam,
+            **self.node.pool_conf(),
+            **extra,
+        }
         if mac:
             out["runtimeConfig"] = {"mac": mac}
         if prev is not None:
@@ -686,8 +727,11 @@ class Driver:
         att.state = "retired"
 
     def valid_attachments(self) -> list[dict[str, str]]:
-        return [{"containerID": a.container, "ifname": a.ifname} for a in self.attachments
-                if a.state not in ("deleted", "retired")]
+        return [
+            {"containerID": a.container, "ifname": a.ifname}
+            for a in self.attachments
+            if a.state not in ("deleted", "retired")
+        ]
 
     # -- running
 
@@ -699,8 +743,13 @@ class Driver:
             self.drain()
         faults: set[str] = set()
         network = att.network if att else self.rng.choice(NETWORKS)
-        if att is not None and command == "DEL" and att.state == "live" and not att.netns_gone \
-                and self.rng.random() < 0.15:
+        if (
+            att is not None
+            and command == "DEL"
+            and att.state == "live"
+            and not att.netns_gone
+            and self.rng.random() < 0.15
+        ):
             self.node.delete_netns(att.netns_name)
             att.netns_gone = True
             faults.add("netns_deleted")
@@ -732,8 +781,16 @@ class Driver:
         for fault in faults - {"kill"}:
             self.faults[fault] += 1
 
-    def submit(self, command: str, att: Attachment | None, conf: dict[str, Any], env: dict[str, str],
-               faults: set[str], kill_at: float | None, deadline: float) -> Op:
+    def submit(
+        self,
+        command: str,
+        att: Attachment | None,
+        conf: dict[str, Any],
+        env: dict[str, str],
+        faults: set[str],
+        kill_at: float | None,
+        deadline: float,
+    ) -> Op:
         stdin = json.dumps(conf).encode()
         call = self.transport.start(env, stdin)
         op = Op(command, att, faults, env, stdin, call, time.monotonic() + deadline, kill_at)
@@ -824,7 +881,9 @@ class Driver:
                 # Half done, perhaps: the runtime only knows to DEL again.
                 att.state = "unknown"
                 if ans.rc is not None and not op.faults & EXCUSES:
-                    self.violate(f"DEL {att.container} failed with no fault injected: {ans.stdout.strip()} {att.history}")
+                    self.violate(
+                        f"DEL {att.container} failed with no fault injected: {ans.stdout.strip()} {att.history}"
+                    )
         elif op.command == "CHECK" and not ok and ans.rc is not None and not op.faults & EXCUSES:
             self.violate(f"CHECK {att.container} of a live attachment failed: {ans.stdout.strip()} {att.history}")
 
@@ -857,10 +916,14 @@ class Driver:
                     self.violate(f"VF {pci} is in pods {owner[pci]} and {att.container}")
                 owner[pci] = att.container
                 if not att.may_hold:
-                    self.violate(f"VF {pci} ({ifname}) is in pod {att.container}, whose ADD failed or was DELeted: {att.history}")
+                    self.violate(
+                        f"VF {pci} ({ifname}) is in pod {att.container}, whose ADD failed or was DELeted: {att.history}"
+                    )
             if att.state == "live" and held.get(att.ifname) != att.pci:
-                self.violate(f"live attachment {att.container} should have VF {att.pci} as {att.ifname} in its pod,"
-                             f" has {held}: {att.history}")
+                self.violate(
+                    f"live attachment {att.container} should have VF {att.pci} as {att.ifname} in its pod,"
+                    f" has {held}: {att.history}"
+                )
 
     def check_data_path(self) -> None:
         """With nothing in flight, on a real NIC: two live pods on one PF and network ping each other both ways.
@@ -978,8 +1041,9 @@ def _addresses(directory: Path) -> set[str]:
 # --- entry -----------------------------------------------------------------------
 
 
-def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, vfs: int = 8,
-           deadline: float = 10.0) -> tuple[str, list[str]]:
+def stress(
+    ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, vfs: int = 8, deadline: float = 10.0
+) -> tuple[str, list[str]]:
     """Run; return the summary line and the violations."""
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="sriov-stress-"))
@@ -1015,8 +1079,10 @@ def stress(ops: int, seed: int, node_kind: str = "host", concurrency: int = 4, v
         faults = " ".join(f"{k}={v}" for k, v in sorted(driver.faults.items()))
         by_op = " ".join(f"{k}={v}" for k, v in sorted(driver.ops.items()))
         pings = f"pod pairs pinged={driver.pings} " if node_kind == "igb" else ""
-        summary = (f"stress: node={node_kind} ops={driver.started} ({by_op}) faults: {faults} "
-                   f"{pings}violations={len(driver.violations)} seed={seed} in {elapsed:.0f} s")
+        summary = (
+            f"stress: node={node_kind} ops={driver.started} ({by_op}) faults: {faults} "
+            f"{pings}violations={len(driver.violations)} seed={seed} in {elapsed:.0f} s"
+        )
         return summary, driver.violations
     finally:
         for part in (driver, transport, node, state):

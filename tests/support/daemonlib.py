@@ -37,13 +37,21 @@ class Daemon:
     read what it says later.
     """
 
-    def __init__(self, directory: Path, *options: str, command: str = "daemon",
-                 program: Callable[..., list[str]] | None = None, env: Mapping[str, str] | None = None,
-                 wrapper: Sequence[str] = (), cwd: Path = REPO) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *options: str,
+        command: str = "daemon",
+        program: Callable[..., list[str]] | None = None,
+        env: Mapping[str, str] | None = None,
+        wrapper: Sequence[str] = (),
+        cwd: Path = REPO,
+    ) -> None:
         self.socket = directory / "plugin.sock"
         argv = program(str(self.socket), *options) if program else command_line(self.socket, *options, command=command)
-        self.proc = subprocess.Popen([*wrapper, *argv], cwd=cwd, stderr=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, **(env or {})))
+        self.proc = subprocess.Popen(
+            [*wrapper, *argv], cwd=cwd, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {}))
+        )
         assert self.proc.stderr is not None
         self.banner = self.proc.stderr.readline()
         if f"listening on {self.socket}" not in self.banner:
@@ -84,7 +92,9 @@ def exporter_of(daemon: int) -> int:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != daemon and entry.name not in children:
             try:
-                if (entry / "cmdline").read_bytes() == cmdline and daemonprocs.group_of(int(entry.name)) == daemonprocs.group_of(daemon):
+                if (entry / "cmdline").read_bytes() == cmdline and daemonprocs.group_of(
+                    int(entry.name)
+                ) == daemonprocs.group_of(daemon):
                     return int(entry.name)
             except OSError:
                 continue
@@ -99,12 +109,26 @@ def broken_children(tmp_path: Path) -> list[str]:
     """
     null = tmp_path / "null"
     null.write_bytes(b"")
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount --bind -o ro "$0" /dev/null && exec "$@"', str(null)]
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount --bind -o ro "$0" /dev/null && exec "$@"',
+        str(null),
+    ]
 
 
-def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, name: str = "sriov",
-         env: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+def shim(
+    socket_path: Path,
+    command: str,
+    stdin: bytes = b"",
+    exe: Path = SHIM,
+    name: str = "sriov",
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, dict[str, Any]]:
     """Run the shim as ``name`` (a symlink, as install-cni's copies are named)."""
     link = socket_path.parent.parent / "bin" / name
     link.parent.mkdir(exist_ok=True)
@@ -113,8 +137,7 @@ def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, 
         tmp = link.with_name(f".{name}.{uuid.uuid4().hex}")
         tmp.symlink_to(exe)
         os.replace(tmp, link)
-    call_env = {"CNI_COMMAND": command, "SRIOV_CNI_SOCKET": str(socket_path), "PATH": "/usr/bin:/bin",
-                **(env or {})}
+    call_env = {"CNI_COMMAND": command, "SRIOV_CNI_SOCKET": str(socket_path), "PATH": "/usr/bin:/bin", **(env or {})}
     # The timeout only keeps a broken shim from hanging the suite.
     proc = subprocess.run([str(link)], input=stdin, env=call_env, capture_output=True, timeout=60)
     out = json.loads(proc.stdout) if proc.stdout.strip() else {}
@@ -123,15 +146,23 @@ def shim(socket_path: Path, command: str, stdin: bytes = b"", exe: Path = SHIM, 
 
 def ipam_conf(tmp_path: Path) -> bytes:
     net = f"shim-{uuid.uuid4().hex[:8]}"
-    return json.dumps({
-        "cniVersion": "1.0.0", "name": net, "type": "sriov",
-        "ipam": {"type": "sriov-ipam", "subnet": "10.77.0.0/24", "dataDir": str(tmp_path / "ipam")},
-    }).encode()
+    return json.dumps(
+        {
+            "cniVersion": "1.0.0",
+            "name": net,
+            "type": "sriov",
+            "ipam": {"type": "sriov-ipam", "subnet": "10.77.0.0/24", "dataDir": str(tmp_path / "ipam")},
+        }
+    ).encode()
 
 
 def ipam_env(container: str) -> dict[str, str]:
-    return {"CNI_CONTAINERID": container, "CNI_NETNS": "/proc/1/ns/net", "CNI_IFNAME": "net1",
-            "CNI_PATH": "/opt/cni/bin"}
+    return {
+        "CNI_CONTAINERID": container,
+        "CNI_NETNS": "/proc/1/ns/net",
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": "/opt/cni/bin",
+    }
 
 
 def wait_for(probe: Callable[[], T]) -> T:

@@ -251,7 +251,8 @@ class FakeHost:
         return object() if (self.sys_root / "class" / "net" / name).exists() else None
 
 
-def _conforms(vfc: FakeVfControl, store: MemoryStore, links: FakeLinks, host: FakeHost,
-              file_store: FileStore) -> tuple[VfControl, Store, Links, Host, Store]:
+def _conforms(
+    vfc: FakeVfControl, store: MemoryStore, links: FakeLinks, host: FakeHost, file_store: FileStore
+) -> tuple[VfControl, Store, Links, Host, Store]:
     # Checked by mypy: each fake satisfies the protocol it stands in for.
     return vfc, store, links, host, file_store

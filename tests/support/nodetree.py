@@ -32,8 +32,9 @@ class Tree:
 
     def paths(self, state_file: Path, systemd_run: Path = Paths.systemd_run) -> Paths:
         """The node paths of this tree, with setup's state in ``state_file``."""
-        return Paths(state_file=state_file, systemd_run=systemd_run, sys=self.sys, proc=self.proc,
-                     proc_irq=self.proc / "irq")
+        return Paths(
+            state_file=state_file, systemd_run=systemd_run, sys=self.sys, proc=self.proc, proc_irq=self.proc / "irq"
+        )
 
     def cpus(self, online: str, isolated: str = "", nohz_full: str = "") -> None:
         base = self.sys / "devices" / "system" / "cpu"
@@ -101,7 +102,15 @@ class Tree:
         if netdev:
             self.netdev(pci, netdev, rx=queues, tx=queues, mtu=mtu, up=up)
 
-    def vf(self, pf_pci: str, index: int, pci: str, netdev: str | None, irqs: dict[int, str] | None = None, driver: str = "igbvf") -> None:
+    def vf(
+        self,
+        pf_pci: str,
+        index: int,
+        pci: str,
+        netdev: str | None,
+        irqs: dict[int, str] | None = None,
+        driver: str = "igbvf",
+    ) -> None:
         d = self._function(pci, driver, irqs or {}, -1)
         os.symlink(f"../{pf_pci}", d / "physfn")
         os.symlink(f"../{pci}", self.devices / pf_pci / f"virtfn{index}")
@@ -126,6 +135,12 @@ class Tree:
         for i in range(vfs):
             vf = f"0000:{bus}:10.{i}"
             base = 100 * int(bus, 16) + 3 * i
-            self.vf(pci, i, vf, f"{netdev}v{i}", {base: f"{netdev}v{i}-tx-0", base + 1: f"{netdev}v{i}-rx-0", base + 2: f"{netdev}v{i}"})
+            self.vf(
+                pci,
+                i,
+                vf,
+                f"{netdev}v{i}",
+                {base: f"{netdev}v{i}-tx-0", base + 1: f"{netdev}v{i}-rx-0", base + 2: f"{netdev}v{i}"},
+            )
             out[i] = vf
         return out

@@ -75,8 +75,11 @@ def link_names(netns: str | None = None) -> set[str]:
 
 def addresses(name: str, netns: str) -> set[str]:
     [entry] = ip_json("addr", "show", "dev", name, netns=netns)
-    return {f"{a['local']}/{a['prefixlen']}" for a in entry["addr_info"] if a["family"] in ("inet", "inet6")
-            and a.get("scope") != "link"}
+    return {
+        f"{a['local']}/{a['prefixlen']}"
+        for a in entry["addr_info"]
+        if a["family"] in ("inet", "inet6") and a.get("scope") != "link"
+    }
 
 
 def routes(netns: str, family: str = "-4") -> list[dict[str, Any]]:
@@ -184,13 +187,20 @@ class Node:
         """A PF with ``nvfs`` VFs; VF indexes in ``dpdk`` are bound to vfio-pci and have no netdev."""
         n = len(self.pfs)
         vfs = [
-            (f"0000:{0x3b + n:02x}:{0x10 + i // 8:02x}.{i % 8}", "vfio-pci" if i in dpdk else "igbvf")
+            (f"0000:{0x3B + n:02x}:{0x10 + i // 8:02x}.{i % 8}", "vfio-pci" if i in dpdk else "igbvf")
             for i in range(nvfs)
         ]
-        return self.add_pf_at(f"0000:{0x3b + n:02x}:00.0", f"sv{self.token}p{n}", vfs, driver=driver, total=total)
+        return self.add_pf_at(f"0000:{0x3B + n:02x}:00.0", f"sv{self.token}p{n}", vfs, driver=driver, total=total)
 
-    def add_pf_at(self, pci: str, name: str, vfs: Sequence[tuple[str, str | None]], *, driver: str = "fakepf",
-                  total: int | None = None) -> PF:
+    def add_pf_at(
+        self,
+        pci: str,
+        name: str,
+        vfs: Sequence[tuple[str, str | None]],
+        *,
+        driver: str = "fakepf",
+        total: int | None = None,
+    ) -> PF:
         """A PF at ``pci`` named ``name``; each VF is (PCI address, driver).
 
         A VF bound to a DPDK driver has no netdev, nor has one with driver
@@ -220,7 +230,15 @@ class Node:
                 (vf_dir / "net" / netdev).mkdir(parents=True)
                 sh("ip", "link", "add", netdev, "type", "veth", "peer", "name", f"peer{n}{i}", "netns", self.peer_ns)
                 # A distinct, recognisable MAC: the netdev's identity across moves.
-                sh("ip", "link", "set", "dev", netdev, "address", f"02:5f:{self.token[:2]}:{self.token[2:4]}:{n:02x}:{i:02x}")
+                sh(
+                    "ip",
+                    "link",
+                    "set",
+                    "dev",
+                    netdev,
+                    "address",
+                    f"02:5f:{self.token[:2]}:{self.token[2:4]}:{n:02x}:{i:02x}",
+                )
                 # udev gives real VF netdevs altnames (their path names); the
                 # plugin must drop them on the way in and put them back.
                 sh("ip", "link", "property", "add", "dev", netdev, "altname", altname(netdev))
@@ -268,8 +286,16 @@ class Node:
     def host_local(self, subnet: str = "10.41.0.0/24", **keys: Any) -> dict[str, Any]:
         return {"type": "host-local", "dataDir": str(self.ipam_dir), "ranges": [[{"subnet": subnet}]], **keys}
 
-    def env(self, command: str, *, container: str = "ctr1", netns: str = "", ifname: str = "net1",
-            args: str = "", path: str = DEBIAN_CNI_DIR) -> dict[str, str]:
+    def env(
+        self,
+        command: str,
+        *,
+        container: str = "ctr1",
+        netns: str = "",
+        ifname: str = "net1",
+        args: str = "",
+        path: str = DEBIAN_CNI_DIR,
+    ) -> dict[str, str]:
         return {
             "CNI_COMMAND": command,
             "CNI_CONTAINERID": container,
@@ -282,8 +308,13 @@ class Node:
 
     def deps(self) -> commands.Deps:
         fake = self.fake
-        return commands.Deps(vf_control=lambda: fake, store=FileStore, claim_wait=self.claim_wait,
-                             mac_retry_delay=self.mac_retry_delay, paths=self.paths)
+        return commands.Deps(
+            vf_control=lambda: fake,
+            store=FileStore,
+            claim_wait=self.claim_wait,
+            mac_retry_delay=self.mac_retry_delay,
+            paths=self.paths,
+        )
 
     def run(self, env: dict[str, str], stdin: bytes) -> Outcome:
         out, err = io.StringIO(), io.StringIO()

@@ -92,26 +92,46 @@ def pause_archive(dest: Path) -> Path:
     with tarfile.open(fileobj=layer, mode="w") as tar:
         tar.add(CATATONIT, arcname="catatonit")
     layer_bytes = layer.getvalue()
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": ["/catatonit", "-P"]},
-        "rootfs": {"type": "layers", "diff_ids": [_sha(layer_bytes)]},
-    }).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": _sha(config), "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": _sha(layer_bytes), "size": len(layer_bytes)}],
-    }).encode()
-    index = json.dumps({
-        "schemaVersion": 2,
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                       "digest": _sha(manifest), "size": len(manifest),
-                       "platform": {"architecture": "amd64", "os": "linux"},
-                       "annotations": {"org.opencontainers.image.ref.name": PAUSE_IMAGE}}],
-    }).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": ["/catatonit", "-P"]},
+            "rootfs": {"type": "layers", "diff_ids": [_sha(layer_bytes)]},
+        }
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": _sha(config),
+                "size": len(config),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": _sha(layer_bytes),
+                    "size": len(layer_bytes),
+                }
+            ],
+        }
+    ).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": _sha(manifest),
+                    "size": len(manifest),
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {"org.opencontainers.image.ref.name": PAUSE_IMAGE},
+                }
+            ],
+        }
+    ).encode()
     archive = dest / "pause.tar"
     with tarfile.open(archive, "w") as tar:
         files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
@@ -151,7 +171,8 @@ class Cri:
 
     def has_image(self, ref: str) -> bool:
         resp: pb.ImageStatusResponse = self.images.ImageStatus(
-            pb.ImageStatusRequest(image=pb.ImageSpec(image=ref)), timeout=CRI_TIMEOUT)
+            pb.ImageStatusRequest(image=pb.ImageSpec(image=ref)), timeout=CRI_TIMEOUT
+        )
         return resp.HasField("image")
 
     def run_pod(self, config: pb.PodSandboxConfig) -> str:
@@ -167,7 +188,8 @@ class Cri:
     def pod_status(self, pod_id: str) -> tuple[pb.PodSandboxStatus, dict[str, Any]]:
         """The sandbox's status, and the runtime's verbose info (its spec, the CNI result)."""
         resp: pb.PodSandboxStatusResponse = self.runtime.PodSandboxStatus(
-            pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True), timeout=CRI_TIMEOUT)
+            pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True), timeout=CRI_TIMEOUT
+        )
         return resp.status, json.loads(resp.info["info"])
 
     def pod_netns(self, pod_id: str) -> str:
@@ -181,14 +203,16 @@ class Cri:
 
     def start_container(self, pod_id: str, pod: pb.PodSandboxConfig, config: pb.ContainerConfig) -> str:
         resp = self.runtime.CreateContainer(
-            pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod), timeout=CRI_TIMEOUT)
+            pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod), timeout=CRI_TIMEOUT
+        )
         cid = str(resp.container_id)
         self.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=CRI_TIMEOUT)
         return cid
 
     def container_status(self, cid: str) -> pb.ContainerStatus:
         resp: pb.ContainerStatusResponse = self.runtime.ContainerStatus(
-            pb.ContainerStatusRequest(container_id=cid), timeout=CRI_TIMEOUT)
+            pb.ContainerStatusRequest(container_id=cid), timeout=CRI_TIMEOUT
+        )
         return resp.status
 
     def wait_exited(self, cid: str, timeout: float = CRI_TIMEOUT) -> pb.ContainerStatus:
@@ -202,8 +226,16 @@ class Cri:
             time.sleep(POLL)
 
 
-def new_pod(name: str, namespace: str, log_root: Path, *, host_network: bool = False, host_pid: bool = False,
-            privileged: bool = False, labels: Mapping[str, str] | None = None) -> pb.PodSandboxConfig:
+def new_pod(
+    name: str,
+    namespace: str,
+    log_root: Path,
+    *,
+    host_network: bool = False,
+    host_pid: bool = False,
+    privileged: bool = False,
+    labels: Mapping[str, str] | None = None,
+) -> pb.PodSandboxConfig:
     """A sandbox config as kubelet makes one for a pod of that name."""
     uid = str(uuid.uuid4())
     log_dir = log_root / f"{namespace}_{name}_{uid}"
@@ -214,10 +246,14 @@ def new_pod(name: str, namespace: str, log_root: Path, *, host_network: bool = F
         hostname="" if host_network else name,
         log_directory=str(log_dir),
         labels=dict(labels or {}),
-        linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-            namespace_options=pb.NamespaceOption(network=node if host_network else pod,
-                                                 pid=node if host_pid else pod),
-            privileged=privileged)),
+        linux=pb.LinuxPodSandboxConfig(
+            security_context=pb.LinuxSandboxSecurityContext(
+                namespace_options=pb.NamespaceOption(
+                    network=node if host_network else pod, pid=node if host_pid else pod
+                ),
+                privileged=privileged,
+            )
+        ),
     )
 
 
@@ -253,8 +289,17 @@ def _refuse_unknown(what: str, spec: Mapping[str, Any], known: set[str]) -> None
 
 # What kubelet masks and makes read-only in a container that is not
 # privileged (its default /proc mount type).
-KUBELET_MASKED_PATHS = ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-                        "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"]
+KUBELET_MASKED_PATHS = [
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+]
 KUBELET_READONLY_PATHS = ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
@@ -280,14 +325,16 @@ class DaemonSetPod:
 
     def kill(self, name: str) -> None:
         """Container ``name`` dies at once (StopContainer without a grace period sends SIGKILL)."""
-        self.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=self.containers[name], timeout=0),
-                                       timeout=CRI_TIMEOUT)
+        self.cri.runtime.StopContainer(
+            pb.StopContainerRequest(container_id=self.containers[name], timeout=0), timeout=CRI_TIMEOUT
+        )
 
     def stop(self, name: str) -> pb.ContainerStatus:
         """Container ``name`` stopped as kubelet stops a pod's: SIGTERM, then SIGKILL after the grace period."""
         grace = int(self.template.spec.get("terminationGracePeriodSeconds", 30))
-        self.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=self.containers[name], timeout=grace),
-                                       timeout=CRI_TIMEOUT + grace)
+        self.cri.runtime.StopContainer(
+            pb.StopContainerRequest(container_id=self.containers[name], timeout=grace), timeout=CRI_TIMEOUT + grace
+        )
         return self.cri.container_status(self.containers[name])
 
     def restart(self, name: str) -> None:
@@ -300,7 +347,8 @@ class DaemonSetPod:
     def pid(self, name: str) -> int:
         """The node's pid of container ``name``'s process (the runtime's verbose status says it)."""
         resp = self.cri.runtime.ContainerStatus(
-            pb.ContainerStatusRequest(container_id=self.containers[name], verbose=True), timeout=CRI_TIMEOUT)
+            pb.ContainerStatusRequest(container_id=self.containers[name], verbose=True), timeout=CRI_TIMEOUT
+        )
         return int(json.loads(resp.info["info"])["pid"])
 
     def ready(self, name: str) -> bool:
@@ -318,7 +366,8 @@ class DaemonSetPod:
         timeout = probe.get("timeoutSeconds", 1)
         try:
             resp = self.cri.runtime.ExecSync(
-                pb.ExecSyncRequest(container_id=self.containers[name], cmd=cmd, timeout=timeout), timeout=CRI_TIMEOUT)
+                pb.ExecSyncRequest(container_id=self.containers[name], cmd=cmd, timeout=timeout), timeout=CRI_TIMEOUT
+            )
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise
@@ -340,22 +389,28 @@ class DaemonSetPod:
 class PodTemplate:
     """The pod template of a DaemonSet: its volumes made on the node, its containers as CRI configs."""
 
-    def __init__(self, daemonset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, str]],
-                 scratch: Path) -> None:
+    def __init__(
+        self, daemonset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, str]], scratch: Path
+    ) -> None:
         self.name = str(daemonset["metadata"]["name"])
         self.namespace = str(daemonset["metadata"]["namespace"])
         template = daemonset["spec"]["template"]
         self.labels = {str(k): str(v) for k, v in template["metadata"]["labels"].items()}
         self.spec: Mapping[str, Any] = template["spec"]
-        _refuse_unknown("the pod template", self.spec, POD_FIELDS_NOT_FOR_CRI | {
-            "hostNetwork", "hostPID", "initContainers", "containers", "volumes", "terminationGracePeriodSeconds"})
+        _refuse_unknown(
+            "the pod template",
+            self.spec,
+            POD_FIELDS_NOT_FOR_CRI
+            | {"hostNetwork", "hostPID", "initContainers", "containers", "volumes", "terminationGracePeriodSeconds"},
+        )
         self.host_network = bool(self.spec.get("hostNetwork"))
         self.host_pid = bool(self.spec.get("hostPID"))
         self.volumes = {v["name"]: self._volume(v, config_maps, scratch) for v in self.spec["volumes"]}
 
     @staticmethod
-    def _volume(volume: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, str]],
-                scratch: Path) -> tuple[str, bool]:
+    def _volume(
+        volume: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, str]], scratch: Path
+    ) -> tuple[str, bool]:
         """Where a volume is on the node, and whether kubelet mounts it read-only whatever the mount says."""
         if "hostPath" in volume:
             host = volume["hostPath"]
@@ -382,25 +437,47 @@ class PodTemplate:
         pytest.fail(f"volume {volume['name']}: only hostPath and configMap volumes are realised here")
 
     def privileged(self) -> bool:
-        return any(c.get("securityContext", {}).get("privileged")
-                   for c in [*self.spec.get("initContainers", []), *self.spec["containers"]])
+        return any(
+            c.get("securityContext", {}).get("privileged")
+            for c in [*self.spec.get("initContainers", []), *self.spec["containers"]]
+        )
 
-    def container_config(self, container: Mapping[str, Any], pod: pb.PodSandboxConfig,
-                         image: str | None = None, attempt: int = 0) -> pb.ContainerConfig:
-        _refuse_unknown(f"container {container['name']}", container, CONTAINER_FIELDS_NOT_FOR_CRI | {
-            "image", "imagePullPolicy", "command", "args", "env", "securityContext", "resources", "volumeMounts",
-            "readinessProbe"})
+    def container_config(
+        self, container: Mapping[str, Any], pod: pb.PodSandboxConfig, image: str | None = None, attempt: int = 0
+    ) -> pb.ContainerConfig:
+        _refuse_unknown(
+            f"container {container['name']}",
+            container,
+            CONTAINER_FIELDS_NOT_FOR_CRI
+            | {
+                "image",
+                "imagePullPolicy",
+                "command",
+                "args",
+                "env",
+                "securityContext",
+                "resources",
+                "volumeMounts",
+                "readinessProbe",
+            },
+        )
         env = {e["name"]: _env_value(e) for e in container.get("env", [])}
         mounts = []
         for m in container.get("volumeMounts", []):
             _refuse_unknown(f"a mount of {container['name']}", m, {"name", "mountPath", "readOnly", "mountPropagation"})
             host_path, forced_ro = self.volumes[m["name"]]
-            mounts.append(pb.Mount(container_path=m["mountPath"], host_path=host_path,
-                                   readonly=forced_ro or bool(m.get("readOnly")),
-                                   propagation=PROPAGATION[m.get("mountPropagation")]))
+            mounts.append(
+                pb.Mount(
+                    container_path=m["mountPath"],
+                    host_path=host_path,
+                    readonly=forced_ro or bool(m.get("readOnly")),
+                    propagation=PROPAGATION[m.get("mountPropagation")],
+                )
+            )
         sc = container.get("securityContext", {})
-        _refuse_unknown(f"the securityContext of {container['name']}", sc,
-                        {"privileged", "capabilities", "readOnlyRootFilesystem"})
+        _refuse_unknown(
+            f"the securityContext of {container['name']}", sc, {"privileged", "capabilities", "readOnlyRootFilesystem"}
+        )
         caps = sc.get("capabilities", {})
         ns = pod.linux.security_context.namespace_options
         security = pb.LinuxContainerSecurityContext(
@@ -412,7 +489,9 @@ class PodTemplate:
             # them out of privileged ones): without them a container would
             # get to write host knobs, /proc/irq among them, that it cannot
             # on a node.
-            masked_paths=KUBELET_MASKED_PATHS, readonly_paths=KUBELET_READONLY_PATHS)
+            masked_paths=KUBELET_MASKED_PATHS,
+            readonly_paths=KUBELET_READONLY_PATHS,
+        )
         resources = pb.LinuxContainerResources()
         limits = container.get("resources", {}).get("limits", {})
         if "memory" in limits:
@@ -423,8 +502,11 @@ class PodTemplate:
             image=pb.ImageSpec(image=image or container["image"]),
             command=[_expand(word, env) for word in container.get("command", [])],
             args=[_expand(word, env) for word in container.get("args", [])],
-            envs=[pb.KeyValue(key=k, value=v) for k, v in env.items()], mounts=mounts, log_path=f"{name}/{attempt}.log",
-            linux=pb.LinuxContainerConfig(resources=resources, security_context=security))
+            envs=[pb.KeyValue(key=k, value=v) for k, v in env.items()],
+            mounts=mounts,
+            log_path=f"{name}/{attempt}.log",
+            linux=pb.LinuxContainerConfig(resources=resources, security_context=security),
+        )
 
     @staticmethod
     def pull(cri: Cri, container: Mapping[str, Any], image: str) -> None:
@@ -441,9 +523,15 @@ class PodTemplate:
         ``image`` stands in for every container's image (an upgrade test's
         older image); by default each runs the image the template names.
         """
-        config = new_pod(f"{self.name}-{uuid.uuid4().hex[:5]}", self.namespace, log_root,
-                         host_network=self.host_network, host_pid=self.host_pid,
-                         privileged=self.privileged(), labels=self.labels)
+        config = new_pod(
+            f"{self.name}-{uuid.uuid4().hex[:5]}",
+            self.namespace,
+            log_root,
+            host_network=self.host_network,
+            host_pid=self.host_pid,
+            privileged=self.privileged(),
+            labels=self.labels,
+        )
         pod_id = cri.run_pod(config)
         logs = {}
         for container in [*self.spec.get("initContainers", []), *self.spec["containers"]]:
@@ -454,8 +542,11 @@ class PodTemplate:
             log = Path(config.log_directory, init["name"], "0.log")
             logs[init["name"]] = log.read_text() if log.exists() else ""
             if status.exit_code != 0:
-                pytest.fail(f"init container {init['name']} exited {status.exit_code} ({status.reason}):\n"
-                            f"{logs[init['name']]}")
-        containers = {c["name"]: cri.start_container(pod_id, config, self.container_config(c, config, image))
-                      for c in self.spec["containers"]}
+                pytest.fail(
+                    f"init container {init['name']} exited {status.exit_code} ({status.reason}):\n{logs[init['name']]}"
+                )
+        containers = {
+            c["name"]: cri.start_container(pod_id, config, self.container_config(c, config, image))
+            for c in self.spec["containers"]
+        }
         return DaemonSetPod(cri, self, image, pod_id, config, containers, logs)

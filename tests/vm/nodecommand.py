@@ -37,13 +37,13 @@ class Node:
         self.data = tmp_path / "data"
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
-        )
+        return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
 
     def setup(self, yaml_text: str) -> subprocess.CompletedProcess[str]:
         self.config.write_text(yaml_text)
-        return self.run("setup", "--config", str(self.config), "--state-file", str(self.state), "--data-dir", str(self.data))
+        return self.run(
+            "setup", "--config", str(self.config), "--state-file", str(self.state), "--data-dir", str(self.data)
+        )
 
 
 @pytest.fixture

@@ -44,8 +44,7 @@ def host_link(name: str, netns: str | None = None) -> dict[str, Any] | None:
 def view(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     if entry is None:
         return None
-    return {"ifname": entry["ifname"], "address": entry["address"], "mtu": entry["mtu"],
-            "up": "UP" in entry["flags"]}
+    return {"ifname": entry["ifname"], "address": entry["address"], "mtu": entry["mtu"], "up": "UP" in entry["flags"]}
 
 
 def records(data_dir: Path) -> list[str]:
@@ -53,8 +52,14 @@ def records(data_dir: Path) -> list[str]:
 
 
 def env(command: str, container: str = "c1", netns: str = "", ifname: str = "net1") -> dict[str, str]:
-    return {"CNI_COMMAND": command, "CNI_CONTAINERID": container, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
-            "CNI_PATH": CNI_PATH, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    return {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": ifname,
+        "CNI_PATH": CNI_PATH,
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    }
 
 
 def cni(command: str, conf: dict[str, Any], **kw: str) -> tuple[int, Any]:

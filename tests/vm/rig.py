@@ -153,9 +153,7 @@ def _run(cmd: list[str], what: str, cwd: Path | None = None) -> str:
 def check_qemu() -> None:
     out = _run(["qemu-system-x86_64", "-device", "help"], "checking QEMU")
     if not re.search(r'name "igb"', out):
-        raise RigError(
-            "qemu-system-x86_64 has no igb device (needs QEMU >= 8; run tests/setup-host.sh)"
-        )
+        raise RigError("qemu-system-x86_64 has no igb device (needs QEMU >= 8; run tests/setup-host.sh)")
 
 
 def kernel_package() -> str:
@@ -241,9 +239,7 @@ def _decompress(src: Path) -> bytes:
     if src.name.endswith(".gz"):
         return gzip.decompress(data)
     if src.name.endswith(".zst"):
-        return subprocess.run(
-            ["zstd", "-dc", str(src)], capture_output=True, check=True
-        ).stdout
+        return subprocess.run(["zstd", "-dc", str(src)], capture_output=True, check=True).stdout
     return data
 
 
@@ -283,9 +279,7 @@ def _build_initramfs(kroot: Path, kver: str, bbroot: Path, out: Path) -> None:
         _run(["depmod", "-b", str(stage), kver], "running depmod on the initramfs")
         (stage / "modules.load").write_text("\n".join(loaded) + "\n")
 
-        files = sorted(
-            str(p.relative_to(stage)) for p in stage.rglob("*")
-        )
+        files = sorted(str(p.relative_to(stage)) for p in stage.rglob("*"))
         cpio = subprocess.run(
             ["cpio", "-o", "-H", "newc", "--quiet", "-R", "0:0"],
             input="\n".join(files).encode(),
@@ -342,9 +336,7 @@ def _guest_script(command: list[str], cwd: str, share: str, rerun: bool) -> str:
     that passed in the stalled boot before.
     """
     python_dir = str(Path(sys.executable).parent)
-    path = ":".join(
-        [python_dir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-    )
+    path = ":".join([python_dir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
     env = {
         "PATH": path,
         "HOME": "/root",
@@ -393,35 +385,53 @@ TCG_THREADS = "single"
 def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> list[str]:
     cmd = [
         "qemu-system-x86_64",
-        "-M", "q35",
+        "-M",
+        "q35",
         # An emulated VT-d, so VFs get IOMMU groups and bind to vfio-pci.  The
         # guest runs it in passthrough mode (iommu=pt): virtio-9p does not
         # translate its DMA through the IOMMU, so remapping would break it.
-        "-device", "intel-iommu,intremap=off",
-        "-accel", f"tcg,thread={TCG_THREADS}",
-        "-cpu", "max",
-        "-smp", str(GUEST_CPUS),
-        "-m", str(memory_mb),
+        "-device",
+        "intel-iommu,intremap=off",
+        "-accel",
+        f"tcg,thread={TCG_THREADS}",
+        "-cpu",
+        "max",
+        "-smp",
+        str(GUEST_CPUS),
+        "-m",
+        str(memory_mb),
         "-nographic",
         "-nodefaults",
         "-no-reboot",
-        "-serial", "stdio",
-        "-monitor", "none",
-        "-kernel", str(art.kernel),
-        "-initrd", str(art.initramfs),
+        "-serial",
+        "stdio",
+        "-monitor",
+        "none",
+        "-kernel",
+        str(art.kernel),
+        "-initrd",
+        str(art.initramfs),
         # pci=realloc: SeaBIOS sizes the root ports' windows for the PF BARs
         # only; the kernel must grow them for the VF BARs or sriov_numvfs fails.
-        "-append", "console=ttyS0 quiet loglevel=4 panic=-1 pci=realloc mitigations=off intel_iommu=on iommu=pt",
-        "-fsdev", "local,id=hostroot,path=/,security_model=passthrough,readonly=on,multidevs=remap",
-        "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
-        "-fsdev", f"local,id=results,path={results},security_model=passthrough,multidevs=remap",
-        "-device", "virtio-9p-pci,fsdev=results,mount_tag=results",
+        "-append",
+        "console=ttyS0 quiet loglevel=4 panic=-1 pci=realloc mitigations=off intel_iommu=on iommu=pt",
+        "-fsdev",
+        "local,id=hostroot,path=/,security_model=passthrough,readonly=on,multidevs=remap",
+        "-device",
+        "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
+        "-fsdev",
+        f"local,id=results,path={results},security_model=passthrough,multidevs=remap",
+        "-device",
+        "virtio-9p-pci,fsdev=results,mount_tag=results",
     ]
     for i in range(pfs):
         cmd += [
-            "-device", f"pcie-root-port,id=rp{i},bus=pcie.0,chassis={i + 1},addr={i + 0x10:#x}",
-            "-netdev", f"user,id=net{i},restrict=on",
-            "-device", f"igb,bus=rp{i},netdev=net{i},mac=52:54:00:5a:00:{i + 1:02x}",
+            "-device",
+            f"pcie-root-port,id=rp{i},bus=pcie.0,chassis={i + 1},addr={i + 0x10:#x}",
+            "-netdev",
+            f"user,id=net{i},restrict=on",
+            "-device",
+            f"igb,bus=rp{i},netdev=net{i},mac=52:54:00:5a:00:{i + 1:02x}",
         ]
     return cmd
 
@@ -479,9 +489,7 @@ class Boot:
 WATCH_INTERVAL = 0.25
 
 
-def _boot(
-    argv: list[str], deadline: float, quiet_limit: float, console: IO[str] | None
-) -> Boot:
+def _boot(argv: list[str], deadline: float, quiet_limit: float, console: IO[str] | None) -> Boot:
     """One boot of the guest, ended by QEMU or by the watchdog.
 
     Raises :class:`RigError` when the monotonic ``deadline`` passes first.
@@ -749,7 +757,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pfs", type=int, default=DEFAULT_PFS, help="number of igb PFs")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for the whole run")
     parser.add_argument(
-        "--quiet-limit", type=float, default=DEFAULT_QUIET_LIMIT,
+        "--quiet-limit",
+        type=float,
+        default=DEFAULT_QUIET_LIMIT,
         help="seconds the command may print nothing before the guest counts as stalled",
     )
     parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, help="guest MiB")
@@ -763,8 +773,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         run = run_in_vm(
-            command, pfs=args.pfs, timeout=args.timeout, quiet_limit=args.quiet_limit,
-            memory_mb=args.memory, console=sys.stdout,
+            command,
+            pfs=args.pfs,
+            timeout=args.timeout,
+            quiet_limit=args.quiet_limit,
+            memory_mb=args.memory,
+            console=sys.stdout,
         )
     except RigError as exc:
         print(f"rig: {exc}", file=sys.stderr)

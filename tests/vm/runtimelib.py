@@ -186,4 +186,3 @@ def leases(data_dir: Path) -> list[str]:
         except ValueError:
             continue  # its lock, last-reserved and per-attachment index files
     return sorted(held)
-

@@ -21,6 +21,7 @@ from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
 
+
 def drivers(pf: str) -> list[str]:
     return [(d / "driver").resolve().name for d in vf_pci_dirs(pf)]
 
@@ -34,8 +35,7 @@ def status_vfs(node: Node, pf: str) -> list[dict[str, Any]]:
 
 def conf(node: Node, **keys: Any) -> dict[str, Any]:
     ipam = {"type": "sriov-ipam", "dataDir": str(node.data / "ipam"), "ranges": [[{"subnet": "10.82.0.0/24"}]]}
-    return {"cniVersion": "1.1.0", "name": "dpdknet", "type": "sriov", "dataDir": str(node.data), "ipam": ipam,
-            **keys}
+    return {"cniVersion": "1.1.0", "name": "dpdknet", "type": "sriov", "dataDir": str(node.data), "ipam": ipam, **keys}
 
 
 def device_node(vf: Path, driver: str) -> Path:
@@ -47,8 +47,9 @@ def device_node(vf: Path, driver: str) -> Path:
 
 
 @pytest.mark.parametrize("driver", ["uio_pci_generic", "vfio-pci"])
-def test_dpdk_bound_vfs_configured_from_the_pf_side_then_rebound(driver: str, node: Node, igb_pfs: list[str],
-                                                                 sriov: Sriov, netns: Callable[[], str]) -> None:
+def test_dpdk_bound_vfs_configured_from_the_pf_side_then_rebound(
+    driver: str, node: Node, igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str]
+) -> None:
     pf = igb_pfs[0]
     done = node.setup(f"pfs: [{{pf: {pf}, numVfs: 2, vfDriver: {driver}}}]")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -59,7 +60,9 @@ def test_dpdk_bound_vfs_configured_from_the_pf_side_then_rebound(driver: str, no
         assert not (d / "net").exists()
         assert device_node(d, driver).exists()
     assert [(v["pci"], v["driver"], v["state"], v["netdev"]) for v in status_vfs(node, pf)] == [
-        (pci0, driver, "free", None), (pci1, driver, "free", None)]
+        (pci0, driver, "free", None),
+        (pci1, driver, "free", None),
+    ]
     before = [vfinfo(pf, 0), vfinfo(pf, 1)]
 
     # The device plugin's choice, with every PF-side setting a DPDK NAD uses.

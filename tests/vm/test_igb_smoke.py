@@ -139,7 +139,12 @@ def test_the_plugins_vf_reading_matches_ip(igb_pfs: list[str], sriov: Sriov) -> 
         assert settings.link_state == {"auto": 0, "enable": 1, "disable": 2}[seen["link_state"]], vf
     # What was set shows, so the comparison above covers each field.
     assert got[1] == PfSettings(Vlan(100, 3, VLAN_PROTO_8021Q), "02:00:00:5a:01:02", Rate(0, 100), False, True, 0)
-    assert (got[2].vlan, got[2].trust, got[0].trust, got[0].spoofchk) == (Vlan(7, 0, VLAN_PROTO_8021Q), True, False, True)
+    assert (got[2].vlan, got[2].trust, got[0].trust, got[0].spoofchk) == (
+        Vlan(7, 0, VLAN_PROTO_8021Q),
+        True,
+        False,
+        True,
+    )
 
 
 def test_vf_link_state_is_refused(igb_pfs: list[str], sriov: Sriov) -> None:
@@ -175,7 +180,8 @@ def test_vf_vlan_list_form(igb_pfs: list[str], sriov: Sriov) -> None:
 
     qinq = subprocess.run(
         ["ip", "link", "set", pf, "vf", "0", "vlan", "200", "qos", "2", "proto", "802.1ad"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert qinq.returncode != 0
     assert "Protocol not supported" in qinq.stderr
@@ -214,7 +220,9 @@ def test_vf_in_netns_irqs_and_rps(igb_pfs: list[str], sriov: Sriov, netns: Calla
     rps_path = f"/sys/class/net/{vf}/queues/rx-0/rps_cpus"
     moved = subprocess.run(in_ns + [f"cat {rps_path}"], capture_output=True, text=True, check=True)
     assert int(moved.stdout, 16) == 0x2
-    rewritten = subprocess.run(in_ns + [f"echo 1 > {rps_path} && cat {rps_path}"], capture_output=True, text=True, check=True)
+    rewritten = subprocess.run(
+        in_ns + [f"echo 1 > {rps_path} && cat {rps_path}"], capture_output=True, text=True, check=True
+    )
     assert int(rewritten.stdout, 16) == 0x1
 
     actions = interrupts_by_irq()
@@ -238,7 +246,8 @@ def test_two_vfs_ping_through_the_nic(igb_pfs: list[str], sriov: Sriov, netns: C
 
     ping = subprocess.run(
         ["ip", "netns", "exec", spaces[0], "ping", "-c", "3", "-i", "0.2", "-W", "5", addrs[1]],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert ping.returncode == 0, ping.stdout + ping.stderr
     assert " 0% packet loss" in ping.stdout

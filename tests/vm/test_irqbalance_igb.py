@@ -89,7 +89,9 @@ def queue_irqs(pf: str) -> list[int]:
 
 def moved_off(irq: int, cpu: int) -> None:
     """Wait until irqbalance has put ``irq`` somewhere without ``cpu``: proof that it is at work."""
-    wait_until(lambda: str(cpu) not in affinity(irq).split(","), SCAN_TIMEOUT, f"irqbalance to move IRQ {irq} off CPU {cpu}")
+    wait_until(
+        lambda: str(cpu) not in affinity(irq).split(","), SCAN_TIMEOUT, f"irqbalance to move IRQ {irq} off CPU {cpu}"
+    )
 
 
 def control_irq(pf: str, cpu: int) -> int:
@@ -152,7 +154,9 @@ def test_ban_holds_from_before_setup_through_vf_irqs_and_a_restart(
 
     # A pod's VF on each PF comes up: irqbalance meets their IRQs only now.
     vf0 = vf_up_in(netns(), pf0, 0)
-    assert tuning.apply_vf_tuning(Paths(state_file=node.state), vf0, "", "net1") == []  # no RPS/XPS policy: the pod side is not entered
+    assert (
+        tuning.apply_vf_tuning(Paths(state_file=node.state), vf0, "", "net1") == []
+    )  # no RPS/XPS policy: the pod side is not entered
     names = interrupts()
     pins += [names["net1-rx-0"], names["net1-tx-0"]]
     assert_ours(pins, cpu)
@@ -189,7 +193,9 @@ def test_ban_holds_with_irqbalance_started_after_setup(node: Node, igb_pfs: list
     assert_ours(pins, cpu)
 
 
-def test_leave_lets_irqbalance_take_the_pins_and_stop_ends_it(node: Node, igb_pfs: list[str], balancer: Irqbalance) -> None:
+def test_leave_lets_irqbalance_take_the_pins_and_stop_ends_it(
+    node: Node, igb_pfs: list[str], balancer: Irqbalance
+) -> None:
     pf0, pf1 = igb_pfs
     cpu = pin_cpu()
     start_active(balancer, pf1, cpu)

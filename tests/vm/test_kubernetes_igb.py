@@ -32,7 +32,17 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from tests.vm.crilib import CRI_TIMEOUT, PAUSE_IMAGE, SNAPSHOTTER, Cri, DaemonSetPod, PodTemplate, containerd_config, new_pod, pause_archive
+from tests.vm.crilib import (
+    CRI_TIMEOUT,
+    PAUSE_IMAGE,
+    SNAPSHOTTER,
+    Cri,
+    DaemonSetPod,
+    PodTemplate,
+    containerd_config,
+    new_pod,
+    pause_archive,
+)
 from tests.vm.runtimelib import (
     assert_as_found,
     cgroup2,
@@ -76,8 +86,9 @@ def image_archive() -> Path:
 
     archive = cache_dir() / ARCHIVE_NAME
     if not archive.exists():
-        pytest.fail(f"no image archive at {archive}: on the host, run "
-                    f"deploy/build-image.sh --offline --oci-archive {archive}")
+        pytest.fail(
+            f"no image archive at {archive}: on the host, run deploy/build-image.sh --offline --oci-archive {archive}"
+        )
     return archive
 
 
@@ -167,8 +178,11 @@ def deployment(node: Node, igb_pfs: list[str]) -> Iterator[Deployment]:
     docs = manifests()
     cm = docs["ConfigMap"]
     [key] = cm["data"]
-    template = PodTemplate(docs["DaemonSet"], {cm["metadata"]["name"]: {key: node_config(cm["data"][key], igb_pfs[0])}},
-                           Path(tempfile.mkdtemp(dir=node.scratch)))
+    template = PodTemplate(
+        docs["DaemonSet"],
+        {cm["metadata"]["name"]: {key: node_config(cm["data"][key], igb_pfs[0])}},
+        Path(tempfile.mkdtemp(dir=node.scratch)),
+    )
     deployed = Deployment(template, template.run(node.cri, node.logs))
     try:
         wait_serving(node, deployed.pod)
@@ -186,13 +200,18 @@ def daemonset(deployment: Deployment) -> DaemonSetPod:
 
 def wait_serving(node: Node, pod: DaemonSetPod) -> None:
     try:
-        wait_until(lambda: pod.running("daemon") and pod.ready("daemon"), CRI_TIMEOUT,
-                   f"the daemon container to be ready, serving {DEFAULT_SOCKET}")
+        wait_until(
+            lambda: pod.running("daemon") and pod.ready("daemon"),
+            CRI_TIMEOUT,
+            f"the daemon container to be ready, serving {DEFAULT_SOCKET}",
+        )
     except pytest.fail.Exception as exc:
-        pytest.fail(f"{exc}\nits readiness probe said: {pod.probed}\n"
-                    f"daemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
-                    f"{sorted(p.name for p in Path(DEFAULT_SOCKET).parent.iterdir())}\n"
-                    f"containerd's log:\n{node.containerd_says()}")
+        pytest.fail(
+            f"{exc}\nits readiness probe said: {pod.probed}\n"
+            f"daemon's log:\n{pod.log('daemon')}\n{DEFAULT_SOCKET}'s directory: "
+            f"{sorted(p.name for p in Path(DEFAULT_SOCKET).parent.iterdir())}\n"
+            f"containerd's log:\n{node.containerd_says()}"
+        )
 
 
 def sriov_network(node: Node, pf: str) -> None:
@@ -249,10 +268,17 @@ def shim_call(command: str, container: str, pf: str) -> subprocess.CompletedProc
     """The conflist's sriov plugin run as libcni runs it: /opt/cni/bin/sriov, the shim, with its config."""
     conf = render_conflist(pf, NODE_DATA)
     plugin = {"cniVersion": conf["cniVersion"], "name": conf["name"], **conf["plugins"][0]}
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container, "CNI_NETNS": "/var/run/netns/none",
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin", "PATH": "/usr/bin:/bin"}
-    return subprocess.run(["/opt/cni/bin/sriov"], input=json.dumps(plugin), env=env, capture_output=True, text=True,
-                          timeout=CRI_TIMEOUT)
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container,
+        "CNI_NETNS": "/var/run/netns/none",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run(
+        ["/opt/cni/bin/sriov"], input=json.dumps(plugin), env=env, capture_output=True, text=True, timeout=CRI_TIMEOUT
+    )
 
 
 def failed_with(call: Future[Any], text: str, daemonset: DaemonSetPod) -> None:
@@ -277,12 +303,16 @@ def queue_irq_cpus(vf_pci: str) -> dict[str, str]:
         irq, _, rest = line.strip().partition(":")
         if irq in irqs:
             names[irq] = rest.split()[-1]
-    return {names[irq]: Path(f"/proc/irq/{irq}/smp_affinity_list").read_text().strip()
-            for irq in sorted(names) if re.search(r"-(rx|tx|TxRx)-\d+$", names[irq])}
+    return {
+        names[irq]: Path(f"/proc/irq/{irq}/smp_affinity_list").read_text().strip()
+        for irq in sorted(names)
+        if re.search(r"-(rx|tx|TxRx)-\d+$", names[irq])
+    }
 
 
 def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
-        node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
+    node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]
+) -> None:
     pf = igb_pfs[0]
     # The init containers did their part on the node: setup created the
     # VFs, install wrote the shim where containerd's bin_dir is.
@@ -315,8 +345,12 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
         cpus = queue_irq_cpus(vf_pci)
         assert cpus and all(re.fullmatch(r"\d+", c) for c in cpus.values()), (vf_pci, cpus)
     target = ipv4(eth0["b"]).split("/")[0]
-    ping = subprocess.run(["nsenter", f"--net={netns['a']}", "ping", "-c", "3", "-W", "5", target],
-                          capture_output=True, text=True, timeout=CRI_TIMEOUT)
+    ping = subprocess.run(
+        ["nsenter", f"--net={netns['a']}", "ping", "-c", "3", "-W", "5", target],
+        capture_output=True,
+        text=True,
+        timeout=CRI_TIMEOUT,
+    )
     assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
 
     remove_pods(node, *pods.values())
@@ -326,7 +360,8 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
 
 
 def test_daemon_killed_while_pods_start_and_stop_loses_nothing_and_the_retries_succeed(
-        node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
+    node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]
+) -> None:
     pf = igb_pfs[0]
     sriov_network(node, pf)
     before = vf_picture(pf)
@@ -343,8 +378,11 @@ def test_daemon_killed_while_pods_start_and_stop_loses_nothing_and_the_retries_s
             failed_with(starting, "ended without an answer", daemonset)
             failed_with(stopping, "ended without an answer", daemonset)
         # While it is down, a call is not even taken.
-        failed_with(pool.submit(node.cri.run_pod, new_pod("early", "default", node.logs)),
-                    "sriov-cni daemon is not reachable", daemonset)
+        failed_with(
+            pool.submit(node.cri.run_pod, new_pod("early", "default", node.logs)),
+            "sriov-cni daemon is not reachable",
+            daemonset,
+        )
 
     # kubelet restarts the container in the same sandbox, and retries: the
     # failed sandboxes' DELs (which find what the killed calls left), the
@@ -364,7 +402,8 @@ def test_daemon_killed_while_pods_start_and_stop_loses_nothing_and_the_retries_s
 
 
 def test_sigterm_lets_a_pod_start_in_flight_end_and_refuses_new_calls(
-        node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]) -> None:
+    node: Node, daemonset: DaemonSetPod, igb_pfs: list[str]
+) -> None:
     pf = igb_pfs[0]
     sriov_network(node, pf)
     before = vf_picture(pf)
@@ -376,13 +415,19 @@ def test_sigterm_lets_a_pod_start_in_flight_end_and_refuses_new_calls(
             # kubelet stopping the DaemonSet's pod: SIGTERM, SIGKILL after
             # terminationGracePeriodSeconds.
             stopped = pool.submit(daemonset.stop, "daemon")
-            wait_until(lambda: "new calls are refused, 1 running" in daemonset.log("daemon"), CRI_TIMEOUT,
-                       "the daemon to say it stops")
+            wait_until(
+                lambda: "new calls are refused, 1 running" in daemonset.log("daemon"),
+                CRI_TIMEOUT,
+                "the daemon to say it stops",
+            )
             # A new call, as libcni makes it: straight to the node's shim
             # (a RunPodSandbox here can take longer than the drain to reach it).
             late = shim_call("ADD", "late", pf)
             assert late.returncode == 1 and json.loads(late.stdout) == {
-                "cniVersion": "1.0.0", "code": 11, "msg": "the sriov-cni daemon is stopping; nothing ran"}, late
+                "cniVersion": "1.0.0",
+                "code": 11,
+                "msg": "the sriov-cni daemon is stopping; nothing ran",
+            }, late
             # Only the call in flight holds a VF.
             assert len(records(NODE_DATA)) == 1 and leases(NODE_DATA) == []
         pod_id = starting.result(timeout=CRI_TIMEOUT)
@@ -399,7 +444,8 @@ def test_sigterm_lets_a_pod_start_in_flight_end_and_refuses_new_calls(
 
 
 def test_pods_attached_under_one_image_tag_are_deleted_by_the_daemonset_of_another(
-        node: Node, deployment: Deployment, igb_pfs: list[str]) -> None:
+    node: Node, deployment: Deployment, igb_pfs: list[str]
+) -> None:
     # The second tag names the same image (a retag; no registry here to
     # build and pull another version from): what this shows is the rolling
     # update itself, a new pod whose install and setup run again while pods

@@ -27,8 +27,15 @@ MACS = [f"02:aa:00:00:00:0{i}" for i in range(1, 6)]
 
 def vf_conf(data_dir: Path, pci: str, **keys: Any) -> dict[str, Any]:
     ipam = {"type": "sriov-ipam", "dataDir": str(data_dir / "ipam"), "ranges": [[{"subnet": "10.81.0.0/24"}]]}
-    return {"cniVersion": "1.0.0", "name": "macnet", "type": "sriov", "deviceID": pci, "dataDir": str(data_dir),
-            "ipam": ipam, **keys}
+    return {
+        "cniVersion": "1.0.0",
+        "name": "macnet",
+        "type": "sriov",
+        "deviceID": pci,
+        "dataDir": str(data_dir),
+        "ipam": ipam,
+        **keys,
+    }
 
 
 def pod_mac(pod: str) -> str:
@@ -38,13 +45,15 @@ def pod_mac(pod: str) -> str:
 
 
 def ping(pod: str, address: str) -> None:
-    out = subprocess.run(["ip", "netns", "exec", pod, "ping", "-c", "2", "-i", "0.2", "-W", "5", address],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["ip", "netns", "exec", pod, "ping", "-c", "2", "-i", "0.2", "-W", "5", address], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_five_pods_with_their_own_mac_on_one_vf(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                                tmp_path: Path) -> None:
+def test_five_pods_with_their_own_mac_on_one_vf(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     """trust unset: each pod gets its MAC and traffic; the PF side ends as it began."""
     pf = igb_pfs[0]
     vf0, _ = sriov.enable(pf, 2)
@@ -77,8 +86,9 @@ def test_five_pods_with_their_own_mac_on_one_vf(igb_pfs: list[str], sriov: Sriov
     assert records(tmp_path) == []
 
 
-def test_trust_off_and_pods_without_mac_in_turn(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                                tmp_path: Path) -> None:
+def test_trust_off_and_pods_without_mac_in_turn(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     """A pod without ``mac`` (igbvf programs its own MAC at the PF) and ``trust: off`` pods alternate."""
     pf = igb_pfs[0]
     [vf0] = sriov.enable(pf, 1)
@@ -101,8 +111,9 @@ def test_trust_off_and_pods_without_mac_in_turn(igb_pfs: list[str], sriov: Sriov
     assert records(tmp_path) == []
 
 
-def test_a_mac_the_vf_chose_itself_is_not_locked(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                                 tmp_path: Path) -> None:
+def test_a_mac_the_vf_chose_itself_is_not_locked(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     """A VF that was opened on the host before: igb reports its own MAC, which is no admin MAC.
 
     Writing that reading back as an admin MAC would make igb refuse every

@@ -28,12 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def conf_for(data_dir: Path, pf: str, version: str = "1.1.0", **keys: Any) -> dict[str, Any]:
-    return {"cniVersion": version, "name": "igbnet", "type": "sriov", "pfNames": [pf], "dataDir": str(data_dir),
-            **keys}
+    return {"cniVersion": version, "name": "igbnet", "type": "sriov", "pfNames": [pf], "dataDir": str(data_dir), **keys}
 
 
-def test_every_setting_applied_and_restored(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                            tmp_path: Path) -> None:
+def test_every_setting_applied_and_restored(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     pf = igb_pfs[0]
     [vf0, _] = sriov.enable(pf, 2)
     info_before = vfinfo(pf, 0)
@@ -45,8 +45,9 @@ def test_every_setting_applied_and_restored(igb_pfs: list[str], sriov: Sriov, ne
     rc, res = cni("ADD", conf, netns=ns_path(pod))
 
     assert rc == 0, res
-    assert res["interfaces"] == [{"name": "net1", "mac": mac, "mtu": 1500, "sandbox": ns_path(pod),
-                                  "pciID": vf_pci_dirs(pf)[0].name}]
+    assert res["interfaces"] == [
+        {"name": "net1", "mac": mac, "mtu": 1500, "sandbox": ns_path(pod), "pciID": vf_pci_dirs(pf)[0].name}
+    ]
     info = vfinfo(pf, 0)
     assert info["address"] == mac
     assert info["vlan_list"] == [{"vlan": 100, "qos": 3}]
@@ -72,15 +73,15 @@ def test_every_setting_applied_and_restored(igb_pfs: list[str], sriov: Sriov, ne
     assert view(host_link(vf0))["address"] == "02:00:00:5a:0a:99"  # type: ignore[index]
 
 
-def test_link_state_refused_by_igb_rolls_back(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                              tmp_path: Path) -> None:
+def test_link_state_refused_by_igb_rolls_back(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     pf = igb_pfs[0]
     [vf0] = sriov.enable(pf, 1)
     info_before = vfinfo(pf, 0)
     netdev_before = view(host_link(vf0))
     pod = netns()
-    conf = conf_for(tmp_path, pf, mac="02:00:00:5a:0b:01", vlan=7, spoofchk="off", trust="on",
-                    link_state="disable")
+    conf = conf_for(tmp_path, pf, mac="02:00:00:5a:0b:01", vlan=7, spoofchk="off", trust="on", link_state="disable")
 
     rc, res = cni("ADD", conf, netns=ns_path(pod))
 
@@ -93,8 +94,9 @@ def test_link_state_refused_by_igb_rolls_back(igb_pfs: list[str], sriov: Sriov, 
     assert records(tmp_path) == []
 
 
-def test_parallel_adds_exhaustion_and_status(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                             tmp_path: Path) -> None:
+def test_parallel_adds_exhaustion_and_status(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     pf = igb_pfs[1]
     vfs = sriov.enable(pf, 7)
     before = {i: vfinfo(pf, i) for i in range(7)}
@@ -116,10 +118,13 @@ def test_parallel_adds_exhaustion_and_status(igb_pfs: list[str], sriov: Sriov, n
             time.sleep(0.1)
         assert sock.exists(), "the warm helper did not start"
         procs = [
-            subprocess.Popen([str(bindir / "sriov")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE,
-                             env=dict(env("ADD", container=f"par{i}", netns=ns_path(pods[i])),
-                                      SRIOV_CNI_HELPER_SOCKET=str(sock)))
+            subprocess.Popen(
+                [str(bindir / "sriov")],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=dict(env("ADD", container=f"par{i}", netns=ns_path(pods[i])), SRIOV_CNI_HELPER_SOCKET=str(sock)),
+            )
             for i in range(7)
         ]
         outs = [p.communicate(stdin, timeout=240) for p in procs]
@@ -194,8 +199,11 @@ def test_two_pods_on_one_pf_ping(igb_pfs: list[str], sriov: Sriov, netns: Callab
     for pod in pods:
         sriov.wait_carrier("net1", pod)
 
-    ping = subprocess.run(["ip", "netns", "exec", pods[0], "ping", "-c", "3", "-i", "0.2", "-W", "5", "10.79.0.3"],
-                          capture_output=True, text=True)
+    ping = subprocess.run(
+        ["ip", "netns", "exec", pods[0], "ping", "-c", "3", "-i", "0.2", "-W", "5", "10.79.0.3"],
+        capture_output=True,
+        text=True,
+    )
     assert ping.returncode == 0, ping.stdout + ping.stderr
     assert " 0% packet loss" in ping.stdout
 

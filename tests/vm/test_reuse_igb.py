@@ -49,18 +49,27 @@ def conf(data_dir: Path, pf: str, vlan: int | None, pod: Pod) -> dict[str, Any]:
         keys["mac"] = pod.mac
     if pod.trust is not None:
         keys["trust"] = pod.trust
-    return {"cniVersion": "1.0.0", "name": "reusenet", "type": "sriov", "pfNames": [pf], "dataDir": str(data_dir),
-            "ipam": ipam, **keys}
+    return {
+        "cniVersion": "1.0.0",
+        "name": "reusenet",
+        "type": "sriov",
+        "pfNames": [pf],
+        "dataDir": str(data_dir),
+        "ipam": ipam,
+        **keys,
+    }
 
 
 def ping(pod: str, address: str) -> None:
-    out = subprocess.run(["ip", "netns", "exec", pod, "ping", "-c", "2", "-i", "0.2", "-W", "5", address],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["ip", "netns", "exec", pod, "ping", "-c", "2", "-i", "0.2", "-W", "5", address], capture_output=True, text=True
+    )
     assert out.returncode == 0, f"{pod} -> {address}: {out.stdout}{out.stderr}"
 
 
-def test_two_vfs_reused_by_seven_rounds_of_pods(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                                tmp_path: Path) -> None:
+def test_two_vfs_reused_by_seven_rounds_of_pods(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     pf = igb_pfs[0]
     vf_names = sriov.enable(pf, 2)
     before = [vfinfo(pf, i) for i in range(2)]
@@ -100,8 +109,9 @@ def test_two_vfs_reused_by_seven_rounds_of_pods(igb_pfs: list[str], sriov: Sriov
     assert records(tmp_path) == []
 
 
-def test_check_notices_a_vf_the_pf_holds_no_mac_for(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                                    tmp_path: Path) -> None:
+def test_check_notices_a_vf_the_pf_holds_no_mac_for(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     """The state every reused VF was attached in: its MAC gone from the PF's filter, so no traffic."""
     pf = igb_pfs[0]
     [vf0] = sriov.enable(pf, 1)
@@ -126,8 +136,9 @@ def test_check_notices_a_vf_the_pf_holds_no_mac_for(igb_pfs: list[str], sriov: S
     assert view(host_link(vf0)) == netdev_before
 
 
-def test_an_admin_mac_set_on_the_node_before_reaches_the_pod(igb_pfs: list[str], sriov: Sriov,
-                                                             netns: Callable[[], str], tmp_path: Path) -> None:
+def test_an_admin_mac_set_on_the_node_before_reaches_the_pod(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
     """No ``mac`` configured, but the node's admin set one for VF 0, which igbvf has not taken yet.
 
     igb refuses the VF's own MAC then; the VF takes the admin MAC when it

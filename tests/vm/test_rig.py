@@ -94,7 +94,7 @@ def test_pytest_commands_are_recognised(command: list[str], at: int | None) -> N
     assert rig.pytest_args_at(command) == at
 
 
-DEMO = '''
+DEMO = """
 import sys
 import time
 from pathlib import Path
@@ -117,7 +117,7 @@ def test_b():
 
 def test_c():
     pass
-'''
+"""
 
 
 def _demo(tmp_path: Path, mode: str, quiet_limit: float = 60) -> tuple[rig.VmRun, str]:
@@ -151,10 +151,13 @@ def _outcomes(run: rig.VmRun) -> list[tuple[int, str, str | None]]:
     return [(t.boot, t.nodeid.removeprefix("test_demo.py::"), t.outcome) for t in run.tests]
 
 
-@pytest.mark.parametrize(("mode", "reason"), [
-    ("once", f"the guest kernel reports a stall: {STALL_LINES[0]}"),
-    ("silent", "the guest printed nothing for 2 s"),
-])
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ("once", f"the guest kernel reports a stall: {STALL_LINES[0]}"),
+        ("silent", "the guest printed nothing for 2 s"),
+    ],
+)
 def test_a_stall_reruns_what_had_not_passed(tmp_path: Path, mode: str, reason: str) -> None:
     run, console = _demo(tmp_path, mode, quiet_limit=2)
     assert run.status == 0
@@ -162,7 +165,12 @@ def test_a_stall_reruns_what_had_not_passed(tmp_path: Path, mode: str, reason: s
     assert run.left_out == 1
     # test_a passed before the stall and is not run again; test_b, running
     # when the boot was ended, runs again, and test_c runs for the first time.
-    assert _outcomes(run) == [(1, "test_a", "passed"), (1, "test_b", None), (2, "test_b", "passed"), (2, "test_c", "passed")]
+    assert _outcomes(run) == [
+        (1, "test_a", "passed"),
+        (1, "test_b", None),
+        (2, "test_b", "passed"),
+        (2, "test_c", "passed"),
+    ]
     assert "2 passed, 1 deselected" in console
     # Both boots' output, the first ending where the stall began.
     assert run.output.count("test_demo.py") == 2
@@ -232,10 +240,13 @@ def test_a_run_without_stall_boots_once(tmp_path: Path) -> None:
 def test_a_stalled_command_that_is_not_pytest_runs_again_whole(tmp_path: Path) -> None:
     # The work directory stands in for the guest's fresh overlay, except that
     # it keeps the count of runs.
-    run = _shell(tmp_path, f"""
+    run = _shell(
+        tmp_path,
+        f"""
         n=$(cat runs 2>/dev/null || echo 0); echo $((n + 1)) >runs; echo "run $n"
         if [ "$n" = 0 ]; then echo '{STALL_LINES[1]}'; sleep 120; fi
-    """)
+    """,
+    )
     assert (run.status, run.output, run.left_out, run.tests) == (0, f"run 0\n{STALL_LINES[1]}\nrun 1\n", 0, [])
     assert run.stalls == [f"the guest kernel reports a stall: {STALL_LINES[1]}"]
     assert rig.summary(run, 1.0)[1:] == [
@@ -244,7 +255,7 @@ def test_a_stalled_command_that_is_not_pytest_runs_again_whole(tmp_path: Path) -
     ]
 
 
-PLUGIN_DEMO = '''
+PLUGIN_DEMO = """
 import pytest
 
 
@@ -268,7 +279,7 @@ def test_skip():
 
 def test_teardown(broken_teardown):
     pass
-'''
+"""
 
 
 def _plugin_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -123,15 +123,27 @@ class Podman:
         self.data = data
         self.network = network
         self._env = dict(os.environ, CONTAINERS_CONF=str(containers_conf))
-        self._global = ["podman", "--root", str(storage / "podman"), "--runroot", str(storage / "podman-run"),
-                        "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+        self._global = [
+            "podman",
+            "--root",
+            str(storage / "podman"),
+            "--runroot",
+            str(storage / "podman-run"),
+            "--storage-driver",
+            "vfs",
+            "--cgroup-manager",
+            "cgroupfs",
+            "--events-backend",
+            "file",
+        ]
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run(*self._global, *args, check=check, env=self._env)
 
     def start(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([*self._global, *args], env=self._env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(
+            [*self._global, *args], env=self._env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
 
     @staticmethod
     def namespaces() -> set[str]:
@@ -168,8 +180,9 @@ class PodmanHost:
 
 
 @pytest.fixture(scope="module")
-def podman_host(storage: Path, cni_bin: Path, igb_pfs: list[str],
-                tmp_path_factory: pytest.TempPathFactory) -> PodmanHost:
+def podman_host(
+    storage: Path, cni_bin: Path, igb_pfs: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> PodmanHost:
     base = tmp_path_factory.mktemp("podman")
     host = PodmanHost(base, storage, cni_bin, igb_pfs[0])
     host.network(host.conf)("import", "--change", 'CMD ["/bin/sh"]', str(busybox_rootfs(base)), IMAGE)
@@ -206,8 +219,10 @@ def test_podman_two_containers_mac_ip_ping_restart_rm(podman: Podman, sriov: Sri
     assert records(podman.data) == [] and leases(podman.data) == []
     mac, ip_b = "02:00:00:5a:10:01", f"{SUBNET_PREFIX}50"
     common = ["run", "--detach", "--network", podman.network, "--cap-add", "NET_RAW"]
-    starts = [podman.start(*common, "--name", "a", "--mac-address", mac, IMAGE, "sleep", "3600"),
-              podman.start(*common, "--name", "b", "--ip", ip_b, IMAGE, "sleep", "3600")]
+    starts = [
+        podman.start(*common, "--name", "a", "--mac-address", mac, IMAGE, "sleep", "3600"),
+        podman.start(*common, "--name", "b", "--ip", ip_b, IMAGE, "sleep", "3600"),
+    ]
     for proc in starts:
         out, err = proc.communicate(timeout=RUNTIME_TIMEOUT)
         assert proc.returncode == 0, out + err
@@ -259,8 +274,10 @@ def test_podman_two_containers_mac_ip_ping_restart_rm(podman: Podman, sriov: Sri
     assert podman.namespaces() == set()
 
     # Two new containers on the same two VFs, one with and one without a MAC.
-    starts = [podman.start(*common, "--name", "c", "--mac-address", "02:00:00:5a:10:02", IMAGE, "sleep", "3600"),
-              podman.start(*common, "--name", "d", IMAGE, "sleep", "3600")]
+    starts = [
+        podman.start(*common, "--name", "c", "--mac-address", "02:00:00:5a:10:02", IMAGE, "sleep", "3600"),
+        podman.start(*common, "--name", "d", IMAGE, "sleep", "3600"),
+    ]
     for proc in starts:
         out, err = proc.communicate(timeout=RUNTIME_TIMEOUT)
         assert proc.returncode == 0, out + err
@@ -278,15 +295,17 @@ def test_podman_two_containers_mac_ip_ping_restart_rm(podman: Podman, sriov: Sri
     assert records(podman.data) == [] and leases(podman.data) == []
 
 
-def test_podman_start_failing_later_in_chain_leaves_nothing(broken_podman: Podman, sriov: Sriov,
-                                                            igb_pfs: list[str]) -> None:
+def test_podman_start_failing_later_in_chain_leaves_nothing(
+    broken_podman: Podman, sriov: Sriov, igb_pfs: list[str]
+) -> None:
     podman = broken_podman
     pf = igb_pfs[0]
     sriov.enable(pf, 1)
     before = vf_picture(pf)
 
-    proc = podman("run", "--detach", "--name", "broken", "--network", podman.network, IMAGE, "sleep", "3600",
-                  check=False)
+    proc = podman(
+        "run", "--detach", "--name", "broken", "--network", podman.network, IMAGE, "sleep", "3600", check=False
+    )
 
     assert proc.returncode != 0 and "no_such_sysctl" in proc.stderr, proc.stdout + proc.stderr
     assert_as_found(vf_picture(pf), before)
@@ -313,9 +332,27 @@ class Ctr:
     def run_task(self, name: str) -> None:
         """``ctr run --cni --rm`` in the background: it runs DEL and deletes the task once it exits."""
         self.runs[name] = subprocess.Popen(
-            ["ctr", "--address", str(self.socket), "run", "--cni", "--rm", "--snapshotter", "native",
-             "--cap-add", "CAP_NET_RAW", IMAGE, name, "sleep", "3600"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                "ctr",
+                "--address",
+                str(self.socket),
+                "run",
+                "--cni",
+                "--rm",
+                "--snapshotter",
+                "native",
+                "--cap-add",
+                "CAP_NET_RAW",
+                IMAGE,
+                name,
+                "sleep",
+                "3600",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def tasks(self) -> dict[str, tuple[int, str]]:
         """``ctr task ls``: name -> (pid, status)."""
@@ -324,10 +361,13 @@ class Ctr:
 
     def wait_running(self, *names: str) -> dict[str, int]:
         """Wait until ctr run set up the network and started each task; their pids."""
+
         def running() -> bool:
             for name in names:
                 if self.runs[name].poll() is not None:
-                    pytest.fail(f"ctr run {name} exited {self.runs[name].returncode}: {self.runs[name].communicate()[0]}")
+                    pytest.fail(
+                        f"ctr run {name} exited {self.runs[name].returncode}: {self.runs[name].communicate()[0]}"
+                    )
             tasks = self.tasks()
             return all(tasks.get(n, (0, ""))[1] == "RUNNING" for n in names)
 
@@ -342,8 +382,9 @@ class Ctr:
 
 
 @pytest.fixture(scope="module")
-def containerd_daemon(storage: Path, cni_bin: Path, igb_pfs: list[str], podman_host: PodmanHost,
-                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctr]:
+def containerd_daemon(
+    storage: Path, cni_bin: Path, igb_pfs: list[str], podman_host: PodmanHost, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Ctr]:
     base = tmp_path_factory.mktemp("containerd")
     conf_dir = base / "net.d"
     conf_dir.mkdir()
@@ -387,8 +428,9 @@ def containerd(containerd_daemon: Ctr, sriov: Sriov) -> Iterator[Ctr]:
         containerd_daemon.kill(name, check=False)
 
 
-def test_containerd_two_tasks_ping_then_kill_delete_gives_vfs_back(containerd: Ctr, sriov: Sriov,
-                                                                   igb_pfs: list[str]) -> None:
+def test_containerd_two_tasks_ping_then_kill_delete_gives_vfs_back(
+    containerd: Ctr, sriov: Sriov, igb_pfs: list[str]
+) -> None:
     pf = igb_pfs[0]
     sriov.enable(pf, 2)
     before = vf_picture(pf)
@@ -429,8 +471,20 @@ def test_containerd_two_tasks_ping_then_kill_delete_gives_vfs_back(containerd: C
     assert t3["parentdev"] == eth0["t1"]["parentdev"]
     wait_pod_carrier(t3_netns)
     for src, dst in (("t3", ipv4(eth0["t2"])), ("t2", ipv4(t3))):
-        ping = containerd("task", "exec", "--exec-id", f"ping-{src}", src, "ping", "-c", "3", "-W", "5",
-                          dst.split("/")[0], check=False)
+        ping = containerd(
+            "task",
+            "exec",
+            "--exec-id",
+            f"ping-{src}",
+            src,
+            "ping",
+            "-c",
+            "3",
+            "-W",
+            "5",
+            dst.split("/")[0],
+            check=False,
+        )
         assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
     containerd.kill("t3")
 

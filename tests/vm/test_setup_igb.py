@@ -37,7 +37,7 @@ def ifindexes(names: list[str]) -> list[int]:
 def test_creates_vfs_pins_pf_queues_and_a_second_run_changes_nothing(node: Node, igb_pfs: list[str]) -> None:
     pf0, pf1 = igb_pfs
     all_cpus, cpus = online()
-    upper = cpus[len(cpus) // 2:]
+    upper = cpus[len(cpus) // 2 :]
     config = f"""
 pfs:
   - pf: {pf0}
@@ -83,11 +83,15 @@ pfs:
 def _allocate(node: Node, pf: str, index: int, ifname: str, netns: str) -> str:
     vf_pci = vf_pci_dirs(pf)[index].name
     pf_pci = (SYS_NET / pf / "device").resolve().name
-    FileStore(node.data).put(Allocation(vf_pci, pf_pci, pf, index, "net-a", "cafe01", ifname, f"/run/netns/{netns}", None))
+    FileStore(node.data).put(
+        Allocation(vf_pci, pf_pci, pf, index, "net-a", "cafe01", ifname, f"/run/netns/{netns}", None)
+    )
     return vf_pci
 
 
-def test_count_change_is_refused_while_a_vf_is_allocated(node: Node, igb_pfs: list[str], netns: Callable[[], str]) -> None:
+def test_count_change_is_refused_while_a_vf_is_allocated(
+    node: Node, igb_pfs: list[str], netns: Callable[[], str]
+) -> None:
     pf = igb_pfs[0]
     assert node.setup(f"pfs: [{{pf: {pf}, numVfs: 7}}]").returncode == 0
     names = vf_netdevs(pf)
@@ -106,10 +110,14 @@ def _in_ns(ns: str, *cmd: str) -> str:
     return subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(node: Node, igb_pfs: list[str], netns: Callable[[], str]) -> None:
+def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(
+    node: Node, igb_pfs: list[str], netns: Callable[[], str]
+) -> None:
     pf = igb_pfs[0]
     all_cpus, cpus = online()
-    done = node.setup(f"pfs: [{{pf: {pf}, numVfs: 3, tuning: {{irqCpus: {all_cpus}, rps: true, rfsFlowEntries: 2048}}}}]")
+    done = node.setup(
+        f"pfs: [{{pf: {pf}, numVfs: 3, tuning: {{irqCpus: {all_cpus}, rps: true, rfsFlowEntries: 2048}}}}]"
+    )
     assert done.returncode == 0, done.stderr
     index = 1
     vf_pci = vf_pci_dirs(pf)[index].name
@@ -138,7 +146,9 @@ def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(node: Node, igb_pfs:
     assert Path("/sys/class/net/net1/queues/rx-0/rps_cpus").read_text().strip() == "0"
 
 
-def test_status_json_shows_an_allocation_then_the_vf_free(node: Node, igb_pfs: list[str], netns: Callable[[], str]) -> None:
+def test_status_json_shows_an_allocation_then_the_vf_free(
+    node: Node, igb_pfs: list[str], netns: Callable[[], str]
+) -> None:
     pf = igb_pfs[0]
     assert node.setup(f"pfs: [{{pf: {pf}, numVfs: 2}}]").returncode == 0
     ns = netns()
@@ -155,7 +165,12 @@ def test_status_json_shows_an_allocation_then_the_vf_free(node: Node, igb_pfs: l
 
     vf = vf0()
     assert (vf["pci"], vf["state"], vf["netdev"]) == (vf_pci, "allocated", None)
-    assert vf["allocation"] == {"network": "net-a", "containerID": "cafe01", "ifname": name, "netns": f"/run/netns/{ns}"}
+    assert vf["allocation"] == {
+        "network": "net-a",
+        "containerID": "cafe01",
+        "ifname": name,
+        "netns": f"/run/netns/{ns}",
+    }
 
     subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", name, "netns", "1"], check=True)
     FileStore(node.data).remove(vf_pci)

@@ -67,8 +67,12 @@ class Node:
         """After the pods exist: the netns directory is bound as it is then."""
         self.sock.parent.mkdir()
         bindir = self.root / "opt" / "cni" / "bin"
-        subprocess.run([sys.executable, "-c", "from sriov_cni.cli import main; main()", "install-cni",
-                        "--dest", str(bindir)], cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-c", "from sriov_cni.cli import main; main()", "install-cni", "--dest", str(bindir)],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         files = sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
         assert files == ["opt/cni/bin/sriov", "opt/cni/bin/sriov-ipam"]
         for exe in bindir.iterdir():
@@ -88,16 +92,22 @@ class Node:
 
     def shim(self, command: str, conf: dict[str, Any], container: str, netns: str) -> subprocess.Popen[bytes]:
         """The runtime's call: the shim, run inside the chroot, on its way."""
-        env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container, "CNI_NETNS": netns, "CNI_IFNAME": "net1",
-               "CNI_PATH": str(self.work / "ipam-bin")}
+        env = {
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": container,
+            "CNI_NETNS": netns,
+            "CNI_IFNAME": "net1",
+            "CNI_PATH": str(self.work / "ipam-bin"),
+        }
         # From a file, so that callers can start many calls before waiting.
         self.calls += 1
         config = self.work / f"call-{self.calls}.json"
         config.write_text(json.dumps(conf))
         with config.open("rb") as stdin:
             # The runtime's environment has no PATH to find chroot with.
-            proc = subprocess.Popen([CHROOT, str(self.root), "/opt/cni/bin/sriov"], env=env,
-                                    stdin=stdin, stdout=subprocess.PIPE)
+            proc = subprocess.Popen(
+                [CHROOT, str(self.root), "/opt/cni/bin/sriov"], env=env, stdin=stdin, stdout=subprocess.PIPE
+            )
         return proc
 
 
@@ -114,8 +124,14 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 
 def conf_for(node: Node, pfs: list[str], **keys: Any) -> dict[str, Any]:
-    return {"cniVersion": "1.1.0", "name": f"shimnet-{os.getpid()}", "type": "sriov", "pfNames": pfs,
-            "dataDir": str(node.work / "state"), **keys}
+    return {
+        "cniVersion": "1.1.0",
+        "name": f"shimnet-{os.getpid()}",
+        "type": "sriov",
+        "pfNames": pfs,
+        "dataDir": str(node.work / "state"),
+        **keys,
+    }
 
 
 def vf_state(pf: str, vfs: list[str]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
@@ -139,16 +155,18 @@ def pod_view(pod: str) -> list[str]:
     return sorted(str(x["ifname"]) for x in ip_json("link", "show", netns=pod))
 
 
-def test_add_check_gc_del_from_a_chroot_without_python(igb_pfs: list[str], sriov: Sriov,
-                                                       netns: Callable[[], str], node: Node) -> None:
+def test_add_check_gc_del_from_a_chroot_without_python(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], node: Node
+) -> None:
     pf = igb_pfs[0]
     vfs = sriov.enable(pf, 1)
     before = vf_state(pf, vfs)
     pod = netns()
     node.build_chroot()
     node.start_daemon()
-    conf = conf_for(node, [pf], vlan=42, ipam={"type": "sriov-ipam", "subnet": "10.88.0.0/24",
-                                              "dataDir": str(node.work / "ipam")})
+    conf = conf_for(
+        node, [pf], vlan=42, ipam={"type": "sriov-ipam", "subnet": "10.88.0.0/24", "dataDir": str(node.work / "ipam")}
+    )
 
     rc, res = answer(node.shim("ADD", conf, "c1", ns_path(pod)))
     assert rc == 0, res
@@ -156,8 +174,7 @@ def test_add_check_gc_del_from_a_chroot_without_python(igb_pfs: list[str], sriov
     assert res["ips"][0]["address"].startswith("10.88.0.")
     assert pod_view(pod) == ["lo", "net1"] and host_link(vfs[0]) is None
     assert vfinfo(pf, 0)["vlan_list"] == [{"vlan": 42}]
-    [addr] = [a for a in ip_json("addr", "show", "dev", "net1", netns=pod)[0]["addr_info"]
-              if a["family"] == "inet"]
+    [addr] = [a for a in ip_json("addr", "show", "dev", "net1", netns=pod)[0]["addr_info"] if a["family"] == "inet"]
     assert f"{addr['local']}/{addr['prefixlen']}" == res["ips"][0]["address"]
 
     rc, out = answer(node.shim("CHECK", dict(conf, prevResult=res), "c1", ns_path(pod)))
@@ -175,8 +192,7 @@ def test_add_check_gc_del_from_a_chroot_without_python(igb_pfs: list[str], sriov
     assert (rc, out) == (0, None)
 
 
-def test_daemon_stopped_is_try_again(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str],
-                                     node: Node) -> None:
+def test_daemon_stopped_is_try_again(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], node: Node) -> None:
     pf = igb_pfs[0]
     sriov.enable(pf, 1)
     pod = netns()
@@ -190,8 +206,9 @@ def test_daemon_stopped_is_try_again(igb_pfs: list[str], sriov: Sriov, netns: Ca
     assert pod_view(pod) == ["lo"] and records(node.work / "state") == []
 
 
-def test_daemon_child_killed_during_add_then_del_cleans_up(igb_pfs: list[str], sriov: Sriov,
-                                                           netns: Callable[[], str], node: Node) -> None:
+def test_daemon_child_killed_during_add_then_del_cleans_up(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], node: Node
+) -> None:
     pf = igb_pfs[0]
     vfs = sriov.enable(pf, 1)
     before = vf_state(pf, vfs)
@@ -201,8 +218,9 @@ def test_daemon_child_killed_during_add_then_del_cleans_up(igb_pfs: list[str], s
     mark = node.work / "ipam-pid"
     (node.work / "ipam-bin").mkdir()
     blocker = node.work / "ipam-bin" / "stall"
-    blocker.write_text(f'#!/bin/sh\nif [ "$CNI_COMMAND" = ADD ]; then echo $$ > {mark}.tmp; '
-                       f'mv {mark}.tmp {mark}; exec sleep 600; fi\n')
+    blocker.write_text(
+        f'#!/bin/sh\nif [ "$CNI_COMMAND" = ADD ]; then echo $$ > {mark}.tmp; mv {mark}.tmp {mark}; exec sleep 600; fi\n'
+    )
     blocker.chmod(0o755)
     node.build_chroot()
     node.start_daemon()
@@ -225,8 +243,9 @@ def test_daemon_child_killed_during_add_then_del_cleans_up(igb_pfs: list[str], s
     assert pod_view(pod) == ["lo"] and records(node.work / "state") == []
 
 
-def test_fourteen_concurrent_adds_through_the_shim(igb_pfs: list[str], sriov: Sriov,
-                                                   netns: Callable[[], str], node: Node) -> None:
+def test_fourteen_concurrent_adds_through_the_shim(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], node: Node
+) -> None:
     pfs = igb_pfs[:2]
     vfs = {pf: sriov.enable(pf, 7) for pf in pfs}
     before = {pf: vf_state(pf, vfs[pf]) for pf in pfs}

@@ -56,11 +56,7 @@ def vf_pci_dirs(pf: str) -> list[Path]:
 
 def is_sriov_igb(netdev: Path) -> bool:
     driver = netdev / "device" / "driver"
-    return (
-        driver.exists()
-        and driver.resolve().name == "igb"
-        and (netdev / "device" / "sriov_totalvfs").exists()
-    )
+    return driver.exists() and driver.resolve().name == "igb" and (netdev / "device" / "sriov_totalvfs").exists()
 
 
 class Sriov:
