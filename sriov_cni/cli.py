@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 
 from sriov_cni import nodestate
+from sriov_cni import vfstore as store
 from sriov_cni.cni import CNIError
 from sriov_cni.daemon import budget, client, defaults, install, probe
 from sriov_cni.paths import Paths
-from sriov_cni import vfstore as store
 
 # A command imports what loads pyroute2, prometheus_client or yaml (the
 # node's and the daemon's modules) only when it runs: the kubelet runs
@@ -49,7 +49,8 @@ class CommandError(click.ClickException):
 def _expected() -> tuple[type[Exception], ...]:
     """The errors setup and status report in one line."""
     from sriov_cni.kernel import netlink, sysfs
-    from sriov_cni.node import config as node_config, setup as node_setup
+    from sriov_cni.node import config as node_config
+    from sriov_cni.node import setup as node_setup
 
     return (
         node_config.NodeConfigError,
@@ -94,7 +95,8 @@ def _node_paths() -> Paths:
     help=f"Where to record what was applied [default: {nodestate.STATE_FILE}].",
 )
 def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None) -> None:
-    from sriov_cni.node import config as node_config, setup as node_setup
+    from sriov_cni.node import config as node_config
+    from sriov_cni.node import setup as node_setup
 
     try:
         config = node_config.load(config_path)

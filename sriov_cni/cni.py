@@ -14,9 +14,10 @@ import ipaddress
 import json
 import logging
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import IO, Any, Callable, Mapping, Union
+from typing import IO, Any, Union
 
 SUPPORTED_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
@@ -408,7 +409,7 @@ class CmdArgs:
     env: Mapping[str, str]
 
 
-Handler = Callable[[CmdArgs], Union[Result, None]]
+Handler = Callable[[CmdArgs], Result | None]
 
 
 def validate_ifname(name: str) -> str | None:

@@ -41,7 +41,7 @@ def _become_caller(call: intake.Call, report: metrics.Report) -> tuple[str, Prog
     # An entry with an empty name (``=x``) stays in the plugin's env, as it
     # does for a plugin run directly, but the C library cannot set it.
     os.environ.update({key: value for key, value in env.items() if key})
-    sys.stdin = open(0, "r", closefd=False)
+    sys.stdin = open(0, closefd=False)
     sys.stdout = report.stdout()
     sys.stderr = open(2, "w", closefd=False)
     return program, run, env

@@ -39,7 +39,7 @@ def probe(path: str, timeout: float = TIMEOUT) -> str | None:
         with conn:
             try:
                 answer = _call(conn, path, deadline, (stdin_r, out_w, err_w))
-            except socket.timeout:
+            except TimeoutError:
                 return f"the daemon at {path} did not answer within {timeout:g} s"
             except OSError as exc:
                 return f"no daemon answers at {path}: {exc.strerror or exc}"

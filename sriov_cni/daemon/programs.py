@@ -29,8 +29,8 @@ def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO
 
 
 def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], paths: Paths) -> int:
-    from sriov_cni.ipam import main as ipam_main
     from sriov_cni.cni import dispatch
+    from sriov_cni.ipam import main as ipam_main
 
     return dispatch(ipam_main.HANDLERS, env, stdin, stdout, stderr, ipam_main.ABOUT)
 

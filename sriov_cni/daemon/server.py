@@ -109,7 +109,7 @@ def _warm_netlink() -> None:
 
 def _warm_up() -> Measure | None:
     """Import and warm everything a call needs, in the parent, so each child starts warm."""
-    import sriov_cni.ipam.main  # noqa: F401
+    import sriov_cni.ipam.main
     import sriov_cni.plugin.commands  # noqa: F401
 
     _warm_netlink()

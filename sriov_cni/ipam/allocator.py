@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from sriov_cni.cni import CNIError, Code, IPAddress
 

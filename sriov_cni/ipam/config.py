@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import bisect
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sriov_cni import safepath
 from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, IPAddress, IPNetwork, Route, short_repr

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Collection, ContextManager, Iterator, Protocol
+from typing import TYPE_CHECKING, ContextManager, Protocol
 
 import filelock
 

@@ -33,9 +33,9 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
+from sriov_cni.kernel import rtnl
 from sriov_cni.kernel.netns import open_netns, run_in_netns
 from sriov_cni.kernel.nlerrors import LinkNotFound, for_errno
-from sriov_cni.kernel import rtnl
 from sriov_cni.kernel.rtnl import Rtnl, message
 
 # Addresses and routes as the stdlib's types: the kernel layer takes plain

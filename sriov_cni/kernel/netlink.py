@@ -39,6 +39,7 @@ from sriov_cni.kernel.vfcontrol import KernelVfControl
 from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, VfControl, Vlan
 
 __all__ = [
+    "VLAN_PROTO_8021Q",
     "AddressRefused",
     "Busy",
     "InvalidArgument",
@@ -52,7 +53,6 @@ __all__ = [
     "NotSupported",
     "PfSettings",
     "Rate",
-    "VLAN_PROTO_8021Q",
     "VfControl",
     "Vlan",
     "is_own_netns",

@@ -14,8 +14,8 @@ import functools
 import os
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sriov_cni.kernel.nlerrors import NetlinkError, NetnsNotFound
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sriov_cni import safepath
-from sriov_cni.cni import FIRST_LIST_RESULT, DNS, CmdArgs, CNIError, Code, Result, short_repr, version_at_least
+from sriov_cni.cni import DNS, FIRST_LIST_RESULT, CmdArgs, CNIError, Code, Result, short_repr, version_at_least
 from sriov_cni.kernel import sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.plugin.pool import PoolEntry, parse_pool_entry

@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from sriov_cni.cni import CmdArgs, CNIError, Code, Result, bounded_int, decode_json
 from sriov_cni.kernel import lifetime

@@ -49,17 +49,15 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sriov_cni.daemon import budget, install  # noqa: E402
 from tests.support.daemonlib import Daemon  # noqa: E402
 from tests.support.hostnode import HostNode  # noqa: E402
 from tests.support.memcg import MemoryCgroup  # noqa: E402
-
-from sriov_cni.daemon import budget, install  # noqa: E402
 
 GO_PLUGINS = Path("/usr/lib/cni")
 VFS = 64

@@ -29,15 +29,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from sriov_cni.ipam.main import HANDLERS  # noqa: E402  (needs the path set above)
 from sriov_cni.cni import dispatch  # noqa: E402
+from sriov_cni.ipam.main import HANDLERS  # noqa: E402  (needs the path set above)
 
 OURS = REPO / "bin" / "sriov-ipam"
 HOST_LOCAL = Path("/usr/lib/cni/host-local")

@@ -33,10 +33,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sriov_cni.daemon import install  # noqa: E402
 from tests.support.daemonlib import Daemon, exporter_of  # noqa: E402
 from tests.support.hostnode import HostNode  # noqa: E402
-
-from sriov_cni.daemon import install  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 # Seconds between scrapes; None: no scraper.

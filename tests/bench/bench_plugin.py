@@ -65,9 +65,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sriov_cni.daemon import install, measure  # noqa: E402
-
-from tests.support import daemonlib  # noqa: E402
 from tests.bench import phases  # noqa: E402
+from tests.support import daemonlib  # noqa: E402
 from tests.support.hostnode import CODE_ENV  # noqa: E402
 
 GO_PLUGINS = Path("/usr/lib/cni")
@@ -393,12 +392,9 @@ def concurrency(bench: Bench, work: Path, shim: Path, base_env: dict[str, str], 
 
 def scale(work: Path) -> list[str]:
     """Median time of ``allocate.reserve`` while a pool of N VFs fills, generated sysfs, memory store."""
-    from tests.support.fakes import FakeHost
-    from tests.support.nodetree import Tree
-
     from sriov_cni.plugin import allocate, pool
-    from sriov_cni.vfstore import Allocation
-    from tests.support.fakes import MemoryStore
+    from tests.support.fakes import FakeHost, MemoryStore
+    from tests.support.nodetree import Tree
 
     netns = "/proc/self/ns/net"
     inode = os.stat(netns).st_ino

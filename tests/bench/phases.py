@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pstats
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # (file name, function) -> phase; "*" matches every function of the file.
 PHASES: dict[tuple[str, str], str] = {

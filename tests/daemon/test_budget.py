@@ -20,7 +20,6 @@ import pytest
 
 from sriov_cni.cni import Code
 from sriov_cni.daemon import budget, wire
-
 from tests.support.daemonlib import Daemon, command_line
 
 MiB = 1 << 20

@@ -20,12 +20,11 @@ from typing import Any
 
 import pytest
 
+from sriov_cni.daemon import budget, install
 from tests.support.daemonlib import Daemon
 from tests.support.hostnode import HostNode
 from tests.support.memcg import MemoryCgroup
 from tests.support.pluginlib import DEBIAN_CNI_DIR, link
-
-from sriov_cni.daemon import budget, install
 
 MiB = 1 << 20
 SHIM = Path(install.SHIM)

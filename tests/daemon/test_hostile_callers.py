@@ -31,9 +31,9 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from tests.support.daemonlib import Daemon, broken_children, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
 from sriov_cni.daemon import childpool, server, wire
+from tests.support.daemonlib import Daemon, broken_children, ipam_conf, ipam_env, shim, wait_for
 
 VERSION_CONF = b'{"cniVersion": "1.0.0"}'
 

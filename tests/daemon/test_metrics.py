@@ -28,11 +28,10 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.daemonlib import REPO, SHIM, Daemon, command_line, exporter_of, wait_for
-from tests.support.hostnode import HostNode
-
 from sriov_cni import __version__, cli
 from sriov_cni.daemon import budget
+from tests.support.daemonlib import REPO, SHIM, Daemon, command_line, exporter_of, wait_for
+from tests.support.hostnode import HostNode
 
 RULES = REPO / "deploy" / "prometheus-rules.yaml"
 POOL = {"sriov_cni_pf_vfs", "sriov_cni_pf_vfs_max", "sriov_cni_vfs", "sriov_cni_vfs_dpdk", "sriov_cni_allocations"}

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemonlib import REPO, Daemon, shim
 from sriov_cni import nodestate
 from sriov_cni.cni import CNIError
+from tests.support.daemonlib import REPO, Daemon, shim
 
 
 def _mode(path: Path) -> int:

@@ -19,12 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.support import hangipam
-from tests.support.daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
 from sriov_cni import __version__
 from sriov_cni.daemon import childpool, install, measure, wire
+from tests.support import hangipam
+from tests.support.daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
 
 PT_INTERP = 3
 

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemonlib import REPO, SHIM, Daemon, shim, wait_for
 from sriov_cni import __version__
 from sriov_cni.cni import MAX_CONFIG, Code
 from sriov_cni.daemon import client, install, measure, wire
+from tests.support.daemonlib import REPO, SHIM, Daemon, shim, wait_for
 
 ERROR = {"cniVersion": "1.0.0", "code": 7, "msg": "refused by the stand-in"}
 

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from sriov_cni.ipam.main import HANDLERS
 from sriov_cni.cni import dispatch
-
+from sriov_cni.ipam.main import HANDLERS
 from tests.ipam.ipamtypes import Invoke, MakeConf, Outcome, Spawn, Stored, Wait
 
 REPO = Path(__file__).resolve().parents[2]

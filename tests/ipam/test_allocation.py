@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from sriov_cni.ipam import allocator, config, store
 from sriov_cni.cni import CNIError, Code
-
+from sriov_cni.ipam import allocator, config, store
 from tests.ipam.ipamtypes import Invoke, MakeConf, Stored
 
 SMALL = [[{"subnet": "10.0.0.0/29"}]]  # .1 gateway, .2-.6 usable, .7 broadcast

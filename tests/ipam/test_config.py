@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from sriov_cni.cni import Code
-
 from tests.ipam.ipamtypes import Invoke, MakeConf, Stored
 
 V4 = {"subnet": "10.1.0.0/24"}

@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sriov_cni.cni import Code
-
 from tests.ipam.ipamtypes import Invoke, MakeConf, Spawn, Stored, Wait
 
 

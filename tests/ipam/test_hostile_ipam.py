@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from sriov_cni.cni import Code
-
 from tests.ipam.ipamtypes import Invoke
 
 

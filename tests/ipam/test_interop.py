@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sriov_cni.ipam.store import DiskStore
-
 from sriov_cni.cni import Code
-
+from sriov_cni.ipam.store import DiskStore
 from tests.ipam.ipamtypes import Invoke, MakeConf, Stored
 
 DUAL = [[{"subnet": "10.8.0.0/28"}], [{"subnet": "fd08::/64"}]]

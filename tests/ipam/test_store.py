@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import ipaddress
 import stat
+from collections.abc import Collection
 from pathlib import Path
-from typing import Collection
 
 import pytest
 
+from sriov_cni.cni import IPAddress
 from sriov_cni.ipam import allocator, config
 from sriov_cni.ipam.store import DiskStore, MemoryStore, Owner, Store
-from sriov_cni.cni import IPAddress
 
 A = Owner("a", "eth0")
 B = Owner("b", "net1")

@@ -28,7 +28,6 @@ from sriov_cni.kernel import netlink, rtnl
 from sriov_cni.kernel.netns import netlink_socket_in
 from sriov_cni.kernel.vfcontrol import KernelVfControl
 from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q
-
 from tests.support.pluginlib import Node, ip_json, link_names, sh
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.support.nodetree import Tree
 from sriov_cni.cli import main
 from sriov_cni.node import setup as node_setup
 from sriov_cni.vfstore import Allocation, FileStore
+from tests.support.nodetree import Tree
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sriov_cni.cli import main
+from sriov_cni.node import config as node_config
+from sriov_cni.node import irqbalance
+from sriov_cni.node import setup as node_setup
+from sriov_cni.paths import Paths
 from tests.support.fakes import FakeLinks
 from tests.support.nodetree import Tree
-from sriov_cni.cli import main
-from sriov_cni.node import config as node_config, irqbalance, setup as node_setup
-from sriov_cni.paths import Paths
 
 TUNED = "pfs: [{pf: eth0, numVfs: 2, tuning: {}}, {pf: eth1, numVfs: 1}]"
 

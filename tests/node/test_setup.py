@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from sriov_cni.kernel import sysfs
+from sriov_cni.node import config as node_config
+from sriov_cni.node import setup as node_setup
+from sriov_cni.vfstore import Allocation, FileStore
 from tests.support.fakes import FakeLinks
 from tests.support.nodetree import Tree
-from sriov_cni.kernel import sysfs
-from sriov_cni.node import config as node_config, setup as node_setup
-from sriov_cni.vfstore import Allocation, FileStore
 
 CONFIG = """
 pfs:

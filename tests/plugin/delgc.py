@@ -6,7 +6,6 @@ from typing import Any
 
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.vfstore import Allocation, FileStore, OriginalState
-
 from tests.support.pluginlib import Node, Outcome, link
 
 

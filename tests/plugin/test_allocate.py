@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fakes import FakeHost
-from tests.support.nodetree import Tree
 from sriov_cni import vfstate
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
@@ -26,7 +24,8 @@ from sriov_cni.plugin import allocate
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.plugin.pool import parse_pool_entry, pool_vfs
 from sriov_cni.vfstore import Allocation, Claim, FileStore, OriginalState, Store
-from tests.support.fakes import MemoryStore
+from tests.support.fakes import FakeHost, MemoryStore
+from tests.support.nodetree import Tree
 
 
 def attachment(container: str = "ours") -> allocate.Attachment:

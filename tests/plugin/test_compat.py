@@ -31,7 +31,6 @@ from typing import Any
 import pytest
 
 from sriov_cni.vfstore import FileStore
-
 from tests.support.pluginlib import Node, addresses, ipam_reservations, link, link_names
 
 HERE = Path(__file__).parent / "compat"

@@ -20,7 +20,6 @@ import pytest
 from sriov_cni.cni import Code
 from sriov_cni.kernel import netlink
 from sriov_cni.plugin import commands, log
-
 from tests.support.pluginlib import Node, Outcome, Ready, ipam_reservations, link, link_names, netdev_view, run_bin, sh
 
 

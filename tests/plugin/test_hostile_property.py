@@ -26,10 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sriov_cni.ipam.main import HANDLERS as IPAM_HANDLERS
 from sriov_cni.cni import Code, dispatch
+from sriov_cni.ipam.main import HANDLERS as IPAM_HANDLERS
 from sriov_cni.plugin import commands
-
 from tests.support.pluginlib import Node, ipam_reservations
 
 # Generous: a call takes well under a second; this only catches hangs.

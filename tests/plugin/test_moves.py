@@ -17,7 +17,6 @@ import pytest
 from sriov_cni.cni import Code
 from sriov_cni.kernel import netlink
 from sriov_cni.plugin import bind
-
 from tests.support.pluginlib import Node, Ready, altname, link, link_names, sh
 
 

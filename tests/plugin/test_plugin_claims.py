@@ -19,10 +19,9 @@ import pytest
 
 from sriov_cni.kernel.vfsettings import PfSettings, Vlan
 from sriov_cni.vfstore import Allocation, FileStore, Store
-from tests.support.fakes import MemoryStore
-
-from tests.support.pluginlib import Node
 from tests.plugin.delgc import ok, stale_record
+from tests.support.fakes import MemoryStore
+from tests.support.pluginlib import Node
 
 
 @contextmanager

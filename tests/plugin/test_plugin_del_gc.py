@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import threading
 import subprocess
+import threading
 from typing import Any
 
 import pytest
 
 from sriov_cni.kernel.vfsettings import Vlan
 from sriov_cni.vfstore import FileStore
-
 from tests.plugin.delgc import ok, stale_record
 from tests.support.pluginlib import DEBIAN_CNI_DIR, VF, Node, ipam_reservations, link, link_names, netdev_view, sh
-
 
 # --- DEL ----------------------------------------------------------------------
 

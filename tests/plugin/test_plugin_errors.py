@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from sriov_cni.kernel import netlink
-
 from tests.support.pluginlib import Node, Outcome, Ready, addresses, ipam_reservations, link, sh
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pluginlib import SRIOV_BIN, Outcome, run_bin
 from sriov_cni.cni import MAX_CONFIG
+from tests.support.pluginlib import SRIOV_BIN, Outcome, run_bin
 
 SUPPORTED = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 

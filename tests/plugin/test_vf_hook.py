@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from sriov_cni.node import config as node_config
+from sriov_cni.node import setup as node_setup
+from sriov_cni.plugin import tuning
 from tests.support.fakes import FakeLinks
 from tests.support.nodetree import Tree
-from sriov_cni.node import config as node_config, setup as node_setup
-from sriov_cni.plugin import tuning
 
 VF1 = "0000:01:10.1"
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.support import daemonprocs
 from sriov_cni.daemon import install
+from tests.support import daemonprocs
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = Path(install.SHIM)

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sriov_cni.kernel import netlink, sysfs, vfsettings
+from sriov_cni.kernel import netlink, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.vfstore import Allocation, Claim
 from tests.support.nodetree import Tree

@@ -30,16 +30,15 @@ ROOT = HERE.parents[1]
 CODE_ENV = "SRIOV_BENCH_CODE"
 sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT)]
 
-from tests.support.fakes import FakeVfControl  # noqa: E402
-from tests.support.pluginlib import Node  # noqa: E402
-
 from sriov_cni.daemon import server  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
 from sriov_cni.vfstore import FileStore  # noqa: E402
+from tests.support.fakes import FakeVfControl  # noqa: E402
+from tests.support.pluginlib import Node  # noqa: E402
 
 try:
-    from sriov_cni.daemon.programs import PROGRAMS  # noqa: E402
+    from sriov_cni.daemon.programs import PROGRAMS
 except ImportError:  # a baseline revision from before programs.py kept the table in server
     PROGRAMS = server.PROGRAMS  # type: ignore[attr-defined]
 
@@ -74,7 +73,7 @@ def main() -> None:
     if hasattr(sysfs, "SYS"):
         # A baseline revision from before the node paths were passed down
         # reads sysfs' root from this global.
-        setattr(sysfs, "SYS", Path(sys_root))
+        sysfs.SYS = Path(sys_root)
         deps = commands.Deps(vf_control=lambda: fake, store=FileStore)
     else:
         from sriov_cni.paths import Paths

@@ -25,15 +25,13 @@ import ipaddress
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-from sriov_cni.kernel import netlink, sysfs, vfsettings
+from sriov_cni.kernel import sysfs
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import commands
 from sriov_cni.vfstore import FileStore

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fakes import FakeHost, FakeLinks
-from tests.support.nodetree import Tree
 from sriov_cni.kernel import netlink, sysfs
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
+from tests.support.fakes import FakeHost, FakeLinks
+from tests.support.nodetree import Tree
 
 
 @pytest.fixture

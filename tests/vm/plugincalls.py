@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from sriov_cni.plugin import commands
-
 from tests.vm.vmlib import ip_json
 
 CNI_PATH = "/usr/lib/cni"

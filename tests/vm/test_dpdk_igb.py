@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.vm.plugincalls import cni, ns_path, records, restored, vfinfo
 from tests.vm.nodecommand import Node, node  # noqa: F401  (the fixture)
+from tests.vm.plugincalls import cni, ns_path, records, restored, vfinfo
 from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm

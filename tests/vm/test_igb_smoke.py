@@ -9,8 +9,9 @@ from __future__ import annotations
 import errno
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from pyroute2 import IPRoute

@@ -32,6 +32,8 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+
+from sriov_cni.daemon.client import DEFAULT_SOCKET
 from tests.vm.crilib import (
     CRI_TIMEOUT,
     PAUSE_IMAGE,
@@ -58,8 +60,6 @@ from tests.vm.runtimelib import (
     wait_pod_carrier,
 )
 from tests.vm.vmlib import Sriov, numvfs, vf_pci_dirs, wait_until
-
-from sriov_cni.daemon.client import DEFAULT_SOCKET
 
 pytestmark = pytest.mark.sriov_vm
 

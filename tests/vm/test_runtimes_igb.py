@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from sriov_cni.daemon.client import DEFAULT_SOCKET
+from tests.support.daemonlib import Daemon
 from tests.vm.runtimelib import (
     IMAGE,
     RUNTIME_TIMEOUT,
@@ -45,9 +47,6 @@ from tests.vm.runtimelib import (
     wait_pod_carrier,
 )
 from tests.vm.vmlib import Sriov, vf_pci_dirs, wait_until
-
-from sriov_cni.daemon.client import DEFAULT_SOCKET
-from tests.support.daemonlib import Daemon
 
 pytestmark = pytest.mark.sriov_vm
 
