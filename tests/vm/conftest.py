@@ -13,6 +13,10 @@ Fixtures:
     creates ``n`` VFs and returns their netdev names in VF order;
     ``sriov.wait_carrier(ifname, netns)`` polls for a link's carrier.  At
     teardown every PF goes back to 0 VFs and its original admin state.
+``node``
+    A :class:`tests.vm.nodecommand.Node`: the ``sriov-cni`` node command with
+    its config, state file and data directory in the test's tmp_path (the
+    modules that start a daemon define a ``node`` of their own).
 ``netns``
     A factory: ``netns()`` creates a fresh named network namespace (``ip
     netns add``) and returns its name; all are deleted at teardown.
@@ -24,9 +28,11 @@ import itertools
 import os
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.vm.nodecommand import Node
 from tests.vm.vmlib import SYS_NET, Sriov, is_sriov_igb
 
 
@@ -61,3 +67,9 @@ def netns() -> Iterator[Callable[[], str]]:
     yield make
     for name in created:
         subprocess.run(["ip", "netns", "delete", name], check=True)
+
+
+@pytest.fixture
+def node(tmp_path: Path, sriov: Sriov) -> Node:
+    # ``sriov`` puts every PF back to 0 VFs at teardown.
+    return Node(tmp_path)

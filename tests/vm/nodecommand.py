@@ -13,9 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.vm.vmlib import Sriov, vf_pci_dirs
+from tests.vm.vmlib import vf_pci_dirs
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bin" / "sriov-cni"
 
@@ -44,12 +42,6 @@ class Node:
         return self.run(
             "setup", "--config", str(self.config), "--state-file", str(self.state), "--data-dir", str(self.data)
         )
-
-
-@pytest.fixture
-def node(tmp_path: Path, sriov: Sriov) -> Node:
-    # ``sriov`` puts every PF back to 0 VFs at teardown.
-    return Node(tmp_path)
 
 
 def interrupts() -> dict[str, int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.vm.nodecommand import Node, node  # noqa: F401  (the fixture)
+from tests.vm.nodecommand import Node
 from tests.vm.plugincalls import cni, ns_path, records, restored, vfinfo
 from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs
 

@@ -23,7 +23,7 @@ import pytest
 
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
-from tests.vm.nodecommand import Node, affinity, interrupts, node, online, vf_netdevs  # noqa: F401  (node: the fixture)
+from tests.vm.nodecommand import Node, affinity, interrupts, online, vf_netdevs
 from tests.vm.vmlib import vf_pci_dirs, wait_until
 
 pytestmark = pytest.mark.sriov_vm

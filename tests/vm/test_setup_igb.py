@@ -19,7 +19,7 @@ import pytest
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
 from sriov_cni.vfstore import Allocation, FileStore
-from tests.vm.nodecommand import Node, affinity, interrupts, node, online, vf_netdevs  # noqa: F401  (node: the fixture)
+from tests.vm.nodecommand import Node, affinity, interrupts, online, vf_netdevs
 from tests.vm.vmlib import SYS_NET, numvfs, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
