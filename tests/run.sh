@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command: mypy --strict over the package and the tests, host tests,
-# then the driver tests (marker sriov_vm) in one boot of the igb QEMU guest
-# (tests/vm/rig.py).  Needs root.
+# The test command: mypy --strict over the package and the tests, ruff's
+# format check and linter, host tests, then the driver tests (marker sriov_vm)
+# in one boot of the igb QEMU guest (tests/vm/rig.py).  Needs root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -13,10 +13,16 @@ cd "$repo"
 
 bash tests/setup-host.sh
 
-# A type error fails the run, but the tests still run and report.
+# A type error or a lint finding fails the run, but the tests still run and
+# report.
 echo "=== type check (mypy --strict) ==="
 type_status=0
 bash tests/typecheck.sh || type_status=$?
+
+echo "=== format and lint (ruff) ==="
+lint_status=0
+python3 -m ruff format --check --quiet . || lint_status=1
+python3 -m ruff check --quiet . || lint_status=1
 
 echo "=== host tests (not sriov_vm) ==="
 host_status=0
@@ -34,7 +40,7 @@ bash deploy/build-image.sh --offline \
 python3 tests/vm/rig.py --timeout 3600 -- python3 -m pytest -ra -v -m sriov_vm tests/vm tests/stress || vm_status=$?
 echo "run.sh: guest part took $(( $(date +%s) - started )) s"
 
-echo "run.sh: type check exit $type_status, host tests exit $host_status, guest tests exit $vm_status"
-if [ "$type_status" -ne 0 ] || [ "$host_status" -ne 0 ] || [ "$vm_status" -ne 0 ]; then
+echo "run.sh: type check exit $type_status, lint exit $lint_status, host tests exit $host_status, guest tests exit $vm_status"
+if [ "$type_status" -ne 0 ] || [ "$lint_status" -ne 0 ] || [ "$host_status" -ne 0 ] || [ "$vm_status" -ne 0 ]; then
     exit 1
 fi
