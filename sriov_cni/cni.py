@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import IO, Any, Union
+from typing import IO, Any
 
 SUPPORTED_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
@@ -91,9 +91,9 @@ def config_version(conf: Mapping[str, Any]) -> Any:
 
 # --- results ---------------------------------------------------------------
 
-IPInterface = Union[ipaddress.IPv4Interface, ipaddress.IPv6Interface]
-IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
-IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass

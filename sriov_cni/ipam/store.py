@@ -19,9 +19,9 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ContextManager, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import filelock
 
@@ -76,7 +76,7 @@ class Store(Protocol):
         """Whether anything was ever stored; False lets DEL/GC/CHECK stop early."""
         ...
 
-    def locked(self) -> ContextManager[None]:
+    def locked(self) -> AbstractContextManager[None]:
         """Exclusive access to the network's reservations, shared with host-local."""
         ...
 
@@ -192,7 +192,7 @@ class DiskStore:
         finally:
             self._lock.release()
 
-    def locked(self) -> ContextManager[None]:
+    def locked(self) -> AbstractContextManager[None]:
         return self._locked()
 
     def reserve(self, ip: IPAddress, owner: Owner) -> bool:
@@ -312,7 +312,7 @@ class MemoryStore:
         finally:
             self.lock_depth -= 1
 
-    def locked(self) -> ContextManager[None]:
+    def locked(self) -> AbstractContextManager[None]:
         return self._locked()
 
     def reserve(self, ip: IPAddress, owner: Owner) -> bool:

@@ -105,7 +105,7 @@ def plan_pins(irqs: list[QueueIrq], cpus: list[int], start: int) -> list[tuple[Q
     if not irqs:
         return []
     queues = sorted({q.queue for q in irqs})
-    by_queue = dict(zip(queues, cpulist.spread(cpus, start, len(queues))))
+    by_queue = dict(zip(queues, cpulist.spread(cpus, start, len(queues)), strict=True))
     return [(q, by_queue[q.queue]) for q in irqs]
 
 

@@ -24,7 +24,7 @@ from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
 # pyroute2 in the process shares it.  Reading the kernel's answers does not
 # use it.
 _IVVI = _ifinfmsg.vflist.vfinfo.vf_vlist.ivvi
-_VLAN_INFO_SIZED = {_IVVI: _IVVI.fields + (("__pad", "H"),) if len(_IVVI.fields) == 4 else _IVVI.fields}
+_VLAN_INFO_SIZED = {_IVVI: (*_IVVI.fields, ("__pad", "H")) if len(_IVVI.fields) == 4 else _IVVI.fields}
 
 RTEXT_FILTER_VF = 1 << 0
 # Leaves out each VF's counters (IFLA_VF_STATS), which nothing here reads: with

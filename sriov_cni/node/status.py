@@ -140,5 +140,5 @@ def table(pfs: list[dict[str, Any]]) -> list[str]:
                 (str(vf["index"]), vf["pci"], vf["driver"] or "-", vf["netdev"] or "-", state, owner, _pins(vf["irqs"]))
             )
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return lines

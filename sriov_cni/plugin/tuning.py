@@ -56,7 +56,7 @@ def apply_vf_tuning(paths: Paths, vf_pci: str, netns: str, ifname: str) -> list[
         start = vf_start(_vf_index(paths, pf_pci, vf_pci), len({q.queue for q in irqs}))
         pins = [pin(paths.proc_irq, q, cpu) for q, cpu in plan_pins(irqs, policy.irq_cpus, start)]
     except (TuningError, cpulist.CpuListError) as exc:
-        return warnings + [f"VF {vf_pci}: {exc}"]
+        return [*warnings, f"VF {vf_pci}: {exc}"]
     warnings += [f"VF {vf_pci} IRQ {p.irq.irq} ({p.irq.name}): {p.detail}" for p in pins if p.result == "failed"]
     if policy.rps_cpus or policy.xps:
         xps = tx_cpus(pins) if policy.xps else None

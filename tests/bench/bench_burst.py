@@ -194,8 +194,8 @@ def namespace_moves(pods: list[str], together: bool) -> float:
     ends = [f"bm{token}{i}" for i in range(len(pods))]
     for end in ends:
         subprocess.run(["ip", "link", "add", end, "type", "veth", "peer", "name", end + "p"], check=True)
-    there = [["ip", "link", "set", end, "netns", pod] for end, pod in zip(ends, pods)]
-    back = [["ip", "-n", pod, "link", "set", end, "netns", "1"] for end, pod in zip(ends, pods)]
+    there = [["ip", "link", "set", end, "netns", pod] for end, pod in zip(ends, pods, strict=True)]
+    back = [["ip", "-n", pod, "link", "set", end, "netns", "1"] for end, pod in zip(ends, pods, strict=True)]
     try:
         t0 = time.perf_counter()
         for commands in (there, back):

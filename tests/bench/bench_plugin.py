@@ -254,7 +254,7 @@ def cycles(peers: dict[str, Peer], n: int, daemon: Daemon) -> tuple[list[str], l
     """The table, and the daemon's reports of the timed calls."""
     for _ in range(n):
         # Interleaved, so drift in machine speed hits every peer alike.
-        for name, peer in peers.items():
+        for peer in peers.values():
             t_add = invoke(peer.exe, "ADD", peer.conf, peer.env)
             t_del = invoke(peer.exe, "DEL", peer.conf, peer.env)
             peer.times.append(t_add + t_del)
@@ -595,7 +595,7 @@ def main() -> None:
         if bench.close is not None:
             bench.close()
         shutil.rmtree(work, ignore_errors=True)
-    print("\n".join(["", "==== summary"] + report))
+    print("\n".join(["", "==== summary", *report]))
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from sriov_cni.kernel import sysfs  # noqa: E402  (needs the path set above)
 from sriov_cni.node import config as node_config  # noqa: E402
-from sriov_cni.node import setup as node_setup
-from sriov_cni.node import vfs
+from sriov_cni.node import setup as node_setup  # noqa: E402
+from sriov_cni.node import vfs  # noqa: E402
 from sriov_cni.paths import Paths  # noqa: E402
 
 SYS = Paths().sys

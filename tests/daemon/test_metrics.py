@@ -330,6 +330,11 @@ def test_a_killed_exporter_is_started_again_on_its_address_with_the_counts_so_fa
     wait_for(lambda: descriptors(second) == first_fds)
 
 
+def _exporter_after(rig: Rig, killed: int) -> int:
+    """The pid of the exporter the daemon started after ``killed``."""
+    return wait_for(lambda: (pid := exporter_of(rig.proc.pid)) != killed and pid)
+
+
 def test_an_exporter_that_dies_at_once_is_started_again_later_each_time(rig: Rig) -> None:
     killed = exporter_of(rig.proc.pid)
     for delay in (1, 2, 4):
@@ -340,7 +345,7 @@ def test_an_exporter_that_dies_at_once_is_started_again_later_each_time(rig: Rig
         assert "ended after" in line and f"starting another in {delay} s" in line, line
         line = said(rig, "metrics exporter")
         assert "serves on" in line and "again" in line, line
-        killed = wait_for(lambda: (pid := exporter_of(rig.proc.pid)) != killed and pid)
+        killed = _exporter_after(rig, killed)
     samples = rig.scrape()
     assert samples[RESTARTS] == 3
     rc, out = rig.call("VERSION", 0, VERSION)
@@ -489,7 +494,7 @@ def _annotations(alert: str, labels: dict[str, str]) -> dict[str, str]:
     out = {}
     for name, template in rule.get("annotations", {}).items():
         for label, value in labels.items():
-            template = template.replace("{{ $labels.%s }}" % label, value)
+            template = template.replace("{{ $labels." + label + " }}", value)
         out[name] = template
     return out
 
@@ -539,7 +544,8 @@ def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> 
 
     try:
         expected = expected_pool(status_json(rig))
-        pool = wait_for(lambda: series('{__name__=~"%s"}' % "|".join(sorted(POOL))))
+        names = "|".join(sorted(POOL))
+        pool = wait_for(lambda: series(f'{{__name__=~"{names}"}}'))
         assert pool == expected
         assert pool[key("sriov_cni_vfs", pf=rig.pfs[0].name, pci=rig.pfs[0].pci, state="allocated")] == 1
         added = wait_for(lambda: series('sriov_cni_calls_total{command="ADD"}'))

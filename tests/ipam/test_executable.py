@@ -76,7 +76,11 @@ def test_parallel_adds_hand_out_distinct_addresses_and_parallel_dels_free_them(
     assert len(lost) == 30
     assert all(o is not None and o["code"] == Code.NOT_AVAILABLE and "no free addresses" in o["msg"] for o in lost)
     files = {p.name: p.read_bytes().decode() for p in net_dir.iterdir() if p.name.startswith("10.")}
-    winners = {out["ips"][0]["address"].split("/")[0]: cid for cid, (rc, out) in zip(cids, results) if rc == 0 and out}
+    winners = {
+        out["ips"][0]["address"].split("/")[0]: cid
+        for cid, (rc, out) in zip(cids, results, strict=True)
+        if rc == 0 and out
+    }
     assert files == {ip: f"{cid}\r\neth0" for ip, cid in winners.items()}
 
     with ThreadPoolExecutor(max_workers=230) as pool:

@@ -123,7 +123,7 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
 
 def test_status_shows_a_vf_free_after_its_allocation_is_removed(node: Tree, tmp_path: Path) -> None:
     FileStore(tmp_path / "data").remove("0000:01:10.1")
-    code, out = invoke(node, "status", "--json", "--data-dir", str(tmp_path / "data"))
+    _code, out = invoke(node, "status", "--json", "--data-dir", str(tmp_path / "data"))
     vf1 = json.loads(out)["pfs"][0]["vfs"][1]
     assert (vf1["state"], vf1["allocation"]) == ("free", None)
 
@@ -168,7 +168,7 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
 
 
 def test_status_does_not_create_the_store(node: Tree, tmp_path: Path) -> None:
-    code, out = invoke(node, "status", "--data-dir", str(tmp_path / "nothing-here"))
+    code, _out = invoke(node, "status", "--data-dir", str(tmp_path / "nothing-here"))
     assert code == 0 and not (tmp_path / "nothing-here").exists()
 
 

@@ -128,33 +128,39 @@ def test_a_vf_recorded_by_another_add_meanwhile_is_not_taken_twice(tree: Tree, t
     assert owners == {candidates[0].pci: "rival", candidates[1].pci: "ours"}
 
 
+def _race(tree: Tree, store: Store, candidates: list[sysfs.VF], adds: int) -> tuple[dict[int, str], list[int]]:
+    """``adds`` ADDs released at once; the VF each got, and the codes of those refused."""
+    start = threading.Barrier(adds)
+    got: dict[int, str] = {}
+    refused: list[int] = []
+
+    def add(i: int) -> None:
+        start.wait()
+        try:
+            lease = take(tree, store, candidates, f"c{i}")
+        except CNIError as exc:
+            refused.append(exc.code)
+            return
+        # Let go at once, the record staying: an ADD that looked at the
+        # store before it was written gets the claim of a taken VF.
+        lease.release()
+        got[i] = lease.alloc.vf_pci
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(adds)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got, refused
+
+
 @pytest.mark.parametrize("kind", ["file", "memory"])
 def test_adds_racing_over_a_small_pool_never_share_a_vf(tree: Tree, tmp_path: Path, kind: str) -> None:
     candidates = pool(tree, 3)
     adds = 6
     for round_ in range(20):
         store = fresh(kind, tmp_path / str(round_))
-        start = threading.Barrier(adds)
-        got: dict[int, str] = {}
-        refused: list[int] = []
-
-        def add(i: int) -> None:
-            start.wait()
-            try:
-                lease = take(tree, store, candidates, f"c{i}")
-            except CNIError as exc:
-                refused.append(exc.code)
-                return
-            # Let go at once, the record staying: an ADD that looked at the
-            # store before it was written gets the claim of a taken VF.
-            lease.release()
-            got[i] = lease.alloc.vf_pci
-
-        threads = [threading.Thread(target=add, args=(i,)) for i in range(adds)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got, refused = _race(tree, store, candidates, adds)
         assert sorted(got.values()) == [vf.pci for vf in candidates], (round_, got)
         assert refused == [Code.NO_FREE_VF] * (adds - len(candidates))
         assert {a.vf_pci: a.container_id for a in store.all()} == {pci: f"c{i}" for i, pci in got.items()}
@@ -272,7 +278,7 @@ def test_vf_states(tree: Tree, tmp_path: Path) -> None:
 def record(store: Store, vf: sysfs.VF, container: str, netns: str) -> Allocation:
     alloc = make(vf, container)
     alloc.netns = netns
-    alloc.original = OriginalState(pf=PfSettings(mac="02:00:00:00:00:0%d" % vf.index), netdev=f"eth0v{vf.index}")
+    alloc.original = OriginalState(pf=PfSettings(mac=f"02:00:00:00:00:0{vf.index}"), netdev=f"eth0v{vf.index}")
     store.put(alloc)
     stored = store.get(vf.pci)
     assert stored is not None

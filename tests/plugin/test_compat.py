@@ -360,7 +360,7 @@ def _state_after(before: dict[str, Any], settings: Mapping[str, Any]) -> dict[st
     after = dict(before)
     for key, value in settings.items():
         fields = FAKE_FIELDS.get(key)
-        after.update(zip(fields, value) if fields else {key: value})
+        after.update(zip(fields, value, strict=True) if fields else {key: value})
     return after
 
 

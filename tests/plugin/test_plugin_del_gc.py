@@ -274,7 +274,7 @@ def test_parallel_adds_get_distinct_vfs(node: Node) -> None:
     records = FileStore(node.data_dir).all()
     assert sorted((r.container_id, r.vf_pci) for r in records) == sorted(taken.items())
     assert not set(node.vf_netdevs()) & link_names()
-    for i, pod in enumerate(pods):
+    for pod in pods:
         assert link_names(os.path.basename(pod)) == {"lo", "net1"}
 
 
@@ -338,7 +338,7 @@ def test_gc_with_a_malformed_list_releases_nothing(node: Node, key: str, value: 
     node.add_pf(2)
     conf = node.conf("1.1.0", ipam=node.sriov_ipam("10.47.0.0/24"))
     pods = [node.pod(), node.pod()]
-    for cid, pod in zip(("keep", "other"), pods):
+    for cid, pod in zip(("keep", "other"), pods, strict=True):
         node.add(conf, netns=pod, container=cid)
     before = node.picture()
     reserved = ipam_reservations(node.ipam_dir, "sriov-net")
@@ -393,7 +393,7 @@ def test_check_needs_prev_result(node: Node) -> None:
     ids=["mac", "mtu", "address"],
 )
 def test_check_fails_when_the_pod_interface_changed(node: Node, change: tuple[str, ...], named: str) -> None:
-    conf, pod, with_prev = _added(node)
+    _conf, pod, with_prev = _added(node)
     ok(node.cni("CHECK", with_prev, netns=pod))
     sh("ip", "-n", os.path.basename(pod), *change)
     res = node.cni("CHECK", with_prev, netns=pod)
@@ -402,7 +402,7 @@ def test_check_fails_when_the_pod_interface_changed(node: Node, change: tuple[st
 
 
 def test_check_fails_when_the_pf_side_vlan_changed(node: Node) -> None:
-    conf, pod, with_prev = _added(node)
+    _conf, pod, with_prev = _added(node)
     node.fake.state[node.pfs[0].name][0]["vlan"] = 10
     res = node.cni("CHECK", with_prev, netns=pod)
     assert res.rc != 0 and res.code == 100
@@ -411,7 +411,7 @@ def test_check_fails_when_the_pf_side_vlan_changed(node: Node) -> None:
 
 def test_check_fails_when_the_pf_holds_another_mac_for_the_vf(node: Node) -> None:
     """No ``mac`` configured: whatever the PF driver, a MAC it holds for the VF must be the pod's."""
-    conf, pod, with_prev = _added(node)
+    _conf, pod, with_prev = _added(node)
     node.fake.state[node.pfs[0].name][0]["mac"] = "02:de:ad:00:00:02"
     res = node.cni("CHECK", with_prev, netns=pod)
     assert res.rc != 0 and res.code == 100
@@ -421,7 +421,7 @@ def test_check_fails_when_the_pf_holds_another_mac_for_the_vf(node: Node) -> Non
 @pytest.mark.parametrize("driver, zero_passes", [("fakepf", True), ("igb", False), ("ixgbe", False)])
 def test_check_of_a_zero_pf_reading_depends_on_the_pf_driver(node: Node, driver: str, zero_passes: bool) -> None:
     """igb and ixgbe report the MAC the VF programmed: zero there, with carrier, means the VF receives nothing."""
-    conf, pod, with_prev = _added(node, driver=driver)
+    _conf, pod, with_prev = _added(node, driver=driver)
     pf = node.pfs[0].name
     assert node.fake.state[pf][0]["mac"] == "00:00:00:00:00:00"
     # No carrier yet (the veth's peer is down): a new igbvf VF is in this

@@ -91,7 +91,7 @@ def test_bad_mac_in_cni_args(ready: Ready) -> None:
 
 
 def test_netns_that_does_not_exist(ready: Ready) -> None:
-    node, pod, before = ready
+    node, _pod, before = ready
     refused(node.cni("ADD", node.conf(), netns="/var/run/netns/svpod-nonexistent"), 8)
     assert node.picture() == before
 

@@ -679,7 +679,7 @@ class Driver:
         att = Attachment(f"stress-{self.token}-{n}", f"stress-{self.token}-{n}", self.rng.choice(NETWORKS))
         subprocess.run(["ip", "netns", "add", att.netns_name], check=True)
         if self.rng.random() < 0.5:
-            att.mac = "02:5e:%02x:%02x:%02x:%02x" % tuple(self.rng.randrange(256) for _ in range(4))
+            att.mac = "02:5e:" + ":".join(f"{self.rng.randrange(256):02x}" for _ in range(4))
         self.attachments.append(att)
         return att
 

@@ -219,10 +219,10 @@ def test_vf_in_netns_irqs_and_rps(igb_pfs: list[str], sriov: Sriov, netns: Calla
     # survives the move; ip netns exec remounts /sys for the namespace.
     in_ns = ["ip", "netns", "exec", ns, "sh", "-c"]
     rps_path = f"/sys/class/net/{vf}/queues/rx-0/rps_cpus"
-    moved = subprocess.run(in_ns + [f"cat {rps_path}"], capture_output=True, text=True, check=True)
+    moved = subprocess.run([*in_ns, f"cat {rps_path}"], capture_output=True, text=True, check=True)
     assert int(moved.stdout, 16) == 0x2
     rewritten = subprocess.run(
-        in_ns + [f"echo 1 > {rps_path} && cat {rps_path}"], capture_output=True, text=True, check=True
+        [*in_ns, f"echo 1 > {rps_path} && cat {rps_path}"], capture_output=True, text=True, check=True
     )
     assert int(rewritten.stdout, 16) == 0x1
 
@@ -238,11 +238,11 @@ def test_two_vfs_ping_through_the_nic(igb_pfs: list[str], sriov: Sriov, netns: C
     vfs = sriov.enable(pf, 2)
     spaces = [netns(), netns()]
     addrs = ["10.78.0.1", "10.78.0.2"]
-    for vf, ns, addr in zip(vfs, spaces, addrs):
+    for vf, ns, addr in zip(vfs, spaces, addrs, strict=True):
         subprocess.run(["ip", "link", "set", vf, "netns", ns], check=True)
         subprocess.run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", vf], check=True)
         subprocess.run(["ip", "-n", ns, "link", "set", vf, "up"], check=True)
-    for vf, ns in zip(vfs, spaces):
+    for vf, ns in zip(vfs, spaces, strict=True):
         sriov.wait_carrier(vf, ns)
 
     ping = subprocess.run(

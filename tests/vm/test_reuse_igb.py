@@ -78,7 +78,7 @@ def test_two_vfs_reused_by_seven_rounds_of_pods(
     for n, (vlan, *plan) in enumerate(ROUNDS):
         pods, confs = [netns(), netns()], [conf(tmp_path, pf, vlan, p) for p in plan]
         addresses, macs, results = [], [], []
-        for i, (pod, cfg) in enumerate(zip(pods, confs)):
+        for i, (pod, cfg) in enumerate(zip(pods, confs, strict=True)):
             rc, res = cni("ADD", cfg, container=f"r{n}p{i}", netns=ns_path(pod))
             assert rc == 0, (n, i, res)
             results.append(res)
@@ -96,11 +96,11 @@ def test_two_vfs_reused_by_seven_rounds_of_pods(
         # each pod's MAC, on one VF each, with the round's VLAN.
         readings = sorted((vfinfo(pf, v)["address"], str(vfinfo(pf, v)["vlan_list"])) for v in range(2))
         assert readings == sorted((mac, str([{"vlan": vlan}] if vlan else [{}])) for mac in macs), n
-        for i, (pod, cfg) in enumerate(zip(pods, confs)):
+        for i, (pod, cfg) in enumerate(zip(pods, confs, strict=True)):
             rc, res = cni("CHECK", dict(cfg, prevResult=results[i]), container=f"r{n}p{i}", netns=ns_path(pod))
             assert rc == 0, (n, i, res)
 
-        for i, (pod, cfg) in enumerate(zip(pods, confs)):
+        for i, (pod, cfg) in enumerate(zip(pods, confs, strict=True)):
             rc, res = cni("DEL", cfg, container=f"r{n}p{i}", netns=ns_path(pod))
             assert rc == 0, (n, i, res)
         for i, name in enumerate(vf_names):

@@ -208,7 +208,7 @@ def test_a_second_stall_fails_the_run_with_the_console(tmp_path: Path) -> None:
     assert message.startswith(
         f"the guest stalled again: the guest kernel reports a stall: {STALL_LINES[0]}, during test_demo.py::test_b;"
     )
-    head, _, tail = message.partition("last console lines:\n")
+    _head, _, tail = message.partition("last console lines:\n")
     assert tail.splitlines()[-1] == STALL_LINES[0]
     assert "test_demo.py" in tail
 

@@ -79,7 +79,7 @@ class Node:
             assert exe.read_bytes() == Path(install.SHIM).read_bytes()
             ldd = subprocess.run(["ldd", str(exe)], capture_output=True, text=True)
             assert "not a dynamic executable" in ldd.stdout + ldd.stderr
-        for inside, outside in zip(INSIDE, (self.sock.parent, Path("/proc"), Path("/var/run/netns"))):
+        for inside, outside in zip(INSIDE, (self.sock.parent, Path("/proc"), Path("/var/run/netns")), strict=True):
             target = self.root / inside
             target.mkdir(parents=True)
             subprocess.run(["mount", "--rbind", str(outside), str(target)], check=True)
