@@ -108,25 +108,26 @@ debian_uri() {
 }
 
 # bookworm ships QEMU 7.2, which has no igb (82576) model; backports has >= 8.
+# Backports is read through a list of our own (under the VM cache): apt sees
+# it only in these two commands, and the machine's own apt sources and lists
+# stay as they were.
 if ! qemu_has_igb; then
-    bp=/etc/apt/sources.list.d/bookworm-backports.sources
-    if [ ! -f "$bp" ]; then
-        uri=$(debian_uri)
-        log "adding bookworm-backports from $uri"
-        cat >"$bp" <<EOF
-Types: deb
-URIs: $uri
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
-        apt_updated=0
-    fi
-    apt_update_once
+    private=${SRIOV_CNI_VM_CACHE:-/var/cache/sriov-cni-vm}/apt
+    mkdir -p "$private/lists/partial"
+    uri=$(debian_uri)
+    # This list stands in for /etc/apt/sources.list: it keeps that file's
+    # entries, if the machine has one, and adds backports.
+    {
+        cat /etc/apt/sources.list 2>/dev/null || true
+        echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri bookworm-backports main"
+    } >"$private/backports.list"
+    backports_apt=(-o "Dir::Etc::SourceList=$private/backports.list" -o "Dir::State::Lists=$private/lists")
+    log "reading bookworm-backports from $uri into $private"
+    apt-get "${backports_apt[@]}" update -qq
     log "installing qemu-system-x86 from bookworm-backports"
     # seabios (bios.bin) and ipxe-qemu (NIC option ROMs) come in as hard
     # dependencies; the igb model itself loads no option ROM.
-    apt-get install "${apt_opts[@]}" -t bookworm-backports qemu-system-x86 >/dev/null
+    apt-get "${backports_apt[@]}" install "${apt_opts[@]}" -t bookworm-backports qemu-system-x86 >/dev/null
     qemu_has_igb || { echo "setup-host: installed qemu-system-x86_64 still has no -device igb" >&2; exit 1; }
 fi
 
