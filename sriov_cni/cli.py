@@ -273,11 +273,6 @@ def ready(socket_path: str, timeout: float) -> None:
     click.echo(f"ready: the daemon at {socket_path} ran a call and answered")
 
 
-# The daemon's name before the static shim made it the only way in; kept for
-# scripts and units that still say helper, out of the help's list.
-main.add_command(click.Command("helper", callback=daemon.callback, params=daemon.params, help=daemon.help, hidden=True))
-
-
 @main.command("install-cni")
 @click.option("--dest", default="/opt/cni/bin", show_default=True, help="The runtime's CNI plugin directory.")
 @click.option(

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan, from_flat
+from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 
@@ -116,7 +116,7 @@ class Allocation:
         alloc.applied = _settings_from_json(applied)
         if original is not None:
             alloc.original = OriginalState(
-                pf=_settings_from_json(original["pf"]) if "pf" in original else _flat_snapshot(original),
+                pf=_settings_from_json(original["pf"]),
                 **{k: v for k, v in original.items() if k in _NETDEV_SIDE},
             )
         return alloc
@@ -141,11 +141,6 @@ def _settings_from_json(raw: dict[str, Any]) -> PfSettings:
         trust=raw.get("trust"),
         link_state=raw.get("link_state"),
     )
-
-
-def _flat_snapshot(raw: dict[str, Any]) -> PfSettings:
-    """The snapshot as releases before the "pf" key wrote it: flat beside the netdev side, its MAC as admin_mac."""
-    return from_flat({**raw, "mac": raw["admin_mac"]})
 
 
 class Claim:
