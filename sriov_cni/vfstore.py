@@ -36,7 +36,6 @@ plugin expects of the real store.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import functools
 import json
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sriov_cni import safepath
-from sriov_cni.cni import CNIError, Code
+from sriov_cni.cni import CNIError, Code, io_error
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
@@ -185,13 +184,6 @@ class Store(Protocol):
     def remove(self, vf_pci: str) -> None: ...
 
 
-def _io_error(what: str, path: Path, exc: OSError) -> CNIError:
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.ENOSPC:
-        reason = "no space left on device"
-    return CNIError(Code.IO_FAILURE, f"{what} {path}: {reason}")
-
-
 # Far above a real record (about 1 KiB); a larger file is not ours.
 MAX_RECORD = 64 * 1024
 # A claim another call holds is tried again after this, doubling up to
@@ -249,7 +241,7 @@ class FileStore:
         try:
             fd = _flock(str(path), wait)
         except OSError as exc:
-            raise _io_error("cannot lock", path, exc) from exc
+            raise io_error(exc, f"cannot lock {path}") from exc
         return None if fd is None else Claim(functools.partial(os.close, fd))
 
     def _path(self, vf_pci: str) -> Path:
@@ -261,13 +253,13 @@ class FileStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise _io_error("cannot read", path, exc) from exc
+            raise io_error(exc, f"cannot read {path}") from exc
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise CNIError(Code.IO_FAILURE, f"state file {path} is not a regular file", "remove it")
             data = os.read(fd, MAX_RECORD + 1)
         except OSError as exc:
-            raise _io_error("cannot read", path, exc) from exc
+            raise io_error(exc, f"cannot read {path}") from exc
         finally:
             os.close(fd)
         try:
@@ -308,7 +300,7 @@ class FileStore:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise _io_error("cannot read", path, exc) from exc
+            raise io_error(exc, f"cannot read {path}") from exc
         return True
 
     def get(self, vf_pci: str) -> Allocation | None:
@@ -327,7 +319,7 @@ class FileStore:
             # namespaces are gone).  remove() has never synced it.
             safepath.replace_file(path, alloc.to_json().encode(), 0o600)
         except OSError as exc:
-            raise _io_error("cannot record allocation in", path, exc) from exc
+            raise io_error(exc, f"cannot record allocation in {path}") from exc
 
     def remove(self, vf_pci: str) -> None:
         self._prepare()
@@ -337,7 +329,7 @@ class FileStore:
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise _io_error("cannot remove", path, exc) from exc
+            raise io_error(exc, f"cannot remove {path}") from exc
 
 
 def read_allocations(data_dir: Path) -> list[Allocation]:
