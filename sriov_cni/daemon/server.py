@@ -167,6 +167,8 @@ def serve(options: Options) -> int:
     calls = intake.Intake(
         listener, selector, options.request_timeout, max_pending, admitted.pending_bytes, metrics.refused
     )
+    # Before the banner: a SIGTERM from then on drains the calls.
+    stop = _Stop(options.drain_timeout)
     metrics.watch(children, calls)
     if served is not None:
         served.serve_in(selector)
@@ -175,7 +177,7 @@ def serve(options: Options) -> int:
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
-    return _Loop(selector, children, calls, _Stop(options.drain_timeout), served).run()
+    return _Loop(selector, children, calls, stop, served).run()
 
 
 @dataclass
