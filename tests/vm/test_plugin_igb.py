@@ -120,7 +120,14 @@ def test_parallel_adds_exhaustion_and_status(
             )
             for i in range(7)
         ]
-        outs = [p.communicate(stdin, timeout=240) for p in procs]
+        # Every stdin written and ended before any answer is read: the daemon
+        # gives a call the request timeout to end its stdin, and one written
+        # only once the call before it answered would wait on that call.
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(stdin)
+            p.stdin.close()
+        outs = [p.communicate(timeout=240) for p in procs]
     finally:
         daemon.stop()
     assert [p.returncode for p in procs] == [0] * 7, [o[0] for o in outs]
