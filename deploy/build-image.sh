@@ -5,7 +5,7 @@
 #   deploy/build-image.sh [--offline] [--oci-archive PATH] [IMAGE]
 #
 # IMAGE defaults to the name the manifests use, localhost/sriov-cni:VERSION
-# (VERSION from pyproject.toml). With a registry, build under its name and
+# (VERSION from sriov_cni/__init__.py). With a registry, build under its name and
 # push it, then set that name in deploy/daemonset.yaml:
 #
 #   deploy/build-image.sh registry.example.com/sriov-cni:0.1.0
@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
         *) break ;;
     esac
 done
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml")
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/sriov_cni/__init__.py")
 image=${1:-localhost/sriov-cni:$version}
 # The name FROM resolves to: podman expands a short name to docker.io's
 # library, as a registry pull would.

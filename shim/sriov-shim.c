@@ -190,8 +190,6 @@ int main(int argc, char **argv)
     program = program ? program + 1 : (argc > 0 ? argv[0] : "sriov");
     socket_path = getenv("SRIOV_CNI_SOCKET");
     if (!socket_path || !*socket_path)
-        socket_path = getenv("SRIOV_CNI_HELPER_SOCKET"); /* the older name */
-    if (!socket_path || !*socket_path)
         socket_path = DEFAULT_SOCKET;
 
     body = build_request(program, &len);

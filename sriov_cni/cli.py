@@ -11,7 +11,8 @@ import click
 from sriov_cni import nodestate
 from sriov_cni import vfstore as store
 from sriov_cni.cni import CNIError
-from sriov_cni.daemon import budget, client, defaults, install, probe
+from sriov_cni.daemon import budget, client, install, probe
+from sriov_cni.daemon import options as daemon_options
 from sriov_cni.paths import Paths
 
 # A command imports what loads pyroute2, prometheus_client or yaml (the
@@ -145,28 +146,28 @@ def status(as_json: bool, data_dir: Path) -> None:
 )
 @click.option(
     "--request-timeout",
-    default=defaults.REQUEST_TIMEOUT,
+    default=daemon_options.REQUEST_TIMEOUT,
     show_default=True,
     type=click.FloatRange(min=0.1),
     help="Seconds a caller has to send its request, and then to end its stdin.",
 )
 @click.option(
     "--max-children",
-    default=defaults.MAX_CHILDREN,
+    default=daemon_options.MAX_CHILDREN,
     show_default=True,
     type=click.IntRange(min=1),
     help="Calls run at once at most, however large the memory budget; more wait their turn.",
 )
 @click.option(
     "--child-idle",
-    default=defaults.CHILD_IDLE,
+    default=daemon_options.CHILD_IDLE,
     show_default=True,
     type=click.FloatRange(min=0.1),
     help="Seconds a child that has served calls waits for another before it ends.",
 )
 @click.option(
     "--calls-per-child",
-    default=defaults.CALLS_PER_CHILD,
+    default=daemon_options.CALLS_PER_CHILD,
     show_default=True,
     type=click.IntRange(min=1),
     help="Calls a child serves, one after another, before it ends; 1: a fresh child for each call.",
@@ -179,7 +180,7 @@ def status(as_json: bool, data_dir: Path) -> None:
 )
 @click.option(
     "--drain-timeout",
-    default=defaults.DRAIN_TIMEOUT,
+    default=daemon_options.DRAIN_TIMEOUT,
     show_default=True,
     type=click.FloatRange(min=0),
     help="Seconds after SIGTERM that the calls running may take to end; new ones are refused.",
@@ -220,30 +221,33 @@ def daemon(
     On SIGTERM it refuses new calls (CNI code 11, try again later), lets the
     running ones end, and exits 0; 1 when some still ran after --drain-timeout.
     """
-    from sriov_cni.daemon import metrics, server
+    from sriov_cni.daemon import exporter, server
+    from sriov_cni.daemon.measure import Measure
 
     try:
         size = None if memory_budget is None else budget.parse_size(memory_budget)
     except budget.BudgetError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from exc
     try:
-        address = None if metrics_address is None else metrics.parse_address(metrics_address)
-    except metrics.MetricsError as exc:
+        address = None if metrics_address is None else exporter.parse_address(metrics_address)
+    except exporter.MetricsError as exc:
         raise click.BadParameter(str(exc), param_hint="--metrics-address") from exc
+    options = daemon_options.Options(
+        socket=socket_path,
+        request_timeout=request_timeout,
+        max_children=max_children,
+        child_idle=child_idle,
+        calls_per_child=calls_per_child,
+        memory_budget=size,
+        drain_timeout=drain_timeout,
+        metrics_address=address,
+        data_dir=data_dir,
+        paths=_node_paths() if proc_irq is None else replace(_node_paths(), proc_irq=proc_irq),
+        measure=Measure.from_env(),
+    )
     try:
-        running = server.serve(
-            socket_path,
-            request_timeout,
-            max_children,
-            child_idle,
-            calls_per_child,
-            size,
-            drain_timeout,
-            address,
-            data_dir,
-            _node_paths() if proc_irq is None else replace(_node_paths(), proc_irq=proc_irq),
-        )
-    except metrics.MetricsError as exc:
+        running = server.serve(options)
+    except exporter.MetricsError as exc:
         raise CommandError(f"cannot serve metrics: {exc}") from exc
     except (CNIError, OSError) as exc:
         raise CommandError(f"cannot listen on {socket_path}: {exc}") from exc
@@ -267,11 +271,6 @@ def ready(socket_path: str, timeout: float) -> None:
     if problem is not None:
         raise CommandError(f"not ready: {problem}")
     click.echo(f"ready: the daemon at {socket_path} ran a call and answered")
-
-
-# The daemon's name before the static shim made it the only way in; kept for
-# scripts and units that still say helper, out of the help's list.
-main.add_command(click.Command("helper", callback=daemon.callback, params=daemon.params, help=daemon.help, hidden=True))
 
 
 @main.command("install-cni")

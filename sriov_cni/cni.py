@@ -10,6 +10,7 @@ stdin, stdout) so tests call it in-process with a dict and ``io`` buffers.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
@@ -70,6 +71,21 @@ class CNIError(Exception):
 
     def __str__(self) -> str:
         return f"{self.msg}: {self.details}" if self.details else self.msg
+
+
+# Reasons in the words of what happened, where the C library's mislead: the
+# store's and safepath's paths are opened without following symlinks, so
+# ELOOP means a symlink on the way, not a loop.
+_IO_REASONS = {
+    errno.ELOOP: "it goes through a symlink",
+    errno.ENOTDIR: "a component is not a directory",
+}
+
+
+def io_error(exc: OSError, what: str = "") -> CNIError:
+    """The CNI I/O error (code 74) for ``exc``: ``what`` failed (an action and its path), and why."""
+    reason = _IO_REASONS.get(exc.errno or 0) or exc.strerror or str(exc)
+    return CNIError(Code.IO_FAILURE, f"{what}: {reason}" if what else reason)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 
-from sriov_cni.cni import CNIError, Code, short_repr
+from sriov_cni.cni import CNIError, Code, io_error, short_repr
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -39,17 +39,6 @@ def absolute(value: str, key: str) -> str:
         # runtime happened to start the plugin in.
         raise CNIError(Code.INVALID_CONFIG, f"{key} {value!r} must be an absolute path")
     return os.path.normpath(value)
-
-
-def _refusal(what: str, path: str, exc: OSError) -> CNIError:
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.ELOOP:
-        reason = "it goes through a symlink"
-    elif exc.errno == errno.ENOTDIR:
-        reason = "a component is not a directory"
-    elif exc.errno == errno.ENOSPC:
-        reason = "no space left on device"
-    return CNIError(Code.IO_FAILURE, f"{what} {path}: {reason}")
 
 
 def _walk(path: str, create_mode: int | None) -> int:
@@ -109,7 +98,7 @@ def _checked_dir(path: str, mode: int, what: str) -> int:
     try:
         fd = _walk(path, mode)
     except OSError as exc:
-        raise _refusal(f"cannot use {what}", path, exc) from None
+        raise io_error(exc, f"cannot use {what} {path}") from None
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)
@@ -140,7 +129,7 @@ def open_log(path: str) -> int:
         finally:
             os.close(dfd)
     except OSError as exc:
-        raise _refusal("cannot open log file", path, exc) from None
+        raise io_error(exc, f"cannot open log file {path}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise CNIError(Code.IO_FAILURE, f"log file {path} is not a regular file")

@@ -36,7 +36,6 @@ plugin expects of the real store.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import functools
 import json
@@ -50,8 +49,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sriov_cni import safepath
-from sriov_cni.cni import CNIError, Code
-from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan, from_flat
+from sriov_cni.cni import CNIError, Code, io_error
+from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
 
@@ -116,7 +115,7 @@ class Allocation:
         alloc.applied = _settings_from_json(applied)
         if original is not None:
             alloc.original = OriginalState(
-                pf=_settings_from_json(original["pf"]) if "pf" in original else _flat_snapshot(original),
+                pf=_settings_from_json(original["pf"]),
                 **{k: v for k, v in original.items() if k in _NETDEV_SIDE},
             )
         return alloc
@@ -141,11 +140,6 @@ def _settings_from_json(raw: dict[str, Any]) -> PfSettings:
         trust=raw.get("trust"),
         link_state=raw.get("link_state"),
     )
-
-
-def _flat_snapshot(raw: dict[str, Any]) -> PfSettings:
-    """The snapshot as releases before the "pf" key wrote it: flat beside the netdev side, its MAC as admin_mac."""
-    return from_flat({**raw, "mac": raw["admin_mac"]})
 
 
 class Claim:
@@ -188,13 +182,6 @@ class Store(Protocol):
         ...
 
     def remove(self, vf_pci: str) -> None: ...
-
-
-def _io_error(what: str, path: Path, exc: OSError) -> CNIError:
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.ENOSPC:
-        reason = "no space left on device"
-    return CNIError(Code.IO_FAILURE, f"{what} {path}: {reason}")
 
 
 # Far above a real record (about 1 KiB); a larger file is not ours.
@@ -254,7 +241,7 @@ class FileStore:
         try:
             fd = _flock(str(path), wait)
         except OSError as exc:
-            raise _io_error("cannot lock", path, exc) from exc
+            raise io_error(exc, f"cannot lock {path}") from exc
         return None if fd is None else Claim(functools.partial(os.close, fd))
 
     def _path(self, vf_pci: str) -> Path:
@@ -266,13 +253,13 @@ class FileStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise _io_error("cannot read", path, exc) from exc
+            raise io_error(exc, f"cannot read {path}") from exc
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise CNIError(Code.IO_FAILURE, f"state file {path} is not a regular file", "remove it")
             data = os.read(fd, MAX_RECORD + 1)
         except OSError as exc:
-            raise _io_error("cannot read", path, exc) from exc
+            raise io_error(exc, f"cannot read {path}") from exc
         finally:
             os.close(fd)
         try:
@@ -313,7 +300,7 @@ class FileStore:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise _io_error("cannot read", path, exc) from exc
+            raise io_error(exc, f"cannot read {path}") from exc
         return True
 
     def get(self, vf_pci: str) -> Allocation | None:
@@ -332,7 +319,7 @@ class FileStore:
             # namespaces are gone).  remove() has never synced it.
             safepath.replace_file(path, alloc.to_json().encode(), 0o600)
         except OSError as exc:
-            raise _io_error("cannot record allocation in", path, exc) from exc
+            raise io_error(exc, f"cannot record allocation in {path}") from exc
 
     def remove(self, vf_pci: str) -> None:
         self._prepare()
@@ -342,7 +329,7 @@ class FileStore:
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise _io_error("cannot remove", path, exc) from exc
+            raise io_error(exc, f"cannot remove {path}") from exc
 
 
 def read_allocations(data_dir: Path) -> list[Allocation]:

@@ -142,33 +142,6 @@ def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_a
     }
 
 
-# A whole record, byte for byte, as the releases before the one layout wrote
-# it: the snapshot's PF-side settings flat beside its netdev side, the PF's
-# MAC as admin_mac.  Records outlive the plugin across upgrades.
-FLAT_SNAPSHOT_RECORD = (
-    '{"vf_pci": "0000:3b:10.0", "pf_pci": "0000:3b:00.0", "pf_netdev": "ens1f0", "vf_index": 0, '
-    '"network": "sriov-net", "container_id": "ctr1", "ifname": "net1", "netns": "/var/run/netns/pod", '
-    '"netns_inode": 4026532000, "dpdk": false, "created": 1700000000.5, "original": {"vlan": 0, "qos": 0, '
-    '"vlan_proto": 33024, "spoofchk": true, "trust": null, "link_state": 0, "min_tx_rate": 0, "max_tx_rate": 0, '
-    '"admin_mac": "00:00:00:00:00:00", "netdev": "ens1f0v0", "mtu": 1500, "mac": '
-    '"02:00:00:00:00:01", "promisc": false, "altnames": ["enp59s0f0v0"], "alias": ""}, "applied": {"vlan": '
-    '[100, 0, 33024], "rate": [0, 500], "trust": true}, "in_pod": true}'
-)
-
-
-def test_a_record_an_earlier_release_wrote_reads_as_it_was_written(files: FileStore) -> None:
-    files.put(allocation())
-    (files.vfs_dir / f"{PCI_A}.json").write_text(FLAT_SNAPSHOT_RECORD)
-    applied = PfSettings(vlan=Vlan(100, 0, 0x8100), rate=Rate(0, 500), trust=True)
-    assert files.get(PCI_A) == allocation(original=original(), applied=applied, in_pod=True)
-    # Written again (a later step of the ADD that found it), it takes the one layout and reads the same.
-    again = files.get(PCI_A)
-    assert again is not None
-    files.put(again)
-    assert "pf" in json.loads((files.vfs_dir / f"{PCI_A}.json").read_text())["original"]
-    assert files.get(PCI_A) == again
-
-
 def test_a_record_without_snapshot_stays_without_one(store: Store) -> None:
     store.put(allocation())
     got = store.get(PCI_A)
@@ -302,41 +275,6 @@ def test_ownership_needs_container_ifname_and_network_when_given() -> None:
     assert alloc.owned_by("ctr1", "net1") and alloc.owned_by("ctr1", "net1", "sriov-net")
     assert not alloc.owned_by("ctr1", "net1", "other-net")
     assert not alloc.owned_by("ctr1", "net2") and not alloc.owned_by("ctr2", "net1")
-
-
-def test_a_record_from_before_the_newer_fields_reads_with_their_defaults(files: FileStore) -> None:
-    # Records outlive upgrades: what an older version wrote must still read.
-    files.put(allocation())
-    minimal = {
-        "vf_pci": PCI_A,
-        "pf_pci": "0000:3b:00.0",
-        "pf_netdev": "ens1f0",
-        "vf_index": 0,
-        "network": "sriov-net",
-        "container_id": "ctr1",
-        "ifname": "net1",
-        "netns": "/var/run/netns/pod",
-        "netns_inode": None,
-        "created": 1.5,
-        "original": {
-            "admin_mac": "00:00:00:00:00:00",
-            "vlan": 0,
-            "qos": 0,
-            "vlan_proto": 0x8100,
-            "spoofchk": True,
-            "trust": None,
-            "link_state": None,
-            "min_tx_rate": 0,
-            "max_tx_rate": 0,
-        },
-    }
-    (files.vfs_dir / f"{PCI_A}.json").write_text(json.dumps(minimal))
-    got = files.get(PCI_A)
-    assert got is not None
-    assert (got.dpdk, got.applied, got.in_pod) == (False, PfSettings(), False)
-    assert got.original is not None
-    assert (got.original.netdev, got.original.mtu, got.original.mac) == ("", None, "")
-    assert (got.original.promisc, got.original.altnames, got.original.alias) == (None, [], "")
 
 
 def test_a_record_of_exactly_the_size_limit_reads_and_one_byte_more_is_refused(files: FileStore) -> None:

@@ -17,14 +17,15 @@ import sys
 import time
 
 from sriov_cni.cni import MAX_CONFIG, CNIError, Code
-from sriov_cni.daemon import intake, metrics, wire
-from sriov_cni.daemon.measure import Measure, run_measured, timed_claims
-from sriov_cni.daemon.programs import PROGRAMS, Program
+from sriov_cni.daemon import intake, wire
+from sriov_cni.daemon.channel import Report
+from sriov_cni.daemon.measure import ClaimTimes, run_measured
+from sriov_cni.daemon.options import Options
+from sriov_cni.daemon.programs import PROGRAMS, Host, Program
 from sriov_cni.daemon.watchdog import Watchdog
-from sriov_cni.paths import Paths
 
 
-def _become_caller(call: intake.Call, report: metrics.Report) -> tuple[str, Program, dict[str, str]]:
+def _become_caller(call: intake.Call, report: Report) -> tuple[str, Program, dict[str, str]]:
     """Take over the caller's descriptors, environment and directory."""
     _, program, cwd, env = wire.decode_request(call.body)
     run = PROGRAMS[program]  # intake.check_request made sure
@@ -71,20 +72,14 @@ def _read_stdin(timeout: float) -> bytes:
     return bytes(data)
 
 
-def serve_one(
-    call: intake.Call,
-    request_timeout: float,
-    watchdog: Watchdog,
-    null: int,
-    measure: Measure | None,
-    name: str,
-    report: metrics.Report,
-    paths: Paths,
-) -> bool:
-    """Runs in a child, from the call handed over to the answer.
+def serve_one(call: intake.Call, options: Options, watchdog: Watchdog, null: int, name: str) -> Report:
+    """Runs in a child, from the call handed over to the answer; what to tell the daemon of it.
 
-    Whether the child may serve another call: not after a refusal.
+    ``null``: what the caller's descriptors become once answered; ``name``:
+    the call's in the measurements.  The child may serve another call, but
+    not after a refusal (:attr:`Report.refusal`).
     """
+    report = Report()
     conn = call.conn
     program, run, env = _become_caller(call, report)
 
@@ -114,23 +109,36 @@ def serve_one(
 
     watchdog.watch(conn)
     try:
-        stdin = _read_stdin(request_timeout)
+        stdin = _read_stdin(options.request_timeout)
     except OSError as exc:
         refusal = CNIError(Code.IO_FAILURE, f"cannot read the caller's stdin: {exc.strerror}; nothing ran")
     except CNIError as exc:
         refusal = exc
     else:
-        with timed_claims() as claims:
-            if measure is None:
-                reply(run(env, stdin, sys.stdout, sys.stderr, paths))
-            else:
-                run_measured(program, run, env, stdin, paths, measure, name, reply, claims)
-        report.claimed(claims)
-        return True
+        # The store the call opens times its claims: the refused ones are a
+        # metric, and a measured call writes them all.
+        claims = ClaimTimes()
+        host = Host(options.paths, claims.store)
+
+        def run_call() -> int:
+            return run(env, stdin, sys.stdout, sys.stderr, host)
+
+        if options.measure is None:
+            reply(run_call())
+        else:
+            about = {
+                "program": program,
+                "command": env.get("CNI_COMMAND", ""),
+                "container": env.get("CNI_CONTAINERID", ""),
+                "claims": claims.times,
+            }
+            run_measured(options.measure, name, run_call, reply, about)
+        report.claims_refused(claims.refused())
+        return report
     # Nothing has run: the shim prints the reason, the Python client runs
     # the call itself.
     watchdog.answered.set()
     report.refused(refusal.code)
-    conn.settimeout(request_timeout)
+    conn.settimeout(options.request_timeout)
     conn.sendall(intake.refusal_frame(refusal))
-    return False
+    return report

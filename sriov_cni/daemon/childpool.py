@@ -11,18 +11,16 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import struct
 import sys
 import time
-from collections.abc import Callable
 
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon import budget, intake, metrics
+from sriov_cni.daemon import budget, channel, intake
 from sriov_cni.daemon.call import serve_one
-from sriov_cni.daemon.measure import Measure
+from sriov_cni.daemon.metrics import Metrics
+from sriov_cni.daemon.options import Options
 from sriov_cni.daemon.watchdog import Watchdog
 from sriov_cni.kernel import lifetime
-from sriov_cni.paths import Paths
 
 # Children forked ahead, each waiting to take the next call.  Two, so that
 # a second call arriving at once need not wait for its fork either.
@@ -33,37 +31,30 @@ START_BACKOFF = 0.5
 START_BACKOFF_MAX = 30.0
 
 
-def spare(
-    channel: socket.socket,
-    daemon: int,
-    messages: int,
-    request_timeout: float,
-    calls: int,
-    measure: Measure | None,
-    paths: Paths,
-) -> None:
+def spare(ours: socket.socket, daemon: int, messages: int, options: Options) -> None:
     """Runs in a forked child: serves the calls the daemon hands it, one at a time, until it ends.
 
     The daemon keeps such children forked ahead of the calls, so a call
     does not wait for the fork of the daemon (a copy of every page table of
     a 40 MiB interpreter), nor for its watchdog thread to start.  The child
-    tells the daemon each time it waits for a call (see defaults.CALLS_PER_CHILD);
-    the daemon hands it one on its channel, or closes the channel to end
-    it (defaults.CHILD_IDLE).
+    tells the daemon (pid ``daemon``) on its ``messages`` pipe each time it
+    waits for a call (see options.CALLS_PER_CHILD); the daemon hands it one
+    on its channel, ``ours``, or closes the channel to end it
+    (options.CHILD_IDLE).
     """
     idle_group = os.getpgid(0)
     # What the caller's descriptors become once a call has answered: they
     # must be released (its runtime reads to EOF) and 0-2 must stay taken,
     # or the next call's descriptors would land on one of them.
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    for served in range(calls):
+    for served in range(options.calls_per_child):
         # An idle child ends with the daemon, as its channel does.
         lifetime.die_with_parent(daemon)
         if served:
             os.setpgid(0, idle_group)
         watchdog = Watchdog()
-        os.write(messages, struct.pack("=i", os.getpid()))
-        call = intake.take_over(channel)
+        channel.say_ready(messages)
+        call = channel.take_over(ours)
         if call is None:
             return
         # Taken: a call runs to its end even when the daemon is restarted
@@ -72,28 +63,30 @@ def spare(
         # The call's group: what it starts (delegated IPAM, helpers in a pod's
         # namespace) ends with it (Watchdog).
         os.setpgid(0, 0)
-        report = metrics.Report()
         with call.conn:
-            more = serve_one(call, request_timeout, watchdog, null, measure, f"{os.getpid()}-{served}", report, paths)
-        # After the answer, and before this child waits again: the daemon
-        # reads it when told so (metrics.drain), and sizes its cap by what
-        # its children hold (Children.held).
+            report = serve_one(call, options, watchdog, null, f"{os.getpid()}-{served}")
+        # After the answer, and before this child says it waits again: the
+        # daemon reads it then (Children.on_messages), counts the call and
+        # sizes its cap by what its children hold (Children.held).
         report.held(budget.private_bytes())
-        report.send(channel)
-        if not more:
+        report.send(ours)
+        if report.refusal:
             return
 
 
 class Children:
     """The daemon's children: each starting, waiting for a call, or running one."""
 
-    def __init__(self, admitted: budget.Admission, idle: float) -> None:
+    def __init__(self, admitted: budget.Admission, options: Options, metrics: Metrics) -> None:
         self.admitted = admitted
+        self.options = options
+        self.metrics = metrics
+        self.daemon = os.getpid()
         self.max = admitted.children
         # The most a child has held after a call (0: none has reported yet).
         self.child_bytes = 0
-        self.idle = idle
-        # The daemon's end of each child's channel (intake.hand_over).
+        self.idle = options.child_idle
+        # The daemon's end of each child's channel (channel.hand_over).
         self.channels: dict[int, socket.socket] = {}
         self.starting: set[int] = set()
         # Since when each waits; one that has served calls ends after ``idle``.
@@ -116,7 +109,7 @@ class Children:
     def spares(self) -> int:
         return len(self.starting) + len(self.waiting)
 
-    def fork(self, run: Callable[[socket.socket], None]) -> None:
+    def fork(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - child
@@ -124,14 +117,14 @@ class Children:
             try:
                 budget.expose_child()
                 self._in_child(theirs)
-                run(theirs)
+                spare(theirs, self.daemon, self.messages_w, self.options)
                 status = 0
             finally:  # the child must always reach _exit
                 os._exit(status)
         theirs.close()
         self.channels[pid] = ours
         self.starting.add(pid)
-        metrics.forked()
+        self.metrics.forked()
 
     def _in_child(self, channel: socket.socket) -> None:
         """Keep nothing of the daemon's loop but this child's channel and the messages pipe.
@@ -150,21 +143,23 @@ class Children:
             pid = max(self.waiting, key=self.waiting.__getitem__)
             del self.waiting[pid]
             try:
-                intake.hand_over(self.channels[pid], call)
+                channel.hand_over(self.channels[pid], call)
             except OSError:
                 continue  # it ended meanwhile; reaped with the next SIGCHLD
             self.served.add(pid)
-            metrics.handed(pid, call.body)
+            self.metrics.handed(pid, call.body)
             return True
         return False
 
     def on_messages(self) -> None:
-        data = os.read(self.messages_r, 4 * 64)
         now = time.monotonic()
-        for (pid,) in struct.iter_unpack("=i", data):
+        for pid in channel.ready_pids(self.messages_r):
             # A pid not found was reaped already.
             if pid in self.channels:
-                self.held(metrics.drain(pid, self.channels[pid]))
+                # The call it served, if any, reported before it said so.
+                for report in channel.reports(self.channels[pid]):
+                    self.metrics.reported(pid, report)
+                    self.held(report.private_bytes)
                 if pid in self.starting:
                     self.starting.remove(pid)
                     self.failures = 0
@@ -205,7 +200,10 @@ class Children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
-            metrics.ended(pid, self.channels[pid], pid in self.starting)
+            # Its last report, if it sent one before it ended, counts.
+            for report in channel.reports(self.channels[pid]):
+                self.metrics.reported(pid, report)
+            self.metrics.ended(pid, pid in self.starting)
             self.channels.pop(pid).close()
             if pid in self.starting:
                 self.starting.remove(pid)

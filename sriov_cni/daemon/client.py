@@ -21,13 +21,11 @@ from sriov_cni import __version__
 from sriov_cni.daemon import wire
 
 SOCKET_ENV = "SRIOV_CNI_SOCKET"
-# The variable's name before the daemon served the shim; still honoured.
-OLD_SOCKET_ENV = "SRIOV_CNI_HELPER_SOCKET"
 DEFAULT_SOCKET = "/run/sriov-cni/plugin.sock"
 
 
 def socket_path() -> str:
-    return os.environ.get(SOCKET_ENV) or os.environ.get(OLD_SOCKET_ENV) or DEFAULT_SOCKET
+    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
 
 
 def via_daemon(path: str) -> int | None:

@@ -29,12 +29,13 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from sriov_cni import __version__
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon import metrics, wire
+from sriov_cni.daemon import wire
+from sriov_cni.daemon.programs import PROGRAMS
 
 _FD = array.array("i").itemsize
 
@@ -154,14 +155,16 @@ class Intake:
         listener: socket.socket,
         selector: selectors.BaseSelector,
         request_timeout: float,
-        programs: Collection[str],
         max_pending: int,
         pending_bytes: int,
+        refused: Callable[[int], None],
     ) -> None:
+        """``refused``: told the CNI error code of each refusal answered here (the metrics count them)."""
         self.listener = listener
         self.selector = selector
         self.timeout = request_timeout
-        self.programs = programs
+        self.programs: Collection[str] = PROGRAMS
+        self._refused = refused
         self.max_pending = max_pending
         self.max_pending_bytes = pending_bytes
         # In the order accepted: the first is the next to time out.
@@ -229,7 +232,7 @@ class Intake:
         is followed by the end of the stream, and what the caller still
         sends is read and dropped until it closes (or the request timeout).
         """
-        metrics.refused(refusal.code)
+        self._refused(refusal.code)
         for fd in fds:
             os.close(fd)
         try:
@@ -381,42 +384,3 @@ class Intake:
     def refuse_waiting(self, refusal: CNIError) -> None:
         while (call := self.take()) is not None:
             self._refuse(call.conn, call.fds, refusal)
-
-
-# How a call goes from the daemon to the child that runs it: one message on
-# the child's own channel (a SOCK_SEQPACKET pair) carrying the connection,
-# the caller's three descriptors and a memfd holding the request body (up
-# to MAX_REQUEST, more than a datagram holds).
-
-
-def hand_over(channel: socket.socket, call: Call) -> None:
-    """Send ``call`` to the child at the other end of ``channel``, and close it here.
-
-    Raises OSError, with ``call`` still open, when the child is gone.
-    """
-    body = os.memfd_create("sriov-cni-request", os.MFD_CLOEXEC)
-    try:
-        with open(body, "wb", closefd=False) as f:
-            f.write(call.body)
-        fds = [call.conn.fileno(), *call.fds, body]
-        channel.sendmsg(
-            [b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())], socket.MSG_DONTWAIT
-        )
-    finally:
-        os.close(body)
-    call.close()
-
-
-def take_over(channel: socket.socket) -> Call | None:
-    """The call the daemon handed to this child; None when the daemon closed the channel."""
-    msg, ancdata, _, _ = channel.recvmsg(1, socket.CMSG_SPACE((wire.DESCRIPTORS + 2) * _FD))
-    fds = _received_fds(ancdata)
-    if not msg:
-        return None
-    conn, *caller, body = fds
-    try:
-        # At offset 0: the daemon's writes moved the offset this copy shares.
-        data = os.pread(body, os.fstat(body).st_size, 0)
-    finally:
-        os.close(body)
-    return Call(socket.socket(fileno=conn), caller, data)

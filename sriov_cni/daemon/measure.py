@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from sriov_cni import safepath
 from sriov_cni.daemon import budget
-from sriov_cni.daemon.programs import Program
-from sriov_cni.paths import Paths
+from sriov_cni.vfstore import Allocation, Claim, FileStore, Store
 
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
@@ -43,71 +41,85 @@ class Measure:
         return cls(directory, os.environ.get(PROFILE_ENV) == "1") if directory else None
 
 
-@contextmanager
-def timed_claims() -> Iterator[list[tuple[float, bool]]]:
-    """Each VF claim tried meanwhile: the seconds it took, and whether it got the claim.
+class TimedStore:
+    """The VF store a daemon child's call gets: each claim it tries is timed, and whether it got it.
 
     How long calls wait for each other's VFs, and how often an ADD passes a
-    VF over because another call holds it, can so be checked on a node.
-    The store's claim is wrapped while a daemon child runs a call (the
-    refused claims are a metric; a measured call keeps the times too): the
-    store itself knows nothing of measuring.  A call's first claim also counts the
-    check of the store's directories.
+    VF over because another call holds it, can so be checked on a node: the
+    refused claims are a metric, and a measured call keeps the times too.
+    The store itself knows nothing of measuring.  A call's first claim also
+    counts the check of the store's directories.
     """
-    from sriov_cni.vfstore import Claim, FileStore
 
-    times: list[tuple[float, bool]] = []
-    claim = FileStore.claim
+    def __init__(self, store: Store, times: list[tuple[float, bool]]) -> None:
+        self._store = store
+        self._times = times
 
-    def timed(self: FileStore, vf_pci: str, wait: float = 0.0) -> Claim | None:
+    def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
         asked = time.perf_counter()
-        got = claim(self, vf_pci, wait)
-        times.append((time.perf_counter() - asked, got is not None))
+        got = self._store.claim(vf_pci, wait)
+        self._times.append((time.perf_counter() - asked, got is not None))
         return got
 
-    FileStore.claim = timed  # type: ignore[method-assign]
-    try:
-        yield times
-    finally:
-        FileStore.claim = claim  # type: ignore[method-assign]
+    def all(self) -> list[Allocation]:
+        return self._store.all()
+
+    def ids(self) -> AbstractSet[str]:
+        return self._store.ids()
+
+    def has(self, vf_pci: str) -> bool:
+        return self._store.has(vf_pci)
+
+    def get(self, vf_pci: str) -> Allocation | None:
+        return self._store.get(vf_pci)
+
+    def put(self, alloc: Allocation) -> None:
+        self._store.put(alloc)
+
+    def remove(self, vf_pci: str) -> None:
+        self._store.remove(vf_pci)
+
+
+class ClaimTimes:
+    """Every VF claim one call tried, through the stores :meth:`store` opened for it: (seconds, got it)."""
+
+    def __init__(self) -> None:
+        self.times: list[tuple[float, bool]] = []
+
+    def store(self, data_dir: str) -> Store:
+        """The store in ``data_dir``, as :class:`commands.Deps` opens one, its claims timed here."""
+        return TimedStore(FileStore(data_dir), self.times)
+
+    def refused(self) -> int:
+        return sum(1 for _, got in self.times if not got)
 
 
 def run_measured(
-    program: str,
-    run: Program,
-    env: dict[str, str],
-    stdin: bytes,
-    paths: Paths,
-    measure: Measure,
-    name: str,
-    reply: Callable[[int], None],
-    claims: list[tuple[float, bool]],
+    measure: Measure, name: str, run: Callable[[], int], reply: Callable[[int], None], about: Mapping[str, object]
 ) -> None:
-    """Run the call as :func:`call.serve_one` does, and write what it cost; ``claims`` fills as it runs."""
+    """Run the call as :func:`call.serve_one` does, and write what it cost to ``name`` in the directory.
+
+    ``about``: the call's program, command and container, and its claims
+    (a list that fills as it runs), written with its costs.
+    """
     import cProfile
     import resource
 
     profiler = cProfile.Profile() if measure.profile else None
     start, cpu_start = time.perf_counter(), time.process_time()
-    if profiler is not None:
-        code = profiler.runcall(run, env, stdin, sys.stdout, sys.stderr, paths)
-    else:
-        code = run(env, stdin, sys.stdout, sys.stderr, paths)
+    code = run() if profiler is None else profiler.runcall(run)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     reply(code)  # closes the caller's stdout before the statistics are gathered
     base = os.path.join(measure.directory, name)
     if profiler is not None:
         profiler.dump_stats(base + ".prof")
     stats = {
-        "program": program,
-        "command": env.get("CNI_COMMAND", ""),
-        "container": env.get("CNI_CONTAINERID", ""),
+        **about,
         "status": code,
         "seconds": elapsed,
         "cpu_seconds": cpu,
         "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "private_kib": budget.private_bytes() // 1024,
-        "claims": claims,
     }
     # A reader sees a whole file or none; a measurement, not state, so not
     # synced: an fsync per call would weigh on the figures it is read for.

@@ -1,75 +1,51 @@
-"""Prometheus metrics of the daemon and of the node's VF pool (``--metrics-address``).
+"""Prometheus metrics of the daemon (``--metrics-address``): a :class:`Metrics` its server owns.
 
 Counting calls.  Every call runs in a forked child of the daemon that serves
 up to ``--calls-per-child`` calls in turn and may be SIGKILLed at any point
 (by its watchdog when its caller hangs up, or by the OOM killer, which
 takes children first).  So the child counts nothing itself: after
-answering, it sends a :class:`Report` of the call (the CNI error code its
-caller read, the seconds from taking the call to the answer, the VF claims
-it found held) on its channel to the daemon, which owns the one registry.
-The daemon handed the call over (:func:`handed`), so it knows the call's
-executable and CNI command, and which child holds it: a child that ends
-without having reported its call is counted there, as what its caller got,
-code 11 "ended without an answer" (:func:`ended`).  prometheus_client's multiprocess mode, the other
-pattern for forked workers, fits neither half: each child would write its
-own files into a shared directory, kept after it ends so that its counts
-survive, so a daemon with ``--calls-per-child 1`` would leave one set per
-call for every scrape to read; and a child killed during its call writes
-nothing, so the call its caller saw fail would not be counted at all.
+answering, it reports the call on its channel (:mod:`channel`), and the
+daemon's loop tells :class:`Metrics` of each event of a call's life: a
+child forked, a call handed to it (so the call's executable and CNI command
+are known, and which child holds it), the call reported, the child ended,
+a request refused before any child saw it.  A child that ends without
+having reported its call is counted there, as what its caller got, code 11
+"ended without an answer".  prometheus_client's multiprocess mode, the
+other pattern for forked workers, fits neither half: each child would write
+its own files into a shared directory, kept after it ends so that its
+counts survive, so a daemon with ``--calls-per-child 1`` would leave one
+set per call for every scrape to read; and a child killed during its call
+writes nothing, so the call its caller saw fail would not be counted at
+all.
 
-Serving.  The daemon's loop hands calls over; a scrape must neither stall it
-nor compete with it for the interpreter lock.  So the HTTP server runs in a
-process of its own, the exporter (:func:`start`), forked when the daemon
-starts and ending with it.  It asks the daemon for its registry's
-exposition on a socket pair the daemon's loop watches (one small write per
-scrape), and reads the pool itself, at scrape time, with the code of
-``sriov-cni status`` (:func:`sriov_cni.node.status.current`), so the pool
-gauges are what ``status --json`` shows.  A stalled or slow scraper, or a
-node with many VFs to read, holds only the exporter.  When it dies before
-the daemon (the OOM killer takes it first), the daemon starts another
-(:class:`Exporter`).
-
-The daemon is a hostNetwork pod: an address of the node given to
-``--metrics-address`` is reachable wherever the node is, so metrics are off
-unless asked for, and the DaemonSet binds the node's own address (the pod
-IP), not every interface.
+Serving is the exporter's (:mod:`exporter`), a process of its own that asks
+the daemon's loop for :meth:`Metrics.exposition` at each scrape.
 """
 
 from __future__ import annotations
 
-import errno
-import io
-import json
-import os
-import select
-import selectors
-import socket
-import struct
-import sys
-import threading
 import time
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Protocol
 
 import prometheus_client
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, Info
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from sriov_cni import __version__
 from sriov_cni.cni import Code
-from sriov_cni.daemon import budget, wire
-from sriov_cni.kernel import lifetime, sysfs
-from sriov_cni.node import status
-from sriov_cni.paths import Paths
-from sriov_cni.vfstate import VfState
-
-# A series per created counter and histogram, "_created", would double the
-# exposition and says nothing here: the daemon's start is in process_start_time_seconds.
-prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+from sriov_cni.daemon import wire
+from sriov_cni.daemon.channel import Reported
 
 # Commands a call may name; anything else a caller sends in CNI_COMMAND is
 # counted as "other", so a caller cannot create series at will.
@@ -77,54 +53,6 @@ COMMANDS = frozenset({"ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION"})
 # What the shim and the Python client answer when the call's child ended
 # without an answer (shim/sriov-shim.c, client.py).
 ENDED_WITHOUT_ANSWER = str(int(Code.TRY_AGAIN))
-# Bytes of a call's stdout kept to read its error code from: an error object
-# is a few hundred; a longer output is a result, and its status 0.
-KEEP = 1 << 16
-# Seconds the exporter waits for the daemon's loop to answer a scrape.
-DAEMON_TIMEOUT = 5.0
-# Seconds an exporter has to say it listens, or cannot.
-START_TIMEOUT = 30.0
-# Seconds before the daemon starts another exporter when one ended, doubled
-# for each restart in a row (one that could not start, or ended within the
-# maximum), up to the maximum.
-RESTART_BACKOFF = 1.0
-RESTART_BACKOFF_MAX = 60.0
-# Room for the daemon's exposition in one message on the exporter's socket
-# pair (a few tens of KiB with every command and result seen).
-MAX_EXPOSITION = 4 << 20
-
-CALLS = Counter(
-    "sriov_cni_calls",
-    "CNI calls served, by executable, CNI command and result: the CNI error code the caller got, 0 for success",
-    ["program", "command", "result"],
-)
-DURATION = Histogram(
-    "sriov_cni_call_duration_seconds",
-    "Seconds from a child taking a call to its answer, by executable and CNI command",
-    ["program", "command"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-)
-CLAIMS_REFUSED = Counter(
-    "sriov_cni_vf_claims_refused", "VF claims an ADD found held by another call, and passed the VF over"
-)
-REFUSED = Counter(
-    "sriov_cni_requests_refused",
-    "Requests the daemon answered itself, running nothing (another version, a malformed, stalled or "
-    "unknown request, a caller not root, too many at once), by CNI error code",
-    ["result"],
-)
-FORKED = Counter("sriov_cni_daemon_children_forked", "Children the daemon forked to serve calls")
-ENDED = Counter(
-    "sriov_cni_daemon_children_ended",
-    "Children that ended: at_start (before they could take a call), "
-    "in_call (killed while running one), after_calls (their calls done, or idle)",
-    ["how"],
-)
-RESTARTS = Counter(
-    "sriov_cni_daemon_exporter_restarts",
-    "Metrics exporters the daemon started again after one ended (each a gap in the scrapes)",
-)
-Info("sriov_cni_build", "The daemon's version").info({"version": __version__})
 
 
 def command_label(command: str) -> str:
@@ -138,139 +66,105 @@ class _InFlight:
     since: float
 
 
-# Children running a call: handed one, and not yet reported on.
-_in_flight: dict[int, _InFlight] = {}
-
-
-def _count(program: str, command: str, result: str, seconds: float) -> None:
-    CALLS.labels(program, command, result).inc()
-    DURATION.labels(program, command).observe(seconds)
-
-
-def handed(pid: int, body: bytes) -> None:
-    """The daemon handed child ``pid`` the call whose request is ``body``."""
-    _, program, _, env = wire.decode_request(body)
-    _in_flight[pid] = _InFlight(program, command_label(env.get("CNI_COMMAND", "")), time.monotonic())
-
-
-def drain(pid: int, channel: socket.socket) -> int:
-    """Count the calls child ``pid`` reported on its ``channel``; the most bytes it said it held, or 0."""
-    held = 0
-    while True:
-        try:
-            message = channel.recv(4096, socket.MSG_DONTWAIT)
-        except OSError:
-            # Nothing more (EAGAIN), or closed here already: the daemon
-            # closes the channel of a waiting child to end it, and such a
-            # child has no call to report on.
-            return held
-        if not message:
-            return held
-        call = _in_flight.pop(pid, None)
-        if call is None:
-            continue  # not handed a call: nothing to report on
-        report = json.loads(message)
-        _count(call.program, call.command, str(report["result"]), float(report["seconds"]))
-        CLAIMS_REFUSED.inc(int(report["claimsRefused"]))
-        held = max(held, int(report["privateBytes"]))
-
-
-def refused(code: int) -> None:
-    REFUSED.labels(str(code)).inc()
-
-
-def forked() -> None:
-    FORKED.inc()
-
-
-def ended(pid: int, channel: socket.socket, starting: bool) -> None:
-    """Child ``pid`` ended: its last report is read, and a call it did not report on is counted."""
-    drain(pid, channel)
-    call = _in_flight.pop(pid, None)
-    if call is not None:
-        _count(call.program, call.command, ENDED_WITHOUT_ANSWER, time.monotonic() - call.since)
-        ENDED.labels("in_call").inc()
-    else:
-        ENDED.labels("at_start" if starting else "after_calls").inc()
-
-
-class _Tee(io.RawIOBase):
-    """A descriptor written through, keeping the first KEEP bytes written."""
-
-    def __init__(self, fd: int, kept: bytearray) -> None:
-        super().__init__()
-        self._fd = fd
-        self._kept = kept
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def isatty(self) -> bool:
-        return os.isatty(self._fd)
-
-    def write(self, data: Any) -> int:
-        written = os.write(self._fd, data)
-        room = KEEP - len(self._kept)
-        if room > 0:
-            self._kept += bytes(memoryview(data)[: min(written, room)])
-        return written
-
-
-class Report:
-    """What a child tells the daemon about the call it took: made as it takes it, sent once answered."""
+class Metrics:
+    """The daemon's counters, in a registry of their own, fed by the events of its loop."""
 
     def __init__(self) -> None:
-        self._start = time.monotonic()
-        self._seconds = 0.0
-        self._result = ""
-        self._out = bytearray()
-        self._claims_refused = 0
-        self._private = 0
+        # A series per created counter and histogram, "_created", would double
+        # the exposition and says nothing here: the daemon's start is in
+        # process_start_time_seconds.  prometheus_client keeps this switch for
+        # the whole process; the daemon is its only user there.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = registry = CollectorRegistry()
+        # The daemon's process_* and python_* series, as the default registry has them.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(collector)
+        self._calls = Counter(
+            "sriov_cni_calls",
+            "CNI calls served, by executable, CNI command and result: the CNI error code the caller got, 0 for success",
+            ["program", "command", "result"],
+            registry=registry,
+        )
+        self._duration = Histogram(
+            "sriov_cni_call_duration_seconds",
+            "Seconds from a child taking a call to its answer, by executable and CNI command",
+            ["program", "command"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self._claims_refused = Counter(
+            "sriov_cni_vf_claims_refused",
+            "VF claims an ADD found held by another call, and passed the VF over",
+            registry=registry,
+        )
+        self._refused = Counter(
+            "sriov_cni_requests_refused",
+            "Requests the daemon answered itself, running nothing (another version, a malformed, stalled or "
+            "unknown request, a caller not root, too many at once), by CNI error code",
+            ["result"],
+            registry=registry,
+        )
+        self._forked = Counter(
+            "sriov_cni_daemon_children_forked", "Children the daemon forked to serve calls", registry=registry
+        )
+        self._ended = Counter(
+            "sriov_cni_daemon_children_ended",
+            "Children that ended: at_start (before they could take a call), "
+            "in_call (killed while running one), after_calls (their calls done, or idle)",
+            ["how"],
+            registry=registry,
+        )
+        self._restarts = Counter(
+            "sriov_cni_daemon_exporter_restarts",
+            "Metrics exporters the daemon started again after one ended (each a gap in the scrapes)",
+            registry=registry,
+        )
+        Info("sriov_cni_build", "The daemon's version", registry=registry).info({"version": __version__})
+        # Children running a call: handed one, and not yet reported on.
+        self._in_flight: dict[int, _InFlight] = {}
 
-    def stdout(self) -> IO[str]:
-        """The caller's stdout (descriptor 1), as ``open(1, "w")`` would give it, keeping what the call writes."""
-        return io.TextIOWrapper(io.BufferedWriter(_Tee(1, self._out)))
+    def watch(self, children: _Children, calls: _Intake) -> None:
+        """Report the state of the daemon's ``children`` and ``calls`` at each scrape."""
+        self.registry.register(_Health(children, calls, self._in_flight))
 
-    def exited(self, status: int) -> None:
-        """The call ran, and its exit status goes to the caller now."""
-        self._seconds = time.monotonic() - self._start
-        self._result = "0" if status == 0 else self._error_code()
+    def exposition(self) -> bytes:
+        return prometheus_client.generate_latest(self.registry)
+
+    def forked(self) -> None:
+        self._forked.inc()
+
+    def handed(self, pid: int, body: bytes) -> None:
+        """The daemon handed child ``pid`` the call whose request is ``body``."""
+        _, program, _, env = wire.decode_request(body)
+        self._in_flight[pid] = _InFlight(program, command_label(env.get("CNI_COMMAND", "")), time.monotonic())
+
+    def reported(self, pid: int, report: Reported) -> None:
+        """Child ``pid`` reported the call it was handed."""
+        call = self._in_flight.pop(pid, None)
+        if call is None:
+            return  # not handed a call: nothing to report on
+        self._count(call, report.result, report.seconds)
+        self._claims_refused.inc(report.claims_refused)
+
+    def ended(self, pid: int, starting: bool) -> None:
+        """Child ``pid`` ended (its reports read first): a call it did not report on is counted."""
+        call = self._in_flight.pop(pid, None)
+        if call is not None:
+            self._count(call, ENDED_WITHOUT_ANSWER, time.monotonic() - call.since)
+            self._ended.labels("in_call").inc()
+        else:
+            self._ended.labels("at_start" if starting else "after_calls").inc()
 
     def refused(self, code: int) -> None:
-        """Nothing ran: the caller gets a refusal with ``code``."""
-        self._seconds = time.monotonic() - self._start
-        self._result = str(code)
+        """The daemon answered a request itself, with ``code``, and ran nothing."""
+        self._refused.labels(str(code)).inc()
 
-    def _error_code(self) -> str:
-        """The code of the CNI error object the call wrote, as its caller reads it."""
-        try:
-            code = json.loads(self._out).get("code")
-        except (ValueError, AttributeError):
-            code = None
-        return str(code) if isinstance(code, int) and 0 <= code < 1000 else "unknown"
+    def exporter_restarted(self) -> None:
+        self._restarts.inc()
 
-    def claimed(self, claims: list[tuple[float, bool]]) -> None:
-        """The VF claims the call tried (measure.timed_claims): those it found held are counted."""
-        self._claims_refused = sum(1 for _, got in claims if not got)
-
-    def held(self, private: int) -> None:
-        """The bytes the child alone holds after the call (budget.private_bytes)."""
-        self._private = private
-
-    def send(self, channel: socket.socket) -> None:
-        message = {
-            "result": self._result,
-            "seconds": self._seconds,
-            "claimsRefused": self._claims_refused,
-            "privateBytes": self._private,
-        }
-        try:
-            channel.send(json.dumps(message).encode())
-        except OSError:
-            pass  # the daemon is gone: nobody counts any more
+    def _count(self, call: _InFlight, result: str, seconds: float) -> None:
+        self._calls.labels(call.program, call.command, result).inc()
+        self._duration.labels(call.program, call.command).observe(seconds)
 
 
 class _Children(Protocol):
@@ -292,9 +186,10 @@ class _Intake(Protocol):
 class _Health(Collector):
     """The daemon's children and queue, read at each scrape."""
 
-    def __init__(self, children: _Children, calls: _Intake) -> None:
+    def __init__(self, children: _Children, calls: _Intake, in_flight: Sized) -> None:
         self._children = children
         self._calls = calls
+        self._in_flight = in_flight
 
     def collect(self) -> Iterable[Metric]:
         states = GaugeMetricFamily(
@@ -304,7 +199,7 @@ class _Health(Collector):
         )
         states.add_metric(["starting"], len(self._children.starting))
         states.add_metric(["waiting"], len(self._children.waiting))
-        states.add_metric(["running"], len(_in_flight))
+        states.add_metric(["running"], len(self._in_flight))
         yield states
         yield GaugeMetricFamily(
             "sriov_cni_daemon_children_max",
@@ -319,319 +214,3 @@ class _Health(Collector):
         yield GaugeMetricFamily(
             "sriov_cni_daemon_requests_reading", "Requests the daemon is reading", value=len(self._calls.reading)
         )
-
-
-def watch(children: _Children, calls: _Intake) -> None:
-    """Report the state of the daemon's ``children`` and ``calls`` at each scrape."""
-    REGISTRY.register(_Health(children, calls))
-
-
-class MetricsError(Exception):
-    """The metrics cannot be served as asked."""
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[V6]:PORT`` for IPv6) as a host and a port; port 0 picks a free one."""
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise MetricsError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9731, [::1]:9731)")
-    return host, int(port)
-
-
-class Exporter:
-    """The daemon's end of its exporter: answers each scrape with the registry's exposition.
-
-    When the exporter ends (the OOM killer takes it before the daemon, or it
-    crashed), the daemon starts another on the same address, after
-    :data:`RESTART_BACKOFF` seconds, doubled for each restart in a row, so
-    that an exporter that cannot start (its port taken by another process)
-    or dies at once is not forked again and again.  The counters live here,
-    in the daemon, so the new exporter serves them as they were.  Its start
-    is an event of the loop like any other: the loop serves calls while it
-    starts, and reads its first message (:func:`_listening`) when it comes.
-    """
-
-    def __init__(
-        self, sock: socket.socket, alive: int, address: str, data_dir: Path, paths: Paths, score: int | None
-    ) -> None:
-        # Closed while no exporter runs (or starts).
-        self.sock = sock
-        # The write end of the exporter's alive pipe, held as long as it is ours.
-        self._alive = alive
-        # Where the exporter listens, as bound (the port chosen for port 0):
-        # a restarted one binds the same.
-        self.address = address
-        self._data_dir = data_dir
-        self._paths = paths
-        # The daemon's oom_score_adj before it protected itself (start).
-        self._score = score
-        self._selector: selectors.BaseSelector | None = None
-        # Restarts since an exporter last served RESTART_BACKOFF_MAX seconds.
-        self._in_a_row = 0
-        self._serving_since = time.monotonic()
-        # When the next exporter starts (none runs), or when the starting one
-        # has to have said it listens.
-        self._next_start: float | None = None
-        self._start_deadline: float | None = None
-
-    def serve_in(self, selector: selectors.BaseSelector) -> None:
-        self._selector = selector
-        selector.register(self.sock, selectors.EVENT_READ, self._on_request)
-
-    def _on_request(self) -> None:
-        if (request := self._receive(64)) is None:
-            return
-        if not request:
-            served = time.monotonic() - self._serving_since
-            self._ended(
-                f"the metrics exporter on {self.address} ended after {served:.0f} s", served >= RESTART_BACKOFF_MAX
-            )
-            return
-        try:
-            # The request's sequence number, then the exposition: the
-            # exporter drops an answer that comes after it gave up.
-            self.sock.send(request[:8] + prometheus_client.generate_latest(REGISTRY), socket.MSG_DONTWAIT)
-        except OSError:
-            pass  # the exporter is not reading: it gives up on this scrape
-
-    def _receive(self, size: int) -> bytes | None:
-        """The exporter's next message; b"" once it ended, None when there is none yet."""
-        try:
-            return self.sock.recv(size, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return None
-        except OSError:
-            return b""
-
-    def _ended(self, why: str, lasted: bool) -> None:
-        """The exporter ended (``lasted``: after serving a while), or could not start: another, later."""
-        assert self._selector is not None
-        self._selector.unregister(self.sock)
-        self.sock.close()
-        # An exporter still starting reads the end of its pipe, and ends.
-        os.close(self._alive)
-        self._start_deadline = None
-        if lasted:
-            self._in_a_row = 0
-        delay = min(RESTART_BACKOFF * 2**self._in_a_row, RESTART_BACKOFF_MAX)
-        self._in_a_row += 1
-        self._next_start = time.monotonic() + delay
-        # One line per exporter that ended or attempt that failed.
-        sys.stderr.write(f"sriov-cni daemon: {why}; starting another in {delay:g} s\n")
-        sys.stderr.flush()
-
-    def next_deadline(self) -> float | None:
-        """When the loop must call :meth:`tick` at the latest."""
-        return self._next_start if self._next_start is not None else self._start_deadline
-
-    def tick(self, now: float) -> None:
-        """Start another exporter when its time came; give up on one that did not start in time."""
-        if self._next_start is not None and now >= self._next_start:
-            self._next_start = None
-            self._restart()
-        elif self._start_deadline is not None and now >= self._start_deadline:
-            self._ended(f"the metrics exporter did not start again on {self.address} within {START_TIMEOUT:g} s", False)
-
-    def _restart(self) -> None:
-        assert self._selector is not None
-        self.sock, self._alive = _fork(parse_address(self.address), self._data_dir, self._paths, self._score)
-        self._start_deadline = time.monotonic() + START_TIMEOUT
-        self._selector.register(self.sock, selectors.EVENT_READ, self._on_started)
-
-    def _on_started(self) -> None:
-        assert self._selector is not None
-        if (answer := self._receive(4096)) is None:
-            return
-        try:
-            address = _listening(answer)
-        except MetricsError as exc:
-            self._ended(f"the metrics exporter could not start again on {self.address}: {exc}", False)
-            return
-        self._start_deadline = None
-        self._serving_since = time.monotonic()
-        RESTARTS.inc()
-        self._selector.modify(self.sock, selectors.EVENT_READ, self._on_request)
-        sys.stderr.write(f"sriov-cni daemon: the metrics exporter serves on http://{address}/metrics again\n")
-        sys.stderr.flush()
-
-
-def _fork(address: tuple[str, int], data_dir: Path, paths: Paths, score: int | None) -> tuple[socket.socket, int]:
-    """Fork an exporter serving on ``address``: the daemon's end of its socket pair, and of its alive pipe.
-
-    The exporter is forked twice, so the daemon, which reaps every child
-    it has as a call's, never sees it: it waits here for the first fork
-    only, which forks again and ends at once.
-    """
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_EXPOSITION)
-    # The exporter reads the end of this pipe when the daemon ends, however.
-    alive_r, alive_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the first fork, which only forks again
-        try:
-            if os.fork() == 0:
-                _exporter(theirs, alive_r, address, data_dir, paths, score)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-    theirs.close()
-    os.close(alive_r)
-    # alive_w stays open, unwritten, as long as the daemon lives; the
-    # call's children close it with every descriptor not theirs.
-    return ours, alive_w
-
-
-def _listening(answer: bytes) -> str:
-    """The address an exporter's first message says it listens on; MetricsError saying why it cannot."""
-    if answer[:1] != b"K":
-        raise MetricsError(answer[1:].decode() or "the metrics exporter ended at start")
-    return answer[1:].decode()
-
-
-def start(address: tuple[str, int], data_dir: Path, paths: Paths) -> Exporter:
-    """Fork the exporter, serving on ``address``; raises MetricsError when it cannot listen there.
-
-    Called before the daemon listens or forks any child, and before it
-    exempts itself from the OOM killer: the exporter need not be exempt.
-    """
-    # What a restarted exporter, forked once the daemon is exempt, sets its
-    # own to: the value the kubelet gave the container (by its QoS class)
-    # and this first exporter keeps.  Not 0: a restarted exporter should be
-    # no more and no less the OOM killer's choice than the first one.
-    score = budget.oom_score_adj()
-    ours, alive = _fork(address, data_dir, paths, score)
-    ready, _, _ = select.select([ours], [], [], START_TIMEOUT)
-    answer = ours.recv(4096) if ready else f"Ethe metrics exporter did not start within {START_TIMEOUT:g} s".encode()
-    try:
-        bound = _listening(answer)
-    except MetricsError:
-        ours.close()
-        os.close(alive)
-        raise
-    return Exporter(ours, alive, bound, data_dir, paths, score)
-
-
-class _Scrape(Collector):
-    """In the exporter: the daemon's metrics, asked for at each scrape, and the pool, read then."""
-
-    def __init__(self, daemon: socket.socket, data_dir: Path, paths: Paths) -> None:
-        self._daemon = daemon
-        self._data_dir = data_dir
-        self._paths = paths
-        # Scrapes run in threads of their own; held by the exporter until
-        # it told the daemon it listens (_exporter).
-        self.lock = threading.Lock()
-        self._sequence = 0
-
-    def collect(self) -> Iterable[Metric]:
-        text = self._ask_daemon()
-        up = GaugeMetricFamily(
-            "sriov_cni_daemon_up", f"Whether the daemon's loop answered this scrape within {DAEMON_TIMEOUT:g} s"
-        )
-        up.add_metric([], 0 if text is None else 1)
-        yield up
-        if text is not None:
-            yield from text_string_to_metric_families(text)
-        yield from pool(self._paths, self._data_dir)
-
-    def _ask_daemon(self) -> str | None:
-        with self.lock:
-            self._sequence += 1
-            sequence = struct.pack("=Q", self._sequence)
-            deadline = time.monotonic() + DAEMON_TIMEOUT
-            try:
-                self._daemon.send(sequence)
-                while (left := deadline - time.monotonic()) > 0:
-                    ready, _, _ = select.select([self._daemon], [], [], left)
-                    if not ready:
-                        break
-                    answer = self._daemon.recv(MAX_EXPOSITION)
-                    if not answer:
-                        break
-                    if answer[:8] == sequence:
-                        return answer[8:].decode()
-            except OSError:
-                pass
-            return None
-
-
-def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
-    """The pool per PF, as ``sriov-cni status --json`` shows it now."""
-    readable = GaugeMetricFamily("sriov_cni_pool_up", "Whether the pool could be read for this scrape")
-    try:
-        pfs = status.current(paths, data_dir)
-    except Exception as exc:  # a scrape shows the failure; the exporter serves the next one
-        sys.stderr.write(f"sriov-cni daemon: metrics: cannot read the VF pool: {exc}\n")
-        readable.add_metric([], 0)
-        yield readable
-        return
-    readable.add_metric([], 1)
-    yield readable
-    pf_labels = ["pf", "pci"]
-    numvfs = GaugeMetricFamily("sriov_cni_pf_vfs", "VFs the PF has (sriov_numvfs)", labels=pf_labels)
-    totalvfs = GaugeMetricFamily("sriov_cni_pf_vfs_max", "VFs the PF can have (sriov_totalvfs)", labels=pf_labels)
-    states = GaugeMetricFamily(
-        "sriov_cni_vfs",
-        "The PF's VFs by state: free, allocated, stale (its pod's "
-        "network namespace is gone), in use (not ours, or without a driver)",
-        labels=[*pf_labels, "state"],
-    )
-    dpdk = GaugeMetricFamily("sriov_cni_vfs_dpdk", "The PF's VFs bound to a DPDK driver", labels=pf_labels)
-    allocations = GaugeMetricFamily(
-        "sriov_cni_allocations", "The PF's allocated and stale VFs by network", labels=[*pf_labels, "network", "state"]
-    )
-    for pf in pfs:
-        labels = [pf["netdev"] or "", pf["pci"]]
-        if pf["numVfs"] is not None:
-            numvfs.add_metric(labels, pf["numVfs"])
-        if pf["totalVfs"] is not None:
-            totalvfs.add_metric(labels, pf["totalVfs"])
-        by_state = {state.value: 0 for state in VfState}
-        by_network: dict[tuple[str, str], int] = {}
-        for vf in pf["vfs"]:
-            by_state[vf["state"]] += 1
-            if vf["allocation"] is not None:
-                key = (vf["allocation"]["network"], vf["state"])
-                by_network[key] = by_network.get(key, 0) + 1
-        for state, count in by_state.items():
-            states.add_metric([*labels, state], count)
-        dpdk.add_metric(labels, sum(vf["driver"] in sysfs.DPDK_DRIVERS for vf in pf["vfs"]))
-        for (network, state), count in sorted(by_network.items()):
-            allocations.add_metric([*labels, network, state], count)
-    yield from (numvfs, totalvfs, states, dpdk, allocations)
-
-
-def _exporter(
-    daemon: socket.socket, alive: int, address: tuple[str, int], data_dir: Path, paths: Paths, score: int | None
-) -> None:  # pragma: no cover - runs in the exporter
-    # Forked again from a running daemon, an exporter would hold its
-    # listener, callers' connections and children's channels, and the
-    # daemon's exemption from the OOM killer.
-    lifetime.leave_daemon({0, 1, 2, daemon.fileno(), alive})
-    budget.unprotect(score)
-    registry = CollectorRegistry()
-    scrape = _Scrape(daemon, data_dir, paths)
-    registry.register(scrape)
-    # Until the daemon knows it listens: its first message must be that one,
-    # not a scrape's request, and a scraper comes at once to a restarted
-    # exporter's address.
-    with scrape.lock:
-        # A restarted daemon's predecessor's exporter may hold the port for a
-        # moment after that daemon ended: it ends once it reads so.
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                server, _ = prometheus_client.start_http_server(address[1], address[0], registry)
-                break
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                    continue
-                daemon.send(b"E" + f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}".encode())
-                return
-        bound, port = server.server_address[:2]
-        host = bound if isinstance(bound, str) else bound.decode()
-        daemon.send(b"K" + (f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}").encode())
-    # Until the daemon ends: its end of the pipe closes then.
-    os.read(alive, 1)

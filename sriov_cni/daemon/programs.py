@@ -2,33 +2,44 @@
 
 A child that has become its caller (:mod:`call`) runs one of them with the
 caller's environment, its stdin read to the end, and its stdout and stderr:
-exactly the code the executable would run in process, on the node paths
-the daemon was started with.  What it returns is the executable's exit
-status.
+exactly the code the executable would run in process, on the node the
+daemon was started for (:class:`Host`).  What it returns is the
+executable's exit status.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import IO
 
 from sriov_cni.paths import Paths
+from sriov_cni.vfstore import Store
 
-Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str], Paths], int]
+
+@dataclass(frozen=True)
+class Host:
+    """What a call acts on: the node's paths, and the VF store it opens (the daemon times its claims)."""
+
+    paths: Paths
+    store: Callable[[str], Store]
 
 
-def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], paths: Paths) -> int:
+Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str], Host], int]
+
+
+def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], host: Host) -> int:
     from sriov_cni.plugin import commands, log
 
     commands.configure_logging_from_env(env)
     try:
-        return commands.run(env, stdin, stdout, stderr, commands.Deps(paths=paths))
+        return commands.run(env, stdin, stdout, stderr, commands.Deps(paths=host.paths, store=host.store))
     finally:
-        # The child serves other calls after this one (defaults.CALLS_PER_CHILD).
+        # The child serves other calls after this one (options.CALLS_PER_CHILD).
         log.close()
 
 
-def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], paths: Paths) -> int:
+def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], host: Host) -> int:
     from sriov_cni.cni import dispatch
     from sriov_cni.ipam import main as ipam_main
 

@@ -22,8 +22,11 @@ so an upgraded package is never served by old code.
 Only root may call (checked with SO_PEERCRED).  The socket's directory
 is made root-only when it holds nothing else.
 
-The children are kept in :mod:`childpool` and serve each call in
-:mod:`call`; :mod:`measure` says how to make them report what each call cost.
+The daemon is started with one :class:`~options.Options` value.  The
+children are kept in :mod:`childpool`, speak with the daemon over
+:mod:`channel` and serve each call in :mod:`call`; :mod:`measure` says how
+to make them report what each call cost.  The daemon's :class:`Metrics`
+count what its loop sees, served by :mod:`exporter`.
 """
 
 from __future__ import annotations
@@ -35,17 +38,15 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
-from sriov_cni import __version__, safepath, vfstore
+from sriov_cni import __version__, safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon import budget, childpool, intake, metrics
-from sriov_cni.daemon.client import DEFAULT_SOCKET
-from sriov_cni.daemon.defaults import CALLS_PER_CHILD, CHILD_IDLE, DRAIN_TIMEOUT, MAX_CHILDREN, REQUEST_TIMEOUT
-from sriov_cni.daemon.measure import Measure
-from sriov_cni.daemon.programs import PROGRAMS
-from sriov_cni.paths import Paths
+from sriov_cni.daemon import budget, childpool, intake
+from sriov_cni.daemon.exporter import Exporter
+from sriov_cni.daemon.exporter import start as start_exporter
+from sriov_cni.daemon.metrics import Metrics
+from sriov_cni.daemon.options import Options
 
 # Connections the daemon reads requests from at once (intake.Intake).
 MAX_PENDING = 1024
@@ -107,7 +108,7 @@ def _warm_netlink() -> None:
         pass  # only a head start lost; the calls open their own handles
 
 
-def _warm_up() -> Measure | None:
+def _warm_up(options: Options) -> None:
     """Import and warm everything a call needs, in the parent, so each child starts warm."""
     import sriov_cni.ipam.main
     import sriov_cni.plugin.commands  # noqa: F401
@@ -118,11 +119,9 @@ def _warm_up() -> Measure | None:
     # its ~35,000 objects for 40-50 ms of a call, and wrote to their pages,
     # which the fork had shared.
     gc.freeze()
-    measure = Measure.from_env()
-    if measure is not None:
+    if options.measure is not None:
         import cProfile  # noqa: F401  imported once here, not in every measured call
         import resource  # noqa: F401
-    return measure
 
 
 def _listen(path: str) -> socket.socket:
@@ -146,92 +145,87 @@ def _listen(path: str) -> socket.socket:
     return listener
 
 
-def serve(
-    path: str = DEFAULT_SOCKET,
-    request_timeout: float = REQUEST_TIMEOUT,
-    max_children: int = MAX_CHILDREN,
-    child_idle: float = CHILD_IDLE,
-    calls_per_child: int = CALLS_PER_CHILD,
-    memory_budget: int | None = None,
-    drain_timeout: float = DRAIN_TIMEOUT,
-    metrics_address: tuple[str, int] | None = None,
-    data_dir: Path = Path(vfstore.DEFAULT_DATA_DIR),
-    paths: Paths = Paths(),
-) -> int:
-    """Listen on ``path`` until SIGTERM, then wait up to ``drain_timeout`` seconds for the calls running.
+def serve(options: Options) -> int:
+    """Listen on the options' socket until SIGTERM, then wait up to their drain timeout for the calls running.
 
     Returns how many calls still ran when it stopped.
-    ``memory_budget``: bytes the daemon and its children may hold, instead
-    of its cgroup's limit.  ``metrics_address``: where to serve Prometheus
-    metrics, with the pool of the store in ``data_dir`` (:mod:`metrics`).
-    ``paths``: where the calls and the metrics find the node.
     """
-    measure = _warm_up()
+    _warm_up(options)
+    metrics = Metrics()
     # Before the daemon exempts itself from the OOM killer: the exporter
     # need not be (a restarted one undoes the exemption it inherits).
-    exporter = None if metrics_address is None else metrics.start(metrics_address, data_dir, paths)
-    admitted = budget.admission(max_children, memory_budget)
+    address = options.metrics_address
+    served = None if address is None else start_exporter(address, options, metrics)
+    admitted = budget.admission(options.max_children, options.memory_budget)
     unprotected = budget.protect_daemon()
-    listener = _listen(path)
+    listener = _listen(options.socket)
     max_pending = _descriptors_for(MAX_PENDING, admitted.children)
     selector = selectors.DefaultSelector()
-    children = childpool.Children(admitted, child_idle)
+    children = childpool.Children(admitted, options, metrics)
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
-    calls = intake.Intake(listener, selector, request_timeout, PROGRAMS, max_pending, admitted.pending_bytes)
-    stop = _Stop(drain_timeout)
+    calls = intake.Intake(
+        listener, selector, options.request_timeout, max_pending, admitted.pending_bytes, metrics.refused
+    )
+    # Before the banner: a SIGTERM from then on drains the calls.
+    stop = _Stop(options.drain_timeout)
     metrics.watch(children, calls)
-    if exporter is not None:
-        exporter.serve_in(selector)
-    daemon = os.getpid()
-
-    def spare(channel: socket.socket) -> None:
-        childpool.spare(channel, daemon, children.messages_w, request_timeout, calls_per_child, measure, paths)
-
-    served = "" if exporter is None else f", metrics on http://{exporter.address}/metrics"
-    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {path}, {admitted.describe()}{served}\n")
+    if served is not None:
+        served.serve_in(selector)
+    where = "" if served is None else f", metrics on http://{served.address}/metrics"
+    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {options.socket}, {admitted.describe()}{where}\n")
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
-    return _loop(selector, children, calls, stop, spare, exporter)
+    return _Loop(selector, children, calls, stop, served).run()
 
 
-def _loop(
-    selector: selectors.BaseSelector,
-    children: childpool.Children,
-    calls: intake.Intake,
-    stop: _Stop,
-    spare: Callable[[socket.socket], None],
-    exporter: metrics.Exporter | None,
-) -> int:
-    """Hand calls to children, keep spares forked, until a stop ends; how many calls still ran then."""
-    while True:
-        if stop.deadline is not None:
-            if stop.over(children, calls):
-                return children.running()
-        while stop.deadline is None and children.may_fork(time.monotonic()):
-            children.fork(spare)
-        # With MAX_CHILDREN calls running, further ones wait here until a
-        # child waits again or ends.
-        while children.waiting and children.running() < children.max and (call := calls.take()) is not None:
-            if not children.hand(call):
-                calls.put_back(call)
-        if (broken := children.cannot_start()) is not None:
-            calls.refuse_waiting(broken)
-        restart = None if exporter is None else exporter.next_deadline()
+@dataclass
+class _Loop:
+    """What the daemon's loop turns: its selector, children, calls being read, stop, and exporter."""
+
+    selector: selectors.BaseSelector
+    children: childpool.Children
+    calls: intake.Intake
+    stop: _Stop
+    exporter: Exporter | None
+
+    def run(self) -> int:
+        """Hand calls to children, keep spares forked, until a stop ends; how many calls still ran then."""
+        children, calls, stop = self.children, self.calls, self.stop
+        while True:
+            if stop.deadline is not None:
+                if stop.over(children, calls):
+                    return children.running()
+            while stop.deadline is None and children.may_fork(time.monotonic()):
+                children.fork()
+            # With MAX_CHILDREN calls running, further ones wait here until a
+            # child waits again or ends.
+            while children.waiting and children.running() < children.max and (call := calls.take()) is not None:
+                if not children.hand(call):
+                    calls.put_back(call)
+            if (broken := children.cannot_start()) is not None:
+                calls.refuse_waiting(broken)
+            for key, _ in self.selector.select(self._timeout()):
+                key.data()
+            now = time.monotonic()
+            calls.expire(now)
+            children.retire(now)
+            if self.exporter is not None:
+                self.exporter.tick(now)
+
+    def _timeout(self) -> float | None:
+        """Seconds the loop may wait for an event: until the next deadline of a call, child, stop or exporter."""
+        children = self.children
+        restart = None if self.exporter is None else self.exporter.next_deadline()
         deadlines = [
-            t for t in (calls.next_deadline(), children.next_retirement(), stop.deadline, restart) if t is not None
+            t
+            for t in (self.calls.next_deadline(), children.next_retirement(), self.stop.deadline, restart)
+            if t is not None
         ]
         if children.spares() < childpool.SPARES and children.next_fork > time.monotonic():
             deadlines.append(children.next_fork)
-        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-        for key, _ in selector.select(timeout):
-            key.data()
-        now = time.monotonic()
-        calls.expire(now)
-        children.retire(now)
-        if exporter is not None:
-            exporter.tick(now)
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
 
 def _descriptors_for(pending: int, max_children: int) -> int:
@@ -249,12 +243,3 @@ def _descriptors_for(pending: int, max_children: int) -> int:
         soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     return pending if soft == resource.RLIM_INFINITY else max(1, min(pending, (soft - reserve) // 4))
-
-
-def main() -> None:
-    path = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_SOCKET
-    serve(path)
-
-
-if __name__ == "__main__":
-    main()

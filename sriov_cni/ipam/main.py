@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from sriov_cni.attachments import valid_attachments
-from sriov_cni.cni import CmdArgs, CNIError, Code, Handler, IPConfig, Result, dispatch, read_config
+from sriov_cni.cni import CmdArgs, Handler, IPConfig, Result, dispatch, io_error, read_config
 
 from . import allocator, config
 from .store import DiskStore, Owner
@@ -76,8 +76,7 @@ def _reporting_io_errors(handler: Handler) -> Handler:
         try:
             return handler(args)
         except OSError as exc:
-            where = f"{exc.filename}: " if exc.filename else ""
-            raise CNIError(Code.IO_FAILURE, f"{where}{exc.strerror or exc}") from exc
+            raise io_error(exc, str(exc.filename) if exc.filename else "") from exc
 
     return wrapper
 

@@ -11,6 +11,7 @@ import errno
 import os
 import re
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from sriov_cni.kernel import cpulist, sysfs
@@ -34,12 +35,21 @@ class QueueIrq:
     queue: int
 
 
+class Pinned(Enum):
+    """What pinning an IRQ did; the value is how setup's summary says it."""
+
+    PINNED = "pinned"
+    UNCHANGED = "unchanged"
+    # A kernel-managed IRQ: it refuses user affinity.
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
 @dataclass(frozen=True)
 class Pin:
     irq: QueueIrq
     cpu: int
-    # "pinned", "unchanged", "skipped" (kernel-managed) or "failed"
-    result: str
+    result: Pinned
     detail: str = ""
 
 
@@ -120,18 +130,18 @@ def pin(irq_root: Path, irq: QueueIrq, cpu: int) -> Pin:
     path = irq_dir(irq_root, irq.irq) / "smp_affinity_list"
     try:
         if affinity(irq_root, irq.irq) == [cpu]:
-            return Pin(irq, cpu, "unchanged")
+            return Pin(irq, cpu, Pinned.UNCHANGED)
         sysfs.write(path, str(cpu))
         now = affinity(irq_root, irq.irq)
     except sysfs.SysfsError as exc:
         if exc.errno in _MANAGED:
-            return Pin(irq, cpu, "skipped", "kernel-managed IRQ, affinity not changeable")
-        return Pin(irq, cpu, "failed", str(exc))
+            return Pin(irq, cpu, Pinned.SKIPPED, "kernel-managed IRQ, affinity not changeable")
+        return Pin(irq, cpu, Pinned.FAILED, str(exc))
     except (OSError, cpulist.CpuListError) as exc:
-        return Pin(irq, cpu, "failed", f"reading {path}: {exc}")
+        return Pin(irq, cpu, Pinned.FAILED, f"reading {path}: {exc}")
     if now != [cpu]:
-        return Pin(irq, cpu, "failed", f"kernel kept affinity {cpulist.format_list(now)}")
-    return Pin(irq, cpu, "pinned")
+        return Pin(irq, cpu, Pinned.FAILED, f"kernel kept affinity {cpulist.format_list(now)}")
+    return Pin(irq, cpu, Pinned.PINNED)
 
 
 def pin_device(sys_root: Path, irq_root: Path, pci: str, cpus: list[int], start: int) -> list[Pin]:

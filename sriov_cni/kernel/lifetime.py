@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import signal
+
+from sriov_cni.kernel.libc import libc
 
 _PR_SET_PDEATHSIG = 1
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def load() -> None:
     """Load libc now: a forked child about to exec must not need to."""
-    _libc()
+    libc()
 
 
 def die_with_parent(parent: int) -> None:
     """SIGKILL this process when ``parent`` (its parent now) ends."""
-    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it ended before the signal was armed
         os._exit(1)
 
 
 def outlive_parent() -> None:
     """Undo :func:`die_with_parent`."""
-    _libc().prctl(_PR_SET_PDEATHSIG, 0)
+    libc().prctl(_PR_SET_PDEATHSIG, 0)
 
 
 def close_all_but(keep: set[int]) -> None:

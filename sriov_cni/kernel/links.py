@@ -70,7 +70,6 @@ class LinkInfo:
     promisc: bool
     altnames: tuple[str, ...]
     alias: str
-    parent_bus: str
     parent_dev: str
 
 
@@ -115,7 +114,6 @@ def _link_info(answer: bytes) -> LinkInfo:
         promisc=bool(flags & IFF_PROMISC),
         altnames=altnames,
         alias=text("IFLA_IFALIAS"),
-        parent_bus=text("IFLA_PARENT_DEV_BUS_NAME"),
         parent_dev=text("IFLA_PARENT_DEV_NAME"),
     )
 
@@ -283,7 +281,7 @@ class Namespace:
         return out
 
     def set_sysctl(self, key: str, value: str) -> None:
-        """Write a per-namespace sysctl under /proc/sys/net from inside this namespace."""
+        """Write a per-namespace sysctl under /proc/sys/net from inside this namespace (NamespaceError)."""
 
         def write() -> None:
             with open(f"/proc/sys/net/{key}", "w") as f:

@@ -10,14 +10,25 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import os
 import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from sriov_cni.kernel.nlerrors import NetlinkError, NetnsNotFound
+from sriov_cni.kernel.libc import libc
+from sriov_cni.kernel.nlerrors import NetnsNotFound
+
+
+class NamespaceError(Exception):
+    """Code run inside a network namespace failed: entering it, mounting its sysfs, or the code itself.
+
+    Not a netlink failure, though ``errno`` is the one the failing call got.
+    """
+
+    def __init__(self, msg: str, code: int = 0) -> None:
+        super().__init__(msg)
+        self.errno = code
 
 
 def open_netns(netns_path: str) -> int:
@@ -40,14 +51,9 @@ _NETLINK_ROUTE = 0
 
 
 def _setns(fd: int) -> None:
-    if _libc().setns(fd, _CLONE_NEWNET) != 0:
+    if libc().setns(fd, _CLONE_NEWNET) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def _enter(path: str) -> None:
@@ -67,14 +73,13 @@ def _private_sysfs(at: Path) -> None:
     # sysfs shows the netdevs of the namespace that mounted it, so a fresh
     # mount in a private mount namespace shows the pod's interfaces
     # (what `ip netns exec` does).
-    libc = _libc()
-    if libc.unshare(_CLONE_NEWNS) != 0:
+    if libc().unshare(_CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-    if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+    if libc().mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
         raise OSError(ctypes.get_errno(), "making / a slave mount")
     target = os.fsencode(at)
-    libc.umount2(target, 2)  # MNT_DETACH; nothing mounted there is fine
-    if libc.mount(b"sysfs", target, b"sysfs", 0, None) != 0:
+    libc().umount2(target, 2)  # MNT_DETACH; nothing mounted there is fine
+    if libc().mount(b"sysfs", target, b"sysfs", 0, None) != 0:
         raise OSError(ctypes.get_errno(), "mounting sysfs")
 
 
@@ -85,8 +90,9 @@ def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: Path 
     that looks (sysfs: of the one that mounted it; ``own_sysfs`` mounts a
     fresh one at that path), so ``func`` runs in a short-lived forked child
     that enters the namespace; this process never leaves its own.  ``path``
-    None runs ``func`` here.  An OSError in ``func`` is reported as
-    NetlinkError carrying its errno.
+    None runs ``func`` here.  An OSError in the child (entering the
+    namespace, mounting sysfs, or in ``func``) is reported as
+    NamespaceError carrying its errno.
     """
     if path is None:
         func()
@@ -122,7 +128,7 @@ def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: Path 
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
-        raise NetlinkError(f"in network namespace {path}: {reason or os.strerror(code)}", code)
+        raise NamespaceError(f"in network namespace {path}: {reason or os.strerror(code)}", code)
 
 
 def netlink_socket_in(path: str) -> socket.socket:

@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 
 from sriov_cni.kernel import cpulist, sysfs
-from sriov_cni.kernel.irqs import Pin
+from sriov_cni.kernel.irqs import Pin, Pinned
 
 
 def tx_cpus(pins: list[Pin]) -> dict[int, int]:
     """Transmit queue -> CPU of its IRQ, for XPS (queues whose vector carries tx)."""
-    return {p.irq.queue: p.cpu for p in pins if p.irq.kind in ("txrx", "tx", "comp") and p.result != "failed"}
+    return {p.irq.queue: p.cpu for p in pins if p.irq.kind in ("txrx", "tx", "comp") and p.result is not Pinned.FAILED}
 
 
 def _queue_dirs(sys_root: Path, netdev: str, prefix: str) -> list[Path]:

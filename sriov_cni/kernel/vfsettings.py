@@ -9,7 +9,7 @@ fake for exactly this part; the kernel implementation is
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple, Protocol
 
@@ -67,23 +67,6 @@ class PfSettings:
 
     def without(self, names: Iterable[str]) -> PfSettings:
         return replace(self, **{name: None for name in names})
-
-
-def from_flat(flat: Mapping[str, Any]) -> PfSettings:
-    """From the flat layout of the PF's per-VF attributes, one key per number.
-
-    Keys: mac, vlan, qos, vlan_proto, spoofchk, trust, link_state,
-    min_tx_rate, max_tx_rate; records of earlier releases keep snapshots
-    this way.
-    """
-    return PfSettings(
-        vlan=Vlan(flat["vlan"], flat["qos"], flat["vlan_proto"]),
-        mac=flat["mac"],
-        rate=Rate(flat["min_tx_rate"], flat["max_tx_rate"]),
-        spoofchk=flat["spoofchk"],
-        trust=flat["trust"],
-        link_state=flat["link_state"],
-    )
 
 
 class VfControl(Protocol):

@@ -94,16 +94,17 @@ def _describe(policy: Policy) -> str:
 
 def _run_tuning(paths: Paths, pf: sysfs.PF, policy: Policy, pinned: dict[str, int]) -> str:
     pins = irqs.pin_device(paths.sys, paths.proc_irq, pf.pci, policy.irq_cpus, 0)
-    failed = [p for p in pins if p.result == "failed"]
+    failed = [p for p in pins if p.result is irqs.Pinned.FAILED]
     if failed:
         p = failed[0]
         raise SetupError(f"{pf.netdev}: pinning IRQ {p.irq.irq} ({p.irq.name}) to CPU {p.cpu}: {p.detail}")
-    pinned.update({str(p.irq.irq): p.cpu for p in pins if p.result != "skipped"})
+    pinned.update({str(p.irq.irq): p.cpu for p in pins if p.result is not irqs.Pinned.SKIPPED})
     if not pins:
         return "no queue IRQs found (nothing to pin)"
-    counts = {r: sum(p.result == r for p in pins) for r in ("pinned", "unchanged", "skipped")}
-    summary = ", ".join(f"{n} IRQs {r}" for r, n in counts.items() if n)
-    if counts["skipped"]:
+    done = (irqs.Pinned.PINNED, irqs.Pinned.UNCHANGED, irqs.Pinned.SKIPPED)
+    counts = {r: sum(p.result is r for p in pins) for r in done}
+    summary = ", ".join(f"{n} IRQs {r.value}" for r, n in counts.items() if n)
+    if counts[irqs.Pinned.SKIPPED]:
         summary += " (kernel-managed IRQs refuse user affinity)"
     if pf.netdev and (policy.rps_cpus or policy.xps):
         try:

@@ -31,6 +31,7 @@ from sriov_cni.cni import (
 )
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
+from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import allocate, bind, config, delegate, log, pool, tuning
@@ -556,7 +557,7 @@ def _device_errors(fn: Callable[[CmdArgs, Deps], Result | None], deps: Deps) -> 
             return fn(cmd, deps)
         except netlink.NetnsNotFound as exc:
             raise CNIError(Code.INVALID_NETNS, str(exc)) from exc
-        except (netlink.NetlinkError, sysfs.SysfsError) as exc:
+        except (netlink.NetlinkError, NamespaceError, sysfs.SysfsError) as exc:
             raise CNIError(Code.DEVICE, str(exc)) from exc
 
     return handler

@@ -15,9 +15,18 @@ import (stdlib and the sysfs-level modules only) and cost one failed
 from __future__ import annotations
 
 from sriov_cni.kernel import cpulist, sysfs
-from sriov_cni.kernel.irqs import affinity, default_affinity, device_irqs, irq_dir, pin, plan_pins, queue_irqs, vf_start
-from sriov_cni.kernel.netns import run_in_netns
-from sriov_cni.kernel.nlerrors import NetlinkError
+from sriov_cni.kernel.irqs import (
+    Pinned,
+    affinity,
+    default_affinity,
+    device_irqs,
+    irq_dir,
+    pin,
+    plan_pins,
+    queue_irqs,
+    vf_start,
+)
+from sriov_cni.kernel.netns import NamespaceError, run_in_netns
 from sriov_cni.kernel.queues import apply_queues, clear_queues, tx_cpus
 from sriov_cni.nodestate import TuningError, pf_policy, read_state
 from sriov_cni.paths import Paths
@@ -57,7 +66,7 @@ def apply_vf_tuning(paths: Paths, vf_pci: str, netns: str, ifname: str) -> list[
         pins = [pin(paths.proc_irq, q, cpu) for q, cpu in plan_pins(irqs, policy.irq_cpus, start)]
     except (TuningError, cpulist.CpuListError) as exc:
         return [*warnings, f"VF {vf_pci}: {exc}"]
-    warnings += [f"VF {vf_pci} IRQ {p.irq.irq} ({p.irq.name}): {p.detail}" for p in pins if p.result == "failed"]
+    warnings += [f"VF {vf_pci} IRQ {p.irq.irq} ({p.irq.name}): {p.detail}" for p in pins if p.result is Pinned.FAILED]
     if policy.rps_cpus or policy.xps:
         xps = tx_cpus(pins) if policy.xps else None
 
@@ -66,7 +75,7 @@ def apply_vf_tuning(paths: Paths, vf_pci: str, netns: str, ifname: str) -> list[
 
         try:
             run_in_netns(netns, in_pod, own_sysfs=paths.sys)
-        except (NetlinkError, sysfs.SysfsError) as exc:
+        except (NamespaceError, sysfs.SysfsError) as exc:
             warnings.append(f"VF {vf_pci} RPS/XPS on {ifname}: {exc}")
     return warnings
 
@@ -105,7 +114,7 @@ def release_vf_tuning(paths: Paths, vf_pci: str, netns: str | None = None, ifnam
 
         try:
             run_in_netns(netns, in_pod, own_sysfs=paths.sys)
-        except NetlinkError:
+        except NamespaceError:
             pass
     for name in sysfs.netdevs(paths.sys, vf_pci):
         try:

@@ -535,7 +535,7 @@ def main() -> None:
         ),
     }
     # Calls far apart find only children that have served none: each call
-    # then copies the daemon's pages it writes (see defaults.CALLS_PER_CHILD).
+    # then copies the daemon's pages it writes (see options.CALLS_PER_CHILD).
     fresh = Daemon(bench, work / "run-fresh" / "plugin.sock", work / "stats-fresh", calls_per_child=1)
     peers["sriov, shim + daemon, fresh child per call"] = Peer(
         shimdir / "sriov",

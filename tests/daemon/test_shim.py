@@ -52,14 +52,6 @@ def test_calls_run_through_the_daemon_as_sriov_ipam(daemon: Daemon, tmp_path: Pa
     assert rc == 0 and "1.0.0" in out["supportedVersions"], out
 
 
-def test_old_socket_variable_still_names_the_socket(tmp_path: Path) -> None:
-    sock = tmp_path / "old" / "plugin.sock"
-    sock.parent.mkdir()
-    env = {"CNI_COMMAND": "VERSION", "SRIOV_CNI_HELPER_SOCKET": str(sock)}
-    proc = subprocess.run([str(SHIM)], input=b"{}", env=env, capture_output=True, timeout=60)
-    assert proc.returncode == 1 and str(sock) in json.loads(proc.stdout)["msg"]
-
-
 def test_version_skew_is_refused_naming_both_versions(daemon: Daemon, tmp_path: Path) -> None:
     other = tmp_path / "old-shim"
     subprocess.run(
@@ -242,10 +234,9 @@ def run_python_sriov(
     sock: Path | None,
     version: str,
     plugin_importable: bool = True,
-    variable: str = "SRIOV_CNI_SOCKET",
     command: str = "VERSION",
 ) -> subprocess.CompletedProcess[bytes]:
-    """The Python ``sriov`` executable, claiming to be ``version``, told of ``sock`` by ``variable``.
+    """The Python ``sriov`` executable, claiming to be ``version``, told of ``sock`` by SRIOV_CNI_SOCKET.
 
     Without ``plugin_importable`` it can run nothing itself, so a call that
     succeeds was run by the daemon. ``sock`` None sets no socket variable.
@@ -257,16 +248,14 @@ def run_python_sriov(
     )
     env = {"CNI_COMMAND": command, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     if sock is not None:
-        env[variable] = str(sock)
+        env["SRIOV_CNI_SOCKET"] = str(sock)
     return subprocess.run(
         [sys.executable, "-c", code], input=b'{"cniVersion": "1.0.0"}', env=env, capture_output=True, timeout=60
     )
 
 
-def python_sriov(
-    sock: Path | None, version: str, plugin_importable: bool = True, variable: str = "SRIOV_CNI_SOCKET"
-) -> tuple[int, dict[str, Any]]:
-    proc = run_python_sriov(sock, version, plugin_importable, variable)
+def python_sriov(sock: Path | None, version: str, plugin_importable: bool = True) -> tuple[int, dict[str, Any]]:
+    proc = run_python_sriov(sock, version, plugin_importable)
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -276,12 +265,6 @@ def test_python_client_hands_the_daemon_its_stderr(daemon: Daemon) -> None:
     proc = run_python_sriov(daemon.socket, __version__, plugin_importable=False, command="")
     assert proc.returncode == 0 and proc.stdout == b"", proc
     assert b"CNI protocol versions supported: " in proc.stderr, proc
-
-
-def test_python_client_honours_the_old_socket_variable(daemon: Daemon) -> None:
-    # Nodes configured before the daemon served the shim still set it.
-    rc, out = python_sriov(daemon.socket, __version__, plugin_importable=False, variable="SRIOV_CNI_HELPER_SOCKET")
-    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
 
 
 def test_python_client_without_a_socket_variable_still_answers() -> None:
@@ -295,15 +278,6 @@ def test_python_client_runs_in_process_when_the_daemon_refuses(daemon: Daemon) -
     # The daemon refuses another version with an error object; the Python
     # client does not print it but runs the call itself.
     rc, out = python_sriov(daemon.socket, "0.0.9-old")
-    assert rc == 0 and "1.1.0" in out["supportedVersions"], out
-
-
-def test_helper_still_starts_the_daemon(tmp_path: Path) -> None:
-    d = Daemon(tmp_path / "run", command="helper")
-    try:
-        rc, out = shim(d.socket, "VERSION", b'{"cniVersion": "1.0.0"}')
-    finally:
-        d.stop()
     assert rc == 0 and "1.1.0" in out["supportedVersions"], out
 
 

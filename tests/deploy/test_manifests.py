@@ -21,6 +21,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+import sriov_cni
 from sriov_cni.cni import CmdArgs
 from sriov_cni.node import config as node_config
 from sriov_cni.plugin import config as plugin_config
@@ -73,11 +74,9 @@ def daemonset() -> dict[str, Any]:
 def test_images_are_fully_qualified_and_the_build_default() -> None:
     # deploy/build-image.sh tags localhost/sriov-cni:VERSION; containerd would
     # read a short name as docker.io/library/sriov-cni and pull it.
-    version = re.search(r'^version = "(.*)"$', (REPO / "pyproject.toml").read_text(), re.M)
-    assert version
     pod = daemonset()["spec"]["template"]["spec"]
     images = {c["image"] for c in pod["initContainers"] + pod["containers"]}
-    assert images == {f"localhost/sriov-cni:{version[1]}"}
+    assert images == {f"localhost/sriov-cni:{sriov_cni.__version__}"}
 
 
 def test_configmap_node_config_parses() -> None:

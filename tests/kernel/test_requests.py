@@ -198,7 +198,6 @@ def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> N
             promisc="PROMISC" in entry["flags"],
             altnames=tuple(entry.get("altnames", ())),
             alias=entry.get("ifalias", ""),
-            parent_bus=entry.get("parentbus", ""),
             parent_dev=entry.get("parentdev", ""),
         )
     # Each of the settings made above shows, so the comparison covers them.

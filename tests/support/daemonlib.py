@@ -41,14 +41,13 @@ class Daemon:
         self,
         directory: Path,
         *options: str,
-        command: str = "daemon",
         program: Callable[..., list[str]] | None = None,
         env: Mapping[str, str] | None = None,
         wrapper: Sequence[str] = (),
         cwd: Path = REPO,
     ) -> None:
         self.socket = directory / "plugin.sock"
-        argv = program(str(self.socket), *options) if program else command_line(self.socket, *options, command=command)
+        argv = program(str(self.socket), *options) if program else command_line(self.socket, *options)
         self.proc = subprocess.Popen(
             [*wrapper, *argv], cwd=cwd, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {}))
         )

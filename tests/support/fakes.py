@@ -62,6 +62,18 @@ def default_vf_state(index: int) -> dict[str, Any]:
     }
 
 
+def settings_of(flat: dict[str, Any]) -> vfsettings.PfSettings:
+    """The settings a fake VF's state (:func:`default_vf_state`'s keys) stands for."""
+    return vfsettings.PfSettings(
+        vlan=vfsettings.Vlan(flat["vlan"], flat["qos"], flat["vlan_proto"]),
+        mac=flat["mac"],
+        rate=vfsettings.Rate(flat["min_tx_rate"], flat["max_tx_rate"]),
+        spoofchk=flat["spoofchk"],
+        trust=flat["trust"],
+        link_state=flat["link_state"],
+    )
+
+
 class FakeVfControl:
     """:class:`netlink.VfControl` in memory; records every set call in order.
 
@@ -102,7 +114,7 @@ class FakeVfControl:
     def vfs(self, pf: str) -> dict[int, PfSettings]:
         if pf not in self.state:
             raise netlink.LinkNotFound(f"PF {pf} not found")
-        return {i: vfsettings.from_flat(s) for i, s in self.state[pf].items()}
+        return {i: settings_of(s) for i, s in self.state[pf].items()}
 
     def set_mac(self, pf: str, vf: int, mac: str) -> None:
         self._set("mac", pf, vf, mac, mac=mac)

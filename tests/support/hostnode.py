@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -81,20 +82,35 @@ def main() -> None:
         kwargs["paths"] = Paths(sys=Path(sys_root))
         deps = commands.Deps(vf_control=lambda: fake, store=FileStore, paths=kwargs["paths"])
 
-    def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], *_: Any) -> int:
+    def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], *host: Any) -> int:
         commands.configure_logging_from_env(env)
-        return commands.run(env, stdin, stdout, stderr, deps)
+        # The store the daemon opens for the call (its claims timed), where it passes one.
+        store = getattr(host[0], "store", deps.store) if host else deps.store
+        return commands.run(env, stdin, stdout, stderr, replace(deps, store=store))
 
     PROGRAMS["sriov"] = run_sriov
     # Only the options given: a baseline revision's daemon may not have them.
     if "calls" in options:
         kwargs["calls_per_child"] = int(options["calls"])
     if "metrics" in options:
-        from sriov_cni.daemon import metrics
-
-        kwargs["metrics_address"] = metrics.parse_address(options["metrics"])
+        kwargs["metrics_address"] = parse_address(options["metrics"])
         kwargs["data_dir"] = Path(options["data"])
-    server.serve(socket_path, **kwargs)
+    try:
+        from sriov_cni.daemon.options import Options
+    except ImportError:  # a baseline revision from before the daemon took one options value
+        server.serve(socket_path, **kwargs)  # type: ignore[arg-type]
+        return
+    from sriov_cni.daemon.measure import Measure
+
+    server.serve(Options(socket=socket_path, measure=Measure.from_env(), **kwargs))
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    try:
+        from sriov_cni.daemon.exporter import parse_address
+    except ImportError:  # a baseline revision kept it with the metrics
+        from sriov_cni.daemon.metrics import parse_address  # type: ignore[attr-defined,no-redef]
+    return parse_address(text)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 
 from sriov_cni.daemon import install
+from tests.support.daemonlib import Daemon
 from tests.vm.plugincalls import cni, env, host_link, ns_path, records, restored, vfinfo, view
 from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs
 
@@ -105,32 +104,32 @@ def test_parallel_adds_exhaustion_and_status(
     stdin = json.dumps(conf).encode()
 
     # Seven runtimes at once, each its own sriov process, served by the warm
-    # helper as on a node (each starting the plugin cold would spend the
+    # daemon as on a node (each starting the plugin cold would spend the
     # test's time importing under emulation, not racing for VFs).
     bindir = tmp_path / "bin"
     install.install(str(bindir))
-    sock = tmp_path / "helper.sock"
-    helper = subprocess.Popen([sys.executable, "-m", "sriov_cni.daemon.server", str(sock)], cwd=REPO)
+    daemon = Daemon(tmp_path / "run")
     try:
-        for _ in range(1200):
-            if sock.exists():
-                break
-            time.sleep(0.1)
-        assert sock.exists(), "the warm helper did not start"
         procs = [
             subprocess.Popen(
                 [str(bindir / "sriov")],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=dict(env("ADD", container=f"par{i}", netns=ns_path(pods[i])), SRIOV_CNI_HELPER_SOCKET=str(sock)),
+                env=dict(env("ADD", container=f"par{i}", netns=ns_path(pods[i])), SRIOV_CNI_SOCKET=str(daemon.socket)),
             )
             for i in range(7)
         ]
-        outs = [p.communicate(stdin, timeout=240) for p in procs]
+        # Every stdin written and ended before any answer is read: the daemon
+        # gives a call the request timeout to end its stdin, and one written
+        # only once the call before it answered would wait on that call.
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(stdin)
+            p.stdin.close()
+        outs = [p.communicate(timeout=240) for p in procs]
     finally:
-        helper.terminate()
-        helper.wait()
+        daemon.stop()
     assert [p.returncode for p in procs] == [0] * 7, [o[0] for o in outs]
     taken = [json.loads(o[0])["interfaces"][0]["pciID"] for o in outs]
     assert sorted(taken) == sorted(d.name for d in vf_pci_dirs(pf))

@@ -17,7 +17,7 @@ import pytest
 from sriov_cni.kernel import netlink, vfsettings
 from sriov_cni.kernel.vfcontrol import KernelVfControl
 from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, VfControl, Vlan
-from tests.support.fakes import FakeVfControl, default_vf_state
+from tests.support.fakes import FakeVfControl, default_vf_state, settings_of
 
 MAC = "02:00:00:5a:01:02"
 
@@ -43,7 +43,7 @@ def pf_side(request: pytest.FixtureRequest) -> Iterator[PfSide]:
 
 
 def fresh() -> PfSettings:
-    return vfsettings.from_flat(default_vf_state(0))
+    return settings_of(default_vf_state(0))
 
 
 def test_fresh_vfs_read_as_the_fake_starts_them(pf_side: PfSide) -> None:
