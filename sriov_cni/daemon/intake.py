@@ -124,7 +124,7 @@ def _descriptor_problem(index: int, fd: int) -> str | None:
 def check_request(body: bytes, fds: list[int], programs: Collection[str]) -> CNIError | None:
     """Why the daemon must not run this request; None if it may."""
     try:
-        version, program, _, _ = wire.decode_request(body)
+        version, program, _ = wire.decode_head(body)
     except ValueError as exc:
         return CNIError(Code.DECODE, f"unreadable request: {exc}")
     if version != __version__:

@@ -9,9 +9,11 @@ skipping what the listing showed taken.
 
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 from sriov_cni.cni import CNIError, Code, IPAddress
@@ -41,7 +43,7 @@ def candidates(rset: RangeSet, last: IPAddress | None) -> Iterator[Allocation]:
     each range, on through the following ranges, wraps, and ends with
     ``last`` itself.
     """
-    at = next((i for i, r in enumerate(rset.ranges) if last is not None and r.contains(last)), None)
+    at = None if last is None else rset.position(last)
     if at is None or last is None:
         segments = [(r, int(r.start), int(r.end)) for r in rset.ranges]
     else:
@@ -90,11 +92,13 @@ def _reserve_requested(store: Store, rset: RangeSet, owner: Owner, want: Request
     return Allocation(want.address, want.range)
 
 
-def _reserve_next(store: Store, rset: RangeSet, owner: Owner, probe_limit: int) -> Allocation:
+def _reserve_next(
+    store: Store, rset: RangeSet, owner: Owner, probe_limit: int, listed: Callable[[], Collection[IPAddress]]
+) -> Allocation:
     order = candidates(rset, store.last_reserved(rset.index))
     found = next((a for a in itertools.islice(order, probe_limit) if store.reserve(a.ip, owner)), None)
     if found is None:
-        taken = store.reserved()
+        taken = listed()
         found = next((a for a in order if a.ip not in taken and store.reserve(a.ip, owner)), None)
     if found is None:
         raise CNIError(
@@ -113,12 +117,14 @@ def allocate(
     A free address is searched for by ``probe_limit`` probes before the store is listed.
     """
     with store.locked():
-        held = {
-            rset.index: Allocation(ip, r)
-            for ip in _verified_hint(store, owner)
-            for rset in cfg.range_sets
-            if (r := rset.range_for(ip)) is not None
-        }
+        held: dict[int, Allocation] = {}
+        for ip in _verified_hint(store, owner):
+            if (found := cfg.locate(ip)) is not None:
+                held[found[0].index] = Allocation(ip, found[1])
+        # Listed once for the whole ADD, not once per range set: a network of
+        # many full range sets would list the store as many times.  What this
+        # ADD reserves after the listing is refused by reserve() itself.
+        listed = functools.cache(store.reserved)
         out: list[Allocation] = []
         fresh: list[IPAddress] = []
         try:
@@ -135,7 +141,7 @@ def allocate(
                     have = (
                         _reserve_requested(store, rset, owner, want)
                         if want
-                        else _reserve_next(store, rset, owner, probe_limit)
+                        else _reserve_next(store, rset, owner, probe_limit, listed)
                     )
                     # Counted as fresh before anything else can fail, so a
                     # failing write of last_reserved_ip releases it too.
@@ -183,8 +189,9 @@ def check(store: Store, cfg: IPAMConfig, owner: Owner) -> None:
     if store.exists():
         with store.locked():
             held = _held(store, owner)
+    covered = {found[0].index for ip in held if (found := cfg.locate(ip)) is not None}
     for rset in cfg.range_sets:
-        if not any(rset.range_for(ip) for ip in held):
+        if rset.index not in covered:
             raise CNIError(
                 Code.IPAM,
                 f"no address reserved in {rset.field} for container {owner.container_id} interface {owner.ifname}",
@@ -219,11 +226,16 @@ def collect(store: Store, valid: set[Owner]) -> None:
 
 def status(store: Store, cfg: IPAMConfig) -> None:
     """Fail with NOT_AVAILABLE when some range set has no address left."""
-    taken = store.reserved()
+    # One pass over the reservations, each charged to the set whose range
+    # holds it: a pass per range set was (sets x reservations).
+    used: collections.Counter[int] = collections.Counter()
+    for ip in store.reserved():
+        found = cfg.locate(ip)
+        if found is not None and ip not in found[1].skipped:
+            used[found[0].index] += 1
     for rset in cfg.range_sets:
         capacity = rset.capacity()
-        used = sum(1 for ip in taken if rset.can_hand_out(ip))
-        if used >= capacity:
+        if used[rset.index] >= capacity:
             raise CNIError(
                 Code.NOT_AVAILABLE,
                 f"range set {rset.field} is exhausted: all {capacity} addresses are reserved",

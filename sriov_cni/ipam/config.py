@@ -9,10 +9,11 @@ the offending field, so an operator can find it without reading code.
 from __future__ import annotations
 
 import bisect
+import functools
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sriov_cni import safepath
 from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, IPAddress, IPNetwork, Route, short_repr
@@ -58,6 +59,34 @@ class Range:
         return f"{self.field} {self.subnet} ({self.start}-{self.end})"
 
 
+def _start(r: Range) -> tuple[int, int]:
+    return r.start.version, int(r.start)
+
+
+T = TypeVar("T")
+
+
+class _ByStart(Generic[T]):
+    """Ranges that do not overlap, each with a value, found by an address in log n.
+
+    A network may list thousands of ranges; an ADD, CHECK or STATUS that
+    asked each range in turn about each address was quadratic.  Sorted by
+    start, the only range that can hold an address is the last one starting
+    at or below it.
+    """
+
+    def __init__(self, entries: Iterable[tuple[Range, T]]) -> None:
+        self._entries = sorted(entries, key=lambda e: _start(e[0]))
+        self._starts = [_start(r) for r, _ in self._entries]
+
+    def find(self, ip: IPAddress) -> tuple[Range, T] | None:
+        at = bisect.bisect_right(self._starts, (ip.version, int(ip))) - 1
+        if at < 0:
+            return None
+        r, value = self._entries[at]
+        return (r, value) if r.contains(ip) else None
+
+
 @dataclass(frozen=True)
 class RangeSet:
     """Ranges of one address family; an attachment gets one address per set."""
@@ -66,15 +95,17 @@ class RangeSet:
     field: str
     ranges: tuple[Range, ...]
 
-    def range_for(self, ip: IPAddress) -> Range | None:
-        return next((r for r in self.ranges if r.contains(ip)), None)
+    @functools.cached_property
+    def _positions(self) -> _ByStart[int]:
+        return _ByStart((r, i) for i, r in enumerate(self.ranges))
+
+    def position(self, ip: IPAddress) -> int | None:
+        """Where in ``ranges`` the range holding ``ip`` is; None when none holds it."""
+        found = self._positions.find(ip)
+        return None if found is None else found[1]
 
     def capacity(self) -> int:
         return sum(r.capacity() for r in self.ranges)
-
-    def can_hand_out(self, ip: IPAddress) -> bool:
-        r = self.range_for(ip)
-        return r is not None and ip not in r.skipped
 
 
 @dataclass(frozen=True)
@@ -93,6 +124,15 @@ class IPAMConfig:
     range_sets: tuple[RangeSet, ...]
     routes: tuple[Route, ...]
     dns: DNS
+
+    @functools.cached_property
+    def _sets(self) -> _ByStart[RangeSet]:
+        return _ByStart((r, s) for s in self.range_sets for r in s.ranges)
+
+    def locate(self, ip: IPAddress) -> tuple[RangeSet, Range] | None:
+        """The range set and range that hold ``ip``, if any: ranges never overlap (load checks)."""
+        found = self._sets.find(ip)
+        return None if found is None else (found[1], found[0])
 
 
 def _section(conf: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -196,12 +236,12 @@ def _check_ranges(sets: list[RangeSet]) -> None:
             raise _bad(later.field, f"{later.subnet} ({later.start}-{later.end}) overlaps {earlier}")
     # A range skips only its own gateway, so another range's gateway inside
     # its window would be handed to a pod.  Ranges no longer overlap, so at
-    # most one range holds a gateway: the last one starting at or below it.
-    starts = [(r.start.version, int(r.start)) for r in ranges]
+    # most one range holds a gateway.
+    by_start = _ByStart((r, None) for r in ranges)
     for r in ranges:
-        at = bisect.bisect_right(starts, (r.gateway.version, int(r.gateway))) - 1
-        other = ranges[at] if at >= 0 else None
-        if other is not None and other is not r and other.contains(r.gateway) and other.gateway != r.gateway:
+        found = by_start.find(r.gateway)
+        other = None if found is None else found[0]
+        if other is not None and other is not r and other.gateway != r.gateway:
             raise _bad(f"{r.field}.gateway", f"{r.gateway} is inside {other}, which would hand it out")
 
 
@@ -318,10 +358,10 @@ def requested_ips(cmd: CmdArgs, cfg: IPAMConfig) -> dict[int, Requested]:
             raise _bad(field, f"{value!r} must be an address string")
         text, _, prefix = value.partition("/")
         ip = _ip(text, field)
-        found = [(s, r) for s in cfg.range_sets for r in s.ranges if r.contains(ip)]
-        if not found:
+        found = cfg.locate(ip)
+        if found is None:
             raise _bad(field, f"{ip} is not inside any configured range")
-        rset, r = found[0]
+        rset, r = found
         if ip == r.gateway:
             raise _bad(field, f"{ip} is the gateway of {r.field}")
         if ip in r.skipped:

@@ -25,6 +25,7 @@ from sriov_cni.cni import (
     Interface,
     IPAddress,
     IPConfig,
+    IPNetwork,
     Result,
     dispatch,
     read_config,
@@ -478,9 +479,14 @@ def _pod_problems(cmd: CmdArgs, prev: Result, index: int) -> tuple[netlink.LinkI
         for ip in prev.ips:
             if ip.interface == index and ip.address not in have:
                 problems.append(f"address {ip.address} is missing")
-        routes = set(pod.routes(link.index))
+        # By destination: a prevResult of many routes was compared with each
+        # of the pod's routes in turn (prevResult x pod routes).
+        gateways: dict[IPNetwork, set[IPAddress | None]] = {}
+        for dst, gw in pod.routes(link.index):
+            gateways.setdefault(dst, set()).add(gw)
         for route in prev.routes:
-            if not any(dst == route.dst and (route.gw is None or gw == route.gw) for dst, gw in routes):
+            via = gateways.get(route.dst)
+            if via is None or (route.gw is not None and route.gw not in via):
                 problems.append(f"route {route.dst} via {route.gw or 'link'} is missing")
     return link, problems
 

@@ -66,12 +66,15 @@ class Keys:
         self.raw = raw
         self.notes = notes
         self.prefix = prefix
-        # Folded once: a config is asked for some twenty keys.
-        self._folded = [(k, _fold(k)) for k in raw]
+        # Every spelling of each folded key, in the config's order, made once:
+        # a config is asked for some twenty keys, and a scan of its keys for
+        # each would cost twenty times a config of many keys.
+        self._spellings: dict[str, list[str]] = {}
+        for k in raw:
+            self._spellings.setdefault(_fold(k), []).append(k)
 
     def get(self, key: str) -> Any:
-        folded = _fold(key)
-        others = [k for k, f in self._folded if k != key and f == folded]
+        others = [k for k in self._spellings.get(_fold(key), ()) if k != key]
         if key in self.raw:
             for other in others:
                 self.notes.add(logging.WARNING, f"ignoring {self.prefix}{other!r}: {self.prefix}{key!r} is set too")

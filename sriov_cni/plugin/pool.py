@@ -13,28 +13,33 @@ from sriov_cni.kernel import sysfs
 
 @dataclass(frozen=True)
 class PoolEntry:
-    """One ``pfNames`` entry: a PF (netdev name or PCI address) and optional VF indexes."""
+    """One ``pfNames`` entry: a PF (netdev name or PCI address) and optional VF index runs."""
 
     pf: str
-    indexes: tuple[int, ...] | None  # None: every VF of the PF
+    # Sorted, merged ``(first, last)`` runs; None: every VF of the PF.  Kept
+    # as runs: "#0-65535" is 8 bytes of config, and 65536 numbers for each
+    # such entry would make a config's cost grow far beyond its size.
+    runs: tuple[tuple[int, int], ...] | None
 
     def __str__(self) -> str:
-        if self.indexes is None:
+        if self.runs is None:
             return self.pf
-        # Runs as ranges: the entry as written, not thousands of numbers.
-        runs: list[list[int]] = []
-        for i in self.indexes:
-            if runs and runs[-1][1] == i - 1:
-                runs[-1][1] = i
-            else:
-                runs.append([i, i])
-        return f"{self.pf}#{','.join(str(a) if a == b else f'{a}-{b}' for a, b in runs)}"
+        return f"{self.pf}#{','.join(str(a) if a == b else f'{a}-{b}' for a, b in self.runs)}"
 
 
 _RANGE = re.compile(r"([0-9]{1,6})(?:-([0-9]{1,6}))?")
 # SR-IOV's TotalVFs is a 16-bit field: no PF has a VF index above this.
-# Checked before expanding a range, so "#0-30000000" costs nothing.
 MAX_VF_INDEX = 0xFFFF
+
+
+def _merged(runs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(runs):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return tuple(out)
 
 
 def parse_pool_entry(entry: str) -> PoolEntry:
@@ -46,7 +51,7 @@ def parse_pool_entry(entry: str) -> PoolEntry:
         raise ValueError(f"{short_repr(pf)} is neither a PF netdev name nor a PCI address: it {validate_ifname(pf)}")
     if not sep:
         return PoolEntry(pf, None)
-    indexes: list[int] = []
+    runs: list[tuple[int, int]] = []
     for part in spec.split(","):
         m = _RANGE.fullmatch(part.strip())
         if not m:
@@ -57,32 +62,47 @@ def parse_pool_entry(entry: str) -> PoolEntry:
             raise ValueError(f"{short_repr(entry)}: range {part!r} ends before it starts")
         if last > MAX_VF_INDEX:
             raise ValueError(f"{short_repr(entry)}: VF index {last} is above {MAX_VF_INDEX}, the most SR-IOV allows")
-        indexes.extend(range(first, last + 1))
-    return PoolEntry(pf, tuple(sorted(set(indexes))))
+        runs.append((first, last))
+    return PoolEntry(pf, _merged(runs))
 
 
 def pool_vfs(sys_root: Path, entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
-    """Every VF the pool names, in order, each once; bad entries are config errors."""
+    """Every VF the pool names, in order, each once; bad entries are config errors.
+
+    Each PF name is resolved from sysfs once, and a repeated entry adds
+    nothing: a long pfNames list costs no more sysfs reads than the PFs it
+    names.
+    """
     out: list[sysfs.VF] = []
     seen: set[str] = set()
+    done: set[PoolEntry] = set()
+    resolved: dict[str, tuple[sysfs.PF, int, dict[int, str]]] = {}
     for entry in entries:
-        try:
-            pf = sysfs.resolve_pf(sys_root, entry.pf)
-            count = sysfs.numvfs(sys_root, pf.pci)
-        except sysfs.SysfsError as exc:
-            raise CNIError(Code.INVALID_CONFIG, f"pfNames entry {str(entry)!r}: {exc}") from exc
-        indexes = entry.indexes if entry.indexes is not None else tuple(range(count))
-        if indexes and indexes[-1] >= count:
+        if entry in done:
+            continue
+        done.add(entry)
+        if entry.pf not in resolved:
+            try:
+                pf = sysfs.resolve_pf(sys_root, entry.pf)
+                count = sysfs.numvfs(sys_root, pf.pci)
+            except sysfs.SysfsError as exc:
+                raise CNIError(Code.INVALID_CONFIG, f"pfNames entry {str(entry)!r}: {exc}") from exc
+            resolved[entry.pf] = (pf, count, sysfs.vf_pcis(sys_root, pf.pci))
+        pf, count, vfs = resolved[entry.pf]
+        runs = entry.runs if entry.runs is not None else ((0, count - 1),) if count else ()
+        if runs and runs[-1][1] >= count:
             raise CNIError(
                 Code.INVALID_CONFIG,
-                f"pfNames entry {str(entry)!r} asks for VF {indexes[-1]}, but {entry.pf} has sriov_numvfs={count}",
+                f"pfNames entry {str(entry)!r} asks for VF {runs[-1][1]}, but {entry.pf} has sriov_numvfs={count}",
             )
-        vfs = sysfs.vf_pcis(sys_root, pf.pci)
-        for index in indexes:
-            pci = vfs.get(index)
-            if pci is None:
-                raise CNIError(Code.INVALID_CONFIG, f"{entry.pf} has no VF {index} in sysfs (virtfn{index} missing)")
-            if pci not in seen:
-                seen.add(pci)
-                out.append(sysfs.VF(pci=pci, index=index, pf=pf))
+        for first, last in runs:
+            for index in range(first, last + 1):
+                pci = vfs.get(index)
+                if pci is None:
+                    raise CNIError(
+                        Code.INVALID_CONFIG, f"{entry.pf} has no VF {index} in sysfs (virtfn{index} missing)"
+                    )
+                if pci not in seen:
+                    seen.add(pci)
+                    out.append(sysfs.VF(pci=pci, index=index, pf=pf))
     return out

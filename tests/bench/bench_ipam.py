@@ -66,16 +66,25 @@ def env(command: str, cid: str) -> dict[str, str]:
     }
 
 
-def exec_add(binary: Path, conf: bytes, cid: str) -> None:
-    proc = subprocess.run([str(binary)], input=conf, env=env("ADD", cid), capture_output=True)
+def exec_call(binary: Path, command: str, conf: bytes, cid: str, extra: dict[str, str] | None = None) -> None:
+    """Run the IPAM executable once; ``extra``: more environment."""
+    proc = subprocess.run([str(binary)], input=conf, env={**env(command, cid), **(extra or {})}, capture_output=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{binary.name} ADD {cid} failed: {proc.stdout.decode()}{proc.stderr.decode()}")
+        raise RuntimeError(f"{binary.name} {command} {cid} failed: {proc.stdout.decode()}{proc.stderr.decode()}")
+
+
+def exec_add(binary: Path, conf: bytes, cid: str) -> None:
+    exec_call(binary, "ADD", conf, cid)
+
+
+def in_process_call(command: str, conf: bytes, cid: str) -> None:
+    out = io.StringIO()
+    if dispatch(HANDLERS, env(command, cid), conf, out, io.StringIO(), "bench") != 0:
+        raise RuntimeError(f"in-process {command} {cid} failed: {out.getvalue()}")
 
 
 def in_process_add(conf: bytes, cid: str) -> None:
-    out = io.StringIO()
-    if dispatch(HANDLERS, env("ADD", cid), conf, out, io.StringIO(), "bench") != 0:
-        raise RuntimeError(f"in-process ADD {cid} failed: {out.getvalue()}")
+    in_process_call("ADD", conf, cid)
 
 
 def _in_process_worker(args: tuple[bytes, list[str]]) -> None:

@@ -80,6 +80,18 @@ def test_odd_environment_entries_decode_as_the_c_library_reads_them() -> None:
     assert wire.decode_request(body)[3] == {"": "x", "A": "b=c"}
 
 
+@pytest.mark.parametrize(
+    "body", [b"1.2\0sriov\0/", b"1.2\0sriov\0/\0A=b\0C=d", "1.2\0sr\u00efov\0/d\u00efr\0A=\u00ef".encode() + b"\xff"]
+)
+def test_the_head_decodes_as_the_whole_request_begins(body: bytes) -> None:
+    assert wire.decode_head(body) == wire.decode_request(body)[:3]
+
+
+def test_a_body_without_its_three_first_fields_has_no_head() -> None:
+    with pytest.raises(ValueError, match="without version, program and working directory"):
+        wire.decode_head(b"1.2\0sriov")
+
+
 CONF = b'{"cniVersion": "1.0.0"}'
 # A process that may open the root-only socket (it keeps CAP_DAC_OVERRIDE)
 # without being root.

@@ -184,15 +184,37 @@ def test_a_pool_entry_prints_as_written(entry: str) -> None:
 
 def test_a_pool_entry_is_sorted_deduplicated_and_printed_as_runs() -> None:
     entry = parse_pool_entry("eth0# 9 ,3-3,0-1,2,1")
-    assert entry.indexes == (0, 1, 2, 3, 9)
+    assert entry.runs == ((0, 3), (9, 9))
     assert str(entry) == "eth0#0-3,9"
 
 
 def test_the_highest_sriov_vf_index_is_accepted_and_one_more_is_not() -> None:
-    assert parse_pool_entry("eth0#65535").indexes == (65535,)
+    assert parse_pool_entry("eth0#65535").runs == ((65535, 65535),)
     for entry in ("eth0#65536", "eth0#65530-65536"):
         with pytest.raises(ValueError, match="above 65535"):
             parse_pool_entry(entry)
+
+
+def test_a_pool_entry_costs_its_length_not_the_vfs_it_spans() -> None:
+    # Eight bytes of config, one run: not 65536 numbers per entry.
+    assert parse_pool_entry("eth0#0-65535").runs == ((0, 65535),)
+    assert parse_pool_entry("eth0#5-9,0-4,20,21").runs == ((0, 9), (20, 21))
+
+
+def test_a_long_pfnames_list_resolves_each_pf_once(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    vfs = tree.igb(vfs=4)
+    resolved: list[str] = []
+    real = sysfs.resolve_pf
+
+    def counted(root: Path, name: str) -> sysfs.PF:
+        resolved.append(name)
+        return real(root, name)
+
+    monkeypatch.setattr(sysfs, "resolve_pf", counted)
+    entries = [parse_pool_entry(e) for e in ["eth0", "eth0#1", "0000:01:00.0#2-3"] * 1000]
+    got = pool_vfs(tree.sys, entries)
+    assert [vf.pci for vf in got] == [vfs[i] for i in range(4)]
+    assert resolved == ["eth0", "0000:01:00.0"]
 
 
 @pytest.mark.parametrize(

@@ -401,6 +401,24 @@ def test_check_fails_when_the_pod_interface_changed(node: Node, change: tuple[st
     assert named in res.out["details"]
 
 
+def test_check_finds_each_route_by_destination_and_gateway(node: Node) -> None:
+    node.add_pf(1)
+    pod = node.pod()
+    ipam = node.sriov_ipam("10.46.0.0/24", gateway="10.46.0.1")
+    ipam["routes"] = [{"dst": f"10.{50 + i}.0.0/16"} for i in range(20)] + [{"dst": "10.90.0.0/16", "gw": "10.46.0.9"}]
+    conf = node.conf("1.1.0", ipam=ipam)
+    with_prev = dict(conf, prevResult=node.add(conf, netns=pod).out)
+    ok(node.cni("CHECK", with_prev, netns=pod))
+    netns = os.path.basename(pod)
+    sh("ip", "-n", netns, "route", "del", "10.69.0.0/16")
+    sh("ip", "-n", netns, "route", "replace", "10.90.0.0/16", "via", "10.46.0.8", "dev", "net1")
+    res = node.cni("CHECK", with_prev, netns=pod)
+    assert res.rc != 0 and res.code == 100
+    assert res.out["details"] == (
+        "route 10.69.0.0/16 via link is missing; route 10.90.0.0/16 via 10.46.0.9 is missing"
+    ), res.out
+
+
 def test_check_fails_when_the_pf_side_vlan_changed(node: Node) -> None:
     _conf, pod, with_prev = _added(node)
     node.fake.state[node.pfs[0].name][0]["vlan"] = 10
