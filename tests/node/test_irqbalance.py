@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -35,28 +36,49 @@ class Balancer:
     def __init__(self, tmp: Path, tree: Tree, *args: str) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         exe = tmp / "irqbalance"
-        # Ready only once its traps are set: a SIGHUP before that would end it.
+        # Ready only once its traps are set: a SIGHUP before that would end
+        # it.  SIGUSR1 writes a fence (see settled).
         exe.write_text(
-            "#!/bin/sh\ntrap 'date +%s.%N >> \"$0.log\"' HUP\ntrap 'exit 0' TERM\ndate +%s.%N > \"$0.ready\"\n"
-            "while :; do sleep 0.05; done\n"
+            "#!/bin/sh\ntrap 'date +%s.%N >> \"$0.log\"' HUP\ntrap 'echo fence >> \"$0.log\"' USR1\n"
+            "trap 'exit 0' TERM\ndate +%s.%N > \"$0.ready\"\nwhile :; do sleep 0.05; done\n"
         )
         exe.chmod(0o755)
         self.log = tmp / "irqbalance.log"
         self.proc = subprocess.Popen([str(exe), *args])
         self.pid = self.proc.pid
         os.symlink(f"/proc/{self.pid}", tree.proc / str(self.pid))
-        wait((tmp / "irqbalance.ready").exists, "the stand-in to set its traps")
+        ready = tmp / "irqbalance.ready"
+        # The shell creates the file before date writes to it.
+        wait(lambda: ready.exists() and ready.read_text().endswith("\n"), "the stand-in to set its traps")
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().split() if self.log.exists() else []
 
     def hups(self) -> list[float]:
         """When each SIGHUP arrived, in seconds after the stand-in started."""
-        if not self.log.exists():
-            return []
         start = float((self.log.parent / "irqbalance.ready").read_text())
-        return [float(t) - start for t in self.log.read_text().split()]
+        return [float(t) - start for t in self.lines() if t != "fence"]
+
+    def settled(self) -> list[float]:
+        """hups() once every signal sent before this call has been taken.
+
+        kill() returns once the signal is pending, and a process takes its
+        pending signals lowest number first: SIGHUP (1) before SIGUSR1 (10),
+        whose fence is therefore logged after every SIGHUP sent before it.
+        """
+        fences = self.lines().count("fence")
+        os.kill(self.pid, signal.SIGUSR1)
+        wait(lambda: self.lines().count("fence") > fences, "the stand-in to take its signals")
+        return self.hups()
 
 
-def wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+def wait(predicate: Callable[[], bool], what: str) -> None:
+    """Polls predicate() until it holds.
+
+    The stand-in takes a signal in milliseconds; the bound is for a stand-in
+    that never will, far above what a loaded machine's scheduler delays.
+    """
+    deadline = time.monotonic() + 120
     while not predicate():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
@@ -133,14 +155,13 @@ def test_ban_makes_the_irqbalance_using_the_script_rescan_once(
         "IRQs back: add that option to its arguments (IRQBALANCE_ARGS in /etc/default/irqbalance on Debian) "
         "and restart it, or set irqbalance: stop",
     ]
-    wait(lambda: len(ours.hups()) == 1, "SIGHUP")
+    [hup] = ours.settled()
     # irqbalance ignores SIGHUP until its first scan, one interval in.
-    assert ours.hups()[0] >= 2
+    assert hup >= 2
     # The script as written then is what it asks; nothing new to ask again.
     again = setup(TUNED, tmp_path, links)
     assert again[0].endswith(": unchanged") and "rescan" not in again[1]
-    time.sleep(0.2)
-    assert (len(ours.hups()), other.hups()) == (1, [])
+    assert (len(ours.settled()), other.settled()) == (1, [])
 
 
 def test_a_later_run_without_tuning_lifts_the_bans(node: Tree, links: FakeLinks, tmp_path: Path) -> None:
@@ -159,9 +180,9 @@ def test_stop_without_systemd_ends_irqbalance(
     no_systemd = tmp_path / "no-systemd"
     b = balancers("--foreground")
     out = setup("irqbalance: stop\n" + TUNED, tmp_path, links, no_systemd)  # sees the unreaped zombie as ended
-    assert (
-        out[0]
-        == f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it again)"
+    assert out[0] == (
+        f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it "
+        "again)"
     )
     assert b.proc.poll() == 0
     assert not script(tmp_path).exists()
@@ -194,7 +215,7 @@ def test_leave_warns_with_what_to_do(
     out = setup("irqbalance: leave\npfs: [{pf: eth0, numVfs: 2, tuning: {}}]", tmp_path, links)
     assert out[-1].startswith(f"warning: irqbalance (pid {b.pid}) is running and will move the pinned IRQs back")
     assert 'IRQBALANCE_ARGS="--banirq=31"' in out[-1]
-    assert not script(tmp_path).exists() and b.proc.poll() is None and b.hups() == []
+    assert not script(tmp_path).exists() and b.proc.poll() is None and b.settled() == []
 
 
 def test_status_says_per_pf_whether_irqbalance_bans_its_irqs(
