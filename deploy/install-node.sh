@@ -4,8 +4,8 @@
 # sriov-ipam in /opt/cni/bin (what the container runtime runs), a
 # virtualenv under /opt/sriov-cni for the daemon, and two systemd units:
 # sriov-cni-setup (VFs and tuning at boot) and sriov-cni-daemon (runs the
-# CNI calls the shim forwards). Needs gcc and libc6-dev (or a shim built
-# with make -C shim beforehand) and python3 >= 3.11 with venv.
+# CNI calls the shim forwards). Needs gcc, libc6-dev and make (pip's build
+# of the package compiles the shim) and python3 >= 3.11 with venv.
 #   sudo deploy/install-node.sh [--no-start]
 set -euo pipefail
 PREFIX=${PREFIX:-/opt/sriov-cni}
@@ -13,8 +13,6 @@ CNI_BIN=${CNI_BIN:-/opt/cni/bin}
 src=$(cd "$(dirname "$0")/.." && pwd)
 
 [ "$(id -u)" = 0 ] || { echo "install-node.sh: run as root" >&2; exit 1; }
-# Built into the package before pip copies it, so install-cni finds it.
-make -s -C "$src/shim"
 python3 -m venv "$PREFIX/venv"
 "$PREFIX/venv/bin/pip" install --quiet "$src"
 "$PREFIX/venv/bin/sriov-cni" install-cni --dest "$CNI_BIN"

@@ -139,7 +139,6 @@ pip_opts=(-q --disable-pip-version-check --root-user-action=ignore)
 if python3 -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
     pip_opts+=(--break-system-packages)
 fi
+# The package's build compiles the static CNI shim into the checkout.
 python3 -m pip install "${pip_opts[@]}" -e '.[test]'
-log "building the static CNI shim"
-make -s -C "$repo/shim"
 log "done"

@@ -1,7 +1,8 @@
 """``sriov-cni install-cni``: the CNI executables written into a node's plugin directory.
 
 Either the static shim for both (shim/sriov-shim.c, built into this package
-directory by ``make -C shim``), which needs only the daemon on the node, or
+directory by the package's build, or by ``make -C shim`` in a checkout),
+which needs only the daemon on the node, or
 scripts that run this installation's Python :mod:`client` and ``sriov-ipam``.
 """
 
@@ -12,7 +13,7 @@ import os
 import sriov_cni
 from sriov_cni import safepath
 
-# Built by `make -C shim`.
+# Built by the package's build (setup.py), or by `make -C shim` in a checkout.
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sriov-shim")
 EXECUTABLES = ("sriov", "sriov-ipam")
 
@@ -31,7 +32,10 @@ def install(dest: str, python: str | None = None) -> list[str]:
     site-packages are loaded only when the call runs in process.
     """
     if python is None and not os.path.exists(SHIM):
-        raise ShimNotBuilt(f"the shim is not built ({SHIM} is missing): run make -C shim")
+        raise ShimNotBuilt(
+            f"the shim is not built ({SHIM} is missing): run make -C shim in the checkout, or install the package "
+            "with pip, whose build compiles it"
+        )
     # The directory holding the sriov_cni package, first on the scripts'
     # path so they run this installation's code.
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(sriov_cni.__file__)))

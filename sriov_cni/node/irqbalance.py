@@ -37,6 +37,8 @@ from sriov_cni import nodestate
 
 UNIT = "irqbalance.service"
 STOP_TIMEOUT = 10.0
+# How long a rescan waits for irqbalance to take SIGHUP at all (see _rescan).
+HUP_TIMEOUT = 30.0
 # irqbalance's default --interval, in seconds.
 DEFAULT_INTERVAL = 10
 
@@ -95,17 +97,41 @@ def _instance(proc: Path, pid: int) -> Instance | None:
     return Instance(pid, script, int(interval) if interval and interval.isdigit() else DEFAULT_INTERVAL, started)
 
 
-def _rescan(instance: Instance) -> None:
+def _takes_hup(proc: Path, pid: int) -> bool:
+    """Whether SIGHUP is blocked, caught or ignored by ``pid`` rather than ending it."""
+    try:
+        masks = {
+            key: int(value, 16)
+            for key, _, value in (
+                line.partition(":\t") for line in (proc / str(pid) / "status").read_text().splitlines()
+            )
+            if key in ("SigBlk", "SigIgn", "SigCgt")
+        }
+    except (OSError, ValueError):
+        return False  # ended: nothing to ask
+    return any(mask >> (signal.SIGHUP - 1) & 1 for mask in masks.values())
+
+
+def _rescan(proc: Path, instance: Instance) -> bool:
     """SIGHUP: irqbalance rebuilds its IRQ list, asking the policy script about each IRQ again.
 
     It ignores the signal until its first scan, one interval after it
     started, so a younger irqbalance (one started with the node, next to
-    setup) is given that long first.
+    setup) is given that long first.  Before main() blocks SIGHUP (the
+    dynamic loader's work, tens of milliseconds after exec, longer on a
+    loaded machine) the signal would end it: it is sent only once the
+    kernel shows it blocked or caught.  False when that never happens.
     """
     young = instance.started + instance.interval + 1 - time.clock_gettime(time.CLOCK_BOOTTIME)
     if young > 0:
         time.sleep(young)
+    deadline = time.monotonic() + HUP_TIMEOUT
+    while not _takes_hup(proc, instance.pid):
+        if time.monotonic() > deadline or not (proc / str(instance.pid) / "status").exists():
+            return False
+        time.sleep(0.05)
     os.kill(instance.pid, signal.SIGHUP)
+    return True
 
 
 def running(proc: Path) -> list[Instance]:
@@ -178,13 +204,18 @@ def ban(proc: Path, script: Path, pf_pcis: list[str]) -> list[str]:
     written = _write_script(script, script_text(pf_pcis))
     which = ", ".join(sorted(pf_pcis)) or "no PF"
     lines = [
-        f"irqbalance: policy script {script} bans the IRQs of {which} and their VFs: {'written' if written else 'unchanged'}"
+        f"irqbalance: policy script {script} bans the IRQs of {which} and their VFs: "
+        f"{'written' if written else 'unchanged'}"
     ]
     for instance in running(proc):
         if instance.policy_script is not None and os.path.realpath(instance.policy_script) == os.path.realpath(script):
-            if written:
-                _rescan(instance)
+            if written and _rescan(proc, instance):
                 lines.append(f"irqbalance (pid {instance.pid}): uses the policy script: asked to rescan")
+            elif written:
+                lines.append(
+                    f"warning: irqbalance (pid {instance.pid}) uses the policy script but took no SIGHUP within "
+                    f"{HUP_TIMEOUT:.0f} s (still starting, or ended), so it was not asked to rescan: restart it"
+                )
         else:
             lines.append(
                 f"warning: irqbalance (pid {instance.pid}) runs without --policyscript={script} and will move "

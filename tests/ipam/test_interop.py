@@ -64,6 +64,15 @@ def test_an_address_host_local_reissued_is_not_ours_any_more(
     assert (net_dir / first[0].split("/")[0]).read_bytes() == b"b\r\neth0"
 
 
+def blocked_on(pid: int, inode: int) -> bool:
+    """Whether ``pid`` waits for a lock on ``inode``: /proc/locks marks a waiter's line with "->"."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if fields[1] == "->" and fields[5] == str(pid) and fields[6].endswith(f":{inode}"):
+            return True
+    return False
+
+
 def test_host_local_waits_for_our_lock(netconf: MakeConf, net_dir: Path, data_dir: Path) -> None:
     conf = netconf([[{"subnet": "10.8.0.0/29"}]])
     conf["ipam"]["type"] = "host-local"
@@ -81,8 +90,15 @@ def test_host_local_waits_for_our_lock(netconf: MakeConf, net_dir: Path, data_di
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(json.dumps(conf).encode())
         proc.stdin.close()
-        time.sleep(1.0)
-        assert proc.poll() is None, "host-local ran while we held the lock"
+        # Once host-local waits on the lock (the kernel lists it as blocked
+        # on the lock file), not after a fixed time that a loaded machine
+        # may spend before host-local even reaches it.
+        inode = os.stat(net_dir / "lock").st_ino
+        deadline = time.monotonic() + 120
+        while not blocked_on(proc.pid, inode):
+            assert proc.poll() is None, "host-local ran while we held the lock"
+            assert time.monotonic() < deadline, "host-local never waited for the lock"
+            time.sleep(0.05)
         assert not (net_dir / "10.8.0.2").exists()
     with proc.stdout:
         out = json.loads(proc.stdout.read())

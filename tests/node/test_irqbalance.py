@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -32,31 +33,56 @@ TUNED = "pfs: [{pf: eth0, numVfs: 2, tuning: {}}, {pf: eth1, numVfs: 1}]"
 class Balancer:
     """A stand-in irqbalance: logs SIGHUP, ends on SIGTERM, and stays a zombie until the test reaps it."""
 
-    def __init__(self, tmp: Path, tree: Tree, *args: str) -> None:
+    def __init__(self, tmp: Path, tree: Tree, *args: str, starting: int = 0) -> None:
+        """``starting``: seconds before it sets its traps, as irqbalance's start before main() blocks SIGHUP."""
         tmp.mkdir(parents=True, exist_ok=True)
         exe = tmp / "irqbalance"
-        # Ready only once its traps are set: a SIGHUP before that would end it.
+        # Ready only once its traps are set: a SIGHUP before that ends it.
+        # SIGUSR1 writes a fence (see settled); its trap comes first, so
+        # that a stand-in that takes SIGHUP takes SIGUSR1 too.
         exe.write_text(
-            "#!/bin/sh\ntrap 'date +%s.%N >> \"$0.log\"' HUP\ntrap 'exit 0' TERM\ndate +%s.%N > \"$0.ready\"\n"
-            "while :; do sleep 0.05; done\n"
+            f"#!/bin/sh\nsleep {starting}\ntrap 'echo fence >> \"$0.log\"' USR1\n"
+            "trap 'date +%s.%N >> \"$0.log\"' HUP\n"
+            "trap 'exit 0' TERM\ndate +%s.%N > \"$0.ready\"\nwhile :; do sleep 0.05; done\n"
         )
         exe.chmod(0o755)
         self.log = tmp / "irqbalance.log"
-        self.proc = subprocess.Popen([str(exe), *args])
+        self.proc = subprocess.Popen([str(exe), *args], start_new_session=True)
         self.pid = self.proc.pid
         os.symlink(f"/proc/{self.pid}", tree.proc / str(self.pid))
-        wait((tmp / "irqbalance.ready").exists, "the stand-in to set its traps")
+        ready = tmp / "irqbalance.ready"
+        if not starting:
+            # The shell creates the file before date writes to it.
+            wait(lambda: ready.exists() and ready.read_text().endswith("\n"), "the stand-in to set its traps")
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().split() if self.log.exists() else []
 
     def hups(self) -> list[float]:
         """When each SIGHUP arrived, in seconds after the stand-in started."""
-        if not self.log.exists():
-            return []
         start = float((self.log.parent / "irqbalance.ready").read_text())
-        return [float(t) - start for t in self.log.read_text().split()]
+        return [float(t) - start for t in self.lines() if t != "fence"]
+
+    def settled(self) -> list[float]:
+        """hups() once every signal sent before this call has been taken.
+
+        kill() returns once the signal is pending, and a process takes its
+        pending signals lowest number first: SIGHUP (1) before SIGUSR1 (10),
+        whose fence is therefore logged after every SIGHUP sent before it.
+        """
+        fences = self.lines().count("fence")
+        os.kill(self.pid, signal.SIGUSR1)
+        wait(lambda: self.lines().count("fence") > fences, "the stand-in to take its signals")
+        return self.hups()
 
 
-def wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+def wait(predicate: Callable[[], bool], what: str) -> None:
+    """Polls predicate() until it holds.
+
+    The stand-in takes a signal in milliseconds; the bound is for a stand-in
+    that never will, far above what a loaded machine's scheduler delays.
+    """
+    deadline = time.monotonic() + 120
     while not predicate():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
@@ -67,15 +93,18 @@ def wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> Non
 def balancers(tree: Tree, tmp_path: Path) -> Iterator[Callable[..., Balancer]]:
     started: list[Balancer] = []
 
-    def start(*args: str) -> Balancer:
-        b = Balancer(tmp_path / f"balancer{len(started)}", tree, *args)
+    def start(*args: str, starting: int = 0) -> Balancer:
+        b = Balancer(tmp_path / f"balancer{len(started)}", tree, *args, starting=starting)
         started.append(b)
         return b
 
     yield start
     for b in started:
-        if b.proc.poll() is None:
-            b.proc.terminate()
+        # The whole group: a stand-in still starting has its sleep running.
+        try:
+            os.killpg(b.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         b.proc.wait()
 
 
@@ -133,14 +162,40 @@ def test_ban_makes_the_irqbalance_using_the_script_rescan_once(
         "IRQs back: add that option to its arguments (IRQBALANCE_ARGS in /etc/default/irqbalance on Debian) "
         "and restart it, or set irqbalance: stop",
     ]
-    wait(lambda: len(ours.hups()) == 1, "SIGHUP")
+    [hup] = ours.settled()
     # irqbalance ignores SIGHUP until its first scan, one interval in.
-    assert ours.hups()[0] >= 2
+    assert hup >= 2
     # The script as written then is what it asks; nothing new to ask again.
     again = setup(TUNED, tmp_path, links)
     assert again[0].endswith(": unchanged") and "rescan" not in again[1]
-    time.sleep(0.2)
-    assert (len(ours.hups()), other.hups()) == (1, [])
+    assert (len(ours.settled()), other.settled()) == (1, [])
+
+
+def test_ban_asks_a_starting_irqbalance_to_rescan_only_once_sighup_would_not_end_it(
+    node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer]
+) -> None:
+    # Setup's wait for the first scan (interval + 1 s after the start) ends
+    # at 2 s; the stand-in would die of SIGHUP for its first 4 s, as a real
+    # irqbalance does until main() blocks it (measured: killed by a SIGHUP
+    # 50 ms after exec, not at 500 ms).
+    ours = balancers("--foreground", "--interval=1", f"--policyscript={script(tmp_path)}", starting=4)
+    out = setup(TUNED, tmp_path, links)
+    assert out[1] == f"irqbalance (pid {ours.pid}): uses the policy script: asked to rescan"
+    assert ours.proc.poll() is None
+    assert len(ours.settled()) == 1
+
+
+def test_ban_leaves_an_irqbalance_that_never_takes_sighup_running_and_says_so(
+    node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(irqbalance, "HUP_TIMEOUT", 1.0)
+    ours = balancers("--foreground", "--interval=1", f"--policyscript={script(tmp_path)}", starting=600)
+    out = setup(TUNED, tmp_path, links)
+    assert out[1] == (
+        f"warning: irqbalance (pid {ours.pid}) uses the policy script but took no SIGHUP within 1 s (still starting, "
+        "or ended), so it was not asked to rescan: restart it"
+    )
+    assert ours.proc.poll() is None
 
 
 def test_a_later_run_without_tuning_lifts_the_bans(node: Tree, links: FakeLinks, tmp_path: Path) -> None:
@@ -159,9 +214,9 @@ def test_stop_without_systemd_ends_irqbalance(
     no_systemd = tmp_path / "no-systemd"
     b = balancers("--foreground")
     out = setup("irqbalance: stop\n" + TUNED, tmp_path, links, no_systemd)  # sees the unreaped zombie as ended
-    assert (
-        out[0]
-        == f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it again)"
+    assert out[0] == (
+        f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it "
+        "again)"
     )
     assert b.proc.poll() == 0
     assert not script(tmp_path).exists()
@@ -194,7 +249,7 @@ def test_leave_warns_with_what_to_do(
     out = setup("irqbalance: leave\npfs: [{pf: eth0, numVfs: 2, tuning: {}}]", tmp_path, links)
     assert out[-1].startswith(f"warning: irqbalance (pid {b.pid}) is running and will move the pinned IRQs back")
     assert 'IRQBALANCE_ARGS="--banirq=31"' in out[-1]
-    assert not script(tmp_path).exists() and b.proc.poll() is None and b.hups() == []
+    assert not script(tmp_path).exists() and b.proc.poll() is None and b.settled() == []
 
 
 def test_status_says_per_pf_whether_irqbalance_bans_its_irqs(

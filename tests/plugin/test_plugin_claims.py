@@ -24,34 +24,71 @@ from tests.support.fakes import MemoryStore
 from tests.support.pluginlib import Node
 
 
+def _opened_by(pid: int, path: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 @contextmanager
 def claimed_elsewhere(
-    data_dir: Path, vf_pci: str, then: Callable[[], None] = lambda: None, hold: float = 60.0
-) -> Iterator[None]:
-    """A child process holds ``vf_pci``'s claim for ``hold`` seconds, runs ``then``, and exits."""
+    data_dir: Path, vf_pci: str, then: Callable[[], None] = lambda: None
+) -> Iterator[Callable[[], None]]:
+    """A child process holds ``vf_pci``'s claim until the block ends, or until this process waits for it.
+
+    The block is given ``release_when_waited``: from then on, once this
+    process has the claim's lock file open (a call waiting for the claim),
+    the child runs ``then`` and exits, which releases the claim.  So the
+    holder lets go while the call waits, however late a loaded machine
+    runs either, rather than after a fixed time that the call may not
+    reach.
+    """
+    lock = os.path.realpath(Path(data_dir) / "claims" / f"{vf_pci}.lock")
+    parent = os.getpid()
     ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         status = 1
         try:
             os.close(ready_r)
+            os.close(go_w)
             claim = FileStore(data_dir).claim(vf_pci)
             assert claim is not None
             os.write(ready_w, b"x")
-            time.sleep(hold)
-            then()
+            if os.read(go_r, 1) == b"x":
+                # Bounded for a parent that never waits: the test then
+                # fails on the child's status.
+                deadline = time.monotonic() + 120
+                while not _opened_by(parent, lock):
+                    assert time.monotonic() < deadline, "the call never waited for the claim"
+                    time.sleep(0.01)
+                then()
             status = 0
         finally:
             os._exit(status)
     os.close(ready_w)
+    os.close(go_r)
+
+    def release_when_waited() -> None:
+        os.write(go_w, b"x")
+
     try:
         assert os.read(ready_r, 1) == b"x", "the child could not claim the VF"
-        yield
+        yield release_when_waited
     finally:
         os.close(ready_r)
-        if hold > 5:
-            os.kill(pid, 9)
-        os.waitpid(pid, 0)
+        os.close(go_w)
+        _, status = os.waitpid(pid, 0)
+    assert status == 0, "the claim's holder failed"
 
 
 def test_add_passes_over_a_stale_vf_another_call_is_giving_back(node: Node) -> None:
@@ -110,7 +147,8 @@ def test_del_of_a_vf_reclaimed_while_it_waited_leaves_it_alone(node: Node) -> No
         taken.container_id = "new"
         FileStore(node.data_dir).put(taken)
 
-    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, reclaim, hold=0.5):
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, reclaim) as release_when_waited:
+        release_when_waited()
         ok(node.cni("DEL", node.conf(), netns=dead.netns, container=dead.container_id))
 
     assert node.fake.calls == []
@@ -141,7 +179,8 @@ def test_del_that_waited_for_its_add_gives_back_what_that_add_recorded(node: Nod
         FileStore(node.data_dir).put(done)
 
     FileStore(node.data_dir).put(begun)
-    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, add_ends, hold=0.5):
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, add_ends) as release_when_waited:
+        release_when_waited()
         ok(node.cni("DEL", conf, netns=pod))
 
     assert node.records() == []
@@ -171,8 +210,9 @@ def test_a_claim_has_one_holder_until_released(store: Store) -> None:
 def test_a_claim_waited_for_is_taken_when_its_holder_ends(tmp_path: Path) -> None:
     # The holder is another process, which exits without releasing: the
     # kernel drops its lock, and the waiter gets the claim within its wait.
-    with claimed_elsewhere(tmp_path, "0000:3b:10.0", hold=0.3):
+    with claimed_elsewhere(tmp_path, "0000:3b:10.0") as release_when_waited:
         assert FileStore(tmp_path).claim("0000:3b:10.0") is None
-        claim = FileStore(tmp_path).claim("0000:3b:10.0", wait=10.0)
+        release_when_waited()
+        claim = FileStore(tmp_path).claim("0000:3b:10.0", wait=120.0)
         assert claim is not None
         claim.release()

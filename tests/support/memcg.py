@@ -80,8 +80,8 @@ class MemoryCgroup:
         return [int(pid) for pid in self._read("cgroup.procs").split()]
 
     def remove(self) -> None:
-        """Removes the cgroup once its processes ended (waits up to 10 s for them)."""
-        deadline = time.monotonic() + 10
+        """Removes the cgroup once its processes ended (waits up to 120 s for them, as long as a loaded machine may)."""
+        deadline = time.monotonic() + 120
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.05)
         os.rmdir(self.path)
