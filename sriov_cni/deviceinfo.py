@@ -106,6 +106,9 @@ def write(path: str, info: dict[str, Any]) -> None:
     exist yet; the caller may not have written anything there.
     """
     try:
+        # Symlinks on the way are followed, unlike in dataDir: the spec's
+        # path goes through /var/run, a symlink to /run on most nodes.  The
+        # file itself is replaced by a rename, never written through a link.
         os.makedirs(os.path.dirname(path), DIR_MODE, exist_ok=True)
         safepath.replace_file(path, json.dumps(info).encode(), FILE_MODE)
     except OSError as exc:
