@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tests.support.pluginlib import Node, addresses, ipam_reservations, link, li
 
 # What the DRA driver sends besides the config: kubelet's keys, as libcni gets them.
 DRA_ARGS = (
-    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-a;"
+    "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-a;"
     "K8S_POD_INFRA_CONTAINER_ID=0a1b2c3d;K8S_POD_UID=8c4e5f2a-0f0e-4c1d-9d1e-2f3a4b5c6d7e"
 )
 
@@ -52,6 +53,25 @@ def test_standalone_call_attaches_the_named_vf_and_a_repeated_del_succeeds(node:
         done = node.cni("DEL", conf, netns=pod, container="0a1b2c3d", ifname="vfnet0", args=DRA_ARGS)
         assert (done.rc, done.stdout) == (0, "")
     assert node.picture() == before
+
+
+def test_a_del_after_the_netns_went_and_the_drivers_retry_without_one_succeed(node: Node) -> None:
+    # The driver's DEL can come after the pod's namespace was removed; on
+    # "failed to open netns" it retries with an empty CNI_NETNS.  A DPDK VF
+    # here: a veth, unlike a VF's netdev, dies with the namespace (the igb
+    # guest's test_pod_netns_deleted_before_del has a netdev come back).
+    pf = node.add_pf(1, dpdk=(0,))
+    pod = node.pod()
+    before = node.picture()
+    conf = node.conf("1.1.0", deviceID=pf.vfs[0].pci, ipam=node.sriov_ipam("10.46.0.0/24"))
+    node.add(conf, netns=pod, container="0a1b2c3d", ifname="vfnet0", args=DRA_ARGS)
+    subprocess.run(["ip", "netns", "del", os.path.basename(pod)], check=True)
+    node.pods.remove(pod)
+    for netns in (pod, ""):
+        done = node.cni("DEL", conf, netns=netns, container="0a1b2c3d", ifname="vfnet0", args=DRA_ARGS)
+        assert (done.rc, done.stdout) == (0, "")
+    assert {k: v for k, v in node.picture().items() if k != "pods"} == {k: v for k, v in before.items() if k != "pods"}
+    assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
 
 
 def test_a_vf_named_by_device_id_is_never_self_allocated(node: Node) -> None:

@@ -302,7 +302,7 @@ def test_dra_standalone_and_multus_calls_give_two_pods_that_ping(
     nad = {"cniVersion": "1.0.0", "name": f"dranet-{os.getpid()}", "type": "sriov", "ipam": ipam}
     nad["dataDir"] = str(node.work / "state")
     args = (
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-a;"
+        "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-a;"
         "K8S_POD_INFRA_CONTAINER_ID=dra-a;K8S_POD_UID=7d9e0c1a-2b3c-4d5e-8f90-a1b2c3d4e5f6"
     )
     standalone = dict(nad, deviceID=vf_a)
