@@ -22,7 +22,8 @@ cgroup's peak.  For ``sriov``, each call's latency is split, from the
 daemon's per-call statistics (SRIOV_CNI_DAEMON_STATS), into the time the
 plugin ran in a daemon child and the rest (the shim, the socket, waiting
 for a child the memory budget admits): what sets the tail is printed from
-that split for the slowest calls.  Asserts nothing; exits non-zero only
+that split for the slowest calls, with the most ADDs that were under way at once and
+how many the daemon admits.  Asserts nothing; exits non-zero only
 when the fixtures cannot be built.
 
     python3 tests/bench/bench_density.py
@@ -88,6 +89,21 @@ class Run:
     oom_kills: int
     # Each sriov ADD as its daemon child measured it, by pod; empty for the peer.
     ran: dict[int, Served]
+    # The daemon's banner: how many calls at once its memory budget admits.
+    admitted: str
+    rate: float
+
+    def in_flight(self) -> int:
+        """The most ADDs under way at once: pod i's from i / rate for its latency."""
+        edges = sorted(
+            [(i / self.rate, 1) for i in self.adds.latency]
+            + [(i / self.rate + t, -1) for i, t in self.adds.latency.items()]
+        )
+        most = now = 0
+        for _, step in edges:
+            now += step
+            most = max(most, now)
+        return most
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -130,6 +146,7 @@ def run_once(name: str, node: HostNode, work: Path, bindir: Path, pods: list[str
     peer = name == PEER
     cgroup = MemoryCgroup(None if peer else limit, "sriov-cni-density")
     daemon: Daemon | None = None
+    admitted = ""
     stats = work / f"stats-{tag}"
     if peer:
         exe = bindir / "host-device"
@@ -150,6 +167,7 @@ def run_once(name: str, node: HostNode, work: Path, bindir: Path, pods: list[str
             wrapper=cgroup.wrap([]),
             env={"PYTHONPATH": str(ROOT), measure.STATS_ENV: str(stats)},
         )
+        admitted = daemon.banner.partition(", ")[2].partition(" (")[0]
         exe = bindir / "sriov"
         ipam_type = "sriov-ipam" if name.endswith("sriov-ipam") else "host-local"
         body = {
@@ -197,7 +215,7 @@ def run_once(name: str, node: HostNode, work: Path, bindir: Path, pods: list[str
                 first = report.stem.endswith("-0")
                 served = Served(entry["seconds"], entry["cpu_seconds"], first)
                 ran[int(entry["container"].removeprefix("density"))] = served
-    return Run(name, adds, dels, peak, kills, ran)
+    return Run(name, adds, dels, peak, kills, ran, admitted, rate)
 
 
 def figures(calls: Calls) -> str:
@@ -220,7 +238,8 @@ def tail(run: Run) -> str:
         f"{statistics.mean(waited):.3f} s besides (shim, socket, waiting for a child); every ADD: median "
         f"{statistics.median(r.seconds for r in every):.3f} s run, "
         f"{statistics.median(r.cpu_seconds for r in every):.3f} s CPU, "
-        f"{sum(r.first for r in every)} of {len(every)} a child's first call"
+        f"{sum(r.first for r in every)} of {len(every)} a child's first call; at most {run.in_flight()} ADDs "
+        f"in flight, the daemon admitting {run.admitted}"
     )
 
 
@@ -276,6 +295,7 @@ def main() -> None:
             go = statistics.median(quantile(list(r.adds.latency.values()), 0.99) for r in peer)
             line = f"ADD p99, {name} / {PEER}: {p99 / go:.2f}"
             lines += [line, tail(ours[-1])]
+        lines.append(f"    {PEER}: at most {peer[-1].in_flight()} ADDs in flight")
         lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         for name in names:
