@@ -22,9 +22,10 @@ cgroup's peak.  For ``sriov``, each call's latency is split, from the
 daemon's per-call statistics (SRIOV_CNI_DAEMON_STATS), into the time the
 plugin ran in a daemon child and the rest (the shim, the socket, waiting
 for a child the memory budget admits): what sets the tail is printed from
-that split for the slowest calls, with the most ADDs that were under way at once and
-how many the daemon admits.  Asserts nothing; exits non-zero only
-when the fixtures cannot be built.
+that split for the slowest calls (with ``--profile``, their time by phase;
+the calls then run under cProfile, which slows them), with the most ADDs
+that were under way at once and how many the daemon admits.  Asserts
+nothing; exits non-zero only when the fixtures cannot be built.
 
     python3 tests/bench/bench_density.py
     python3 tests/bench/bench_density.py --repeats 3 --rate 20
@@ -52,6 +53,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sriov_cni.daemon import budget, install, measure  # noqa: E402
+from tests.bench import phases  # noqa: E402
 from tests.bench.bench_burst import DAEMONSET_LIMIT, GO_PLUGINS, MiB  # noqa: E402
 from tests.support.daemonlib import Daemon  # noqa: E402
 from tests.support.hostnode import HostNode  # noqa: E402
@@ -73,11 +75,15 @@ class Calls:
 
 @dataclass(frozen=True)
 class Served:
-    """An ADD in its daemon child: seconds it ran, CPU seconds it used, whether it was the child's first call."""
+    """An ADD in its daemon child: seconds it ran, CPU seconds it used, whether it was the child's first call.
+
+    ``phases``: where its time went (tests/bench/phases.py), when profiled.
+    """
 
     seconds: float
     cpu_seconds: float
     first: bool
+    phases: dict[str, float]
 
 
 @dataclass
@@ -139,7 +145,9 @@ def arrivals(rate: float, start: Any) -> Calls:
     return calls
 
 
-def run_once(name: str, node: HostNode, work: Path, bindir: Path, pods: list[str], rate: float, limit: int) -> Run:
+def run_once(
+    name: str, node: HostNode, work: Path, bindir: Path, pods: list[str], rate: float, limit: int, profile: bool
+) -> Run:
     tag = uuid.uuid4().hex[:6]
     ipam_dir = work / f"ipam-{tag}"
     base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_PATH": str(bindir), "CNI_IFNAME": "net1"}
@@ -165,7 +173,7 @@ def run_once(name: str, node: HostNode, work: Path, bindir: Path, pods: list[str
             sock_dir,
             program=node.daemon_command,
             wrapper=cgroup.wrap([]),
-            env={"PYTHONPATH": str(ROOT), measure.STATS_ENV: str(stats)},
+            env={"PYTHONPATH": str(ROOT), measure.STATS_ENV: str(stats), measure.PROFILE_ENV: "1" if profile else ""},
         )
         admitted = daemon.banner.partition(", ")[2].partition(" (")[0]
         exe = bindir / "sriov"
@@ -213,7 +221,9 @@ def run_once(name: str, node: HostNode, work: Path, bindir: Path, pods: list[str
             entry = json.loads(report.read_text())
             if entry["program"] == "sriov" and entry["command"] == "ADD":
                 first = report.stem.endswith("-0")
-                served = Served(entry["seconds"], entry["cpu_seconds"], first)
+                prof = report.with_suffix(".prof")
+                shares = phases.breakdown(prof)[0] if prof.exists() else {}
+                served = Served(entry["seconds"], entry["cpu_seconds"], first, shares)
                 ran[int(entry["container"].removeprefix("density"))] = served
     return Run(name, adds, dels, peak, kills, ran, admitted, rate)
 
@@ -240,7 +250,16 @@ def tail(run: Run) -> str:
         f"{statistics.median(r.cpu_seconds for r in every):.3f} s CPU, "
         f"{sum(r.first for r in every)} of {len(every)} a child's first call; at most {run.in_flight()} ADDs "
         f"in flight, the daemon admitting {run.admitted}"
-    )
+    ) + "".join(_phases(ran))
+
+
+def _phases(ran: list[Served]) -> list[str]:
+    """Where the slowest ADDs' time went in their children, averaged over them, largest first (when profiled)."""
+    total: dict[str, float] = {}
+    for served in ran:
+        for phase, seconds in served.phases.items():
+            total[phase] = total.get(phase, 0.0) + seconds / len(ran)
+    return [f"\n      {phase:42} {seconds:6.3f} s" for phase, seconds in sorted(total.items(), key=lambda kv: -kv[1])]
 
 
 def main() -> None:
@@ -248,6 +267,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=RATE, help=f"pods arriving per second (default {RATE:g})")
     parser.add_argument("--limit", default=DAEMONSET_LIMIT, help=f"the daemon's cgroup limit ({DAEMONSET_LIMIT})")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the three runs, in turn")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile each call in the daemon's children; the slowest ADDs by phase"
+    )
     args = parser.parse_args()
     limit = budget.parse_size(args.limit)
     work = Path(tempfile.mkdtemp(prefix="sriov-density-"))
@@ -277,7 +299,7 @@ def main() -> None:
         lines += [head, columns]
         for _ in range(args.repeats):
             for name in RUNS:
-                run = run_once(name, node, work, bindir, pods, args.rate, limit)
+                run = run_once(name, node, work, bindir, pods, args.rate, limit, args.profile)
                 runs.append(run)
                 line = (
                     f"{name:>34} {figures(run.adds)} {figures(run.dels)} "
