@@ -89,6 +89,10 @@ class Allocation:
     # Set before the netdev is moved into the pod: only then may a restore
     # take an interface out of the pod's namespace.
     in_pod: bool = False
+    # The device-info file this attachment's ADD created, recorded before it
+    # is written; DEL removes it (one the caller or a device plugin wrote
+    # is theirs to remove).
+    device_info_file: str = ""
 
     def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:
         return (

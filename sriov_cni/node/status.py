@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sriov_cni import deviceinfo
 from sriov_cni.kernel import cpulist, irqs, netlink, sysfs
 from sriov_cni.node import irqbalance
 from sriov_cni.paths import Paths
@@ -42,7 +43,9 @@ def _count(read: Callable[[Path, str], int], paths: Paths, pci: str) -> int | No
         return None
 
 
-def _vf(paths: Paths, index: int, pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> dict[str, Any]:
+def _vf(
+    paths: Paths, pf_pci: str, index: int, pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]
+) -> dict[str, Any]:
     names = sysfs.netdevs(paths.sys, pci)
     state = vf_state(paths.sys, pci, alloc, in_host)
     return {
@@ -51,6 +54,8 @@ def _vf(paths: Paths, index: int, pci: str, alloc: Allocation | None, in_host: C
         "driver": sysfs.driver(paths.sys, pci),
         "netdev": names[0] if names else None,
         "state": state.value,
+        # What an attachment's device-info file says of the VF (see deviceinfo).
+        "deviceInfo": deviceinfo.facts(paths.sys, pci, pf_pci),
         "allocation": None
         if alloc is None
         else {
@@ -58,6 +63,7 @@ def _vf(paths: Paths, index: int, pci: str, alloc: Allocation | None, in_host: C
             "containerID": alloc.container_id,
             "ifname": alloc.ifname,
             "netns": alloc.netns,
+            "deviceInfoFile": alloc.device_info_file or None,
         },
         "irqs": _irq_pins(paths, pci),
     }
@@ -78,7 +84,7 @@ def gather(paths: Paths, data_dir: Path, in_host: Callable[[str], bool]) -> list
         names = sysfs.netdevs(paths.sys, pci)
         netdev = names[0] if names else None
         mtu, link = _link(paths, netdev)
-        vfs = [_vf(paths, i, vf, allocs.get(vf), in_host) for i, vf in sysfs.vf_pcis(paths.sys, pci).items()]
+        vfs = [_vf(paths, pci, i, vf, allocs.get(vf), in_host) for i, vf in sysfs.vf_pcis(paths.sys, pci).items()]
         out.append(
             {
                 "pci": pci,
@@ -131,13 +137,24 @@ def table(pfs: list[dict[str, Any]]) -> list[str]:
         )
         if not pf["vfs"]:
             continue
-        rows = [("VF", "PCI", "DRIVER", "NETDEV", "STATE", "OWNER (network container ifname netns)", "IRQ:CPUS")]
+        rows = [
+            ("VF", "PCI", "DRIVER", "NETDEV", "RDMA", "STATE", "OWNER (network container ifname netns)", "IRQ:CPUS")
+        ]
         for vf in pf["vfs"]:
             a = vf["allocation"]
             owner = f"{a['network']} {a['containerID'][:12]} {a['ifname']} {a['netns']}" if a else "-"
             state = vf["state"] + (" (netns gone)" if vf["state"] == VfState.STALE.value else "")
             rows.append(
-                (str(vf["index"]), vf["pci"], vf["driver"] or "-", vf["netdev"] or "-", state, owner, _pins(vf["irqs"]))
+                (
+                    str(vf["index"]),
+                    vf["pci"],
+                    vf["driver"] or "-",
+                    vf["netdev"] or "-",
+                    vf["deviceInfo"]["pci"].get("rdma-device", "-"),
+                    state,
+                    owner,
+                    _pins(vf["irqs"]),
+                )
             )
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

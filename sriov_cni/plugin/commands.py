@@ -35,7 +35,7 @@ from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
-from sriov_cni.plugin import allocate, bind, config, delegate, log, pool, tuning
+from sriov_cni.plugin import allocate, bind, config, delegate, deviceinfo, log, pool, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation, FileStore, Store
@@ -128,6 +128,10 @@ def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocat
     """Put back a VF whose container died without DEL, and free its address."""
     logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
     bind.restore(vfc, stale, deps.mac_retry_delay, deps.paths.sys)
+    try:
+        deviceinfo.withdraw(stale)
+    except CNIError as exc:
+        logger.warning("removing the device-info file of dead container %s: %s", stale.container_id, exc)
     ipam_type = conf.ipam_type
     if ipam_type and stale.network == conf.name:
         env = dict(cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
@@ -257,6 +261,7 @@ def _set_up(
     bind.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
     iface, index = _plug(conf, lease, deps)
     ipam_result = _address(lease.alloc, index, ipam)
+    deviceinfo.publish(conf.device_info_file, lease, deps.paths.sys)
     return _result(conf, iface, ipam_result)
 
 
@@ -354,6 +359,7 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
         netns = alloc.netns if alloc.in_pod else None
         tuning.release_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname)
     bind.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys)
+    deviceinfo.withdraw(alloc)
 
 
 def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:

@@ -105,6 +105,9 @@ class NetConf:
     dns: DNS
     prev_result: Result | None
     notes: tuple[tuple[int, str], ...] = ()
+    # runtimeConfig.CNIDeviceInfoFile: where the pod's device information is
+    # read and written (see sriov_cni.deviceinfo); None when not passed.
+    device_info_file: str | None = None
 
 
 def _invalid(msg: str, details: str = "") -> CNIError:
@@ -186,6 +189,12 @@ def _device_id(conf: Keys) -> str | None:
             raise _invalid(f"{key} must be a PCI address like 0000:3b:02.0, got {short_repr(value)}")
         return value.lower()
     return None
+
+
+def _device_info_file(conf: Keys) -> str | None:
+    runtime = conf.section("runtimeConfig")
+    path = _str(runtime, "CNIDeviceInfoFile") if runtime is not None else None
+    return path and safepath.absolute(path, "runtimeConfig.CNIDeviceInfoFile")
 
 
 def _effective_mac(conf: Keys, cni_args: Mapping[str, str]) -> str | None:
@@ -343,4 +352,5 @@ def load(cmd: CmdArgs) -> NetConf:
         dns=DNS.from_dict(conf.get("dns")),
         prev_result=prev,
         notes=tuple(conf.notes.entries),
+        device_info_file=_device_info_file(conf),
     )

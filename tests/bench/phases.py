@@ -36,6 +36,7 @@ PHASES: dict[tuple[str, str], str] = {
     ("bind.py", "restore_netdev"): "move/attach (and back)",
     ("tuning.py", "*"): "VF tuning (IRQs, queues)",
     ("delegate.py", "*"): "IPAM",
+    ("deviceinfo.py", "*"): "device-info file",
     ("commands.py", "_configure_ips"): "pod addresses + routes",
     ("commands.py", "_result"): "result",
     ("cni.py", "_emit"): "result",

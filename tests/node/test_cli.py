@@ -70,10 +70,10 @@ def test_setup_writes_the_state_file_given(tree: Tree, tmp_path: Path, monkeypat
     assert json.loads(state.read_text())["pfs"]["0000:01:00.0"]["pins"] == {"31": 0}
 
 
-def _allocate(tmp_path: Path, vf_pci: str, index: int, netns: Path) -> None:
-    FileStore(tmp_path / "data").put(
-        Allocation(vf_pci, "0000:01:00.0", "eth0", index, "net-a", "0123456789abcdef", "net1", str(netns), None)
-    )
+def _allocate(tmp_path: Path, vf_pci: str, index: int, netns: Path, device_info_file: str = "") -> None:
+    alloc = Allocation(vf_pci, "0000:01:00.0", "eth0", index, "net-a", "0123456789abcdef", "net1", str(netns), None)
+    alloc.device_info_file = device_info_file
+    FileStore(tmp_path / "data").put(alloc)
 
 
 @pytest.fixture
@@ -82,7 +82,8 @@ def node(tree: Tree, tmp_path: Path, fake_netlink: list[str | None]) -> Tree:
     tree.igb("0000:02:00.0", "eth1", total=4)
     alive = tmp_path / "netns-alive"
     alive.write_text("")
-    _allocate(tmp_path, "0000:01:10.1", 1, alive)
+    _allocate(tmp_path, "0000:01:10.1", 1, alive, "/run/k8s.cni.cncf.io/devinfo/cni/net-a-0123_net1")
+    tree.rdma("0000:01:10.1", "mlx5_1")
     _allocate(tmp_path, "0000:01:10.2", 2, tmp_path / "netns-gone")
     return tree
 
@@ -113,7 +114,18 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
         "containerID": "0123456789abcdef",
         "ifname": "net1",
         "netns": str(tmp_path / "netns-alive"),
+        "deviceInfoFile": "/run/k8s.cni.cncf.io/devinfo/cni/net-a-0123_net1",
     }
+    assert pf0["vfs"][2]["allocation"]["deviceInfoFile"] is None
+    # The facts ADD writes into an attachment's device-info file, in the spec's layout.
+    assert [v["deviceInfo"] for v in pf0["vfs"][:2]] == [
+        {"type": "pci", "version": "1.1.0", "pci": {"pci-address": "0000:01:10.0", "pf-pci-address": "0000:01:00.0"}},
+        {
+            "type": "pci",
+            "version": "1.1.0",
+            "pci": {"pci-address": "0000:01:10.1", "pf-pci-address": "0000:01:00.0", "rdma-device": "mlx5_1"},
+        },
+    ]
     assert pf0["vfs"][0]["irqs"] == [
         {"irq": 100, "name": "eth0v0-tx-0", "cpus": "0-7"},
         {"irq": 101, "name": "eth0v0-rx-0", "cpus": "0-7"},
@@ -140,6 +152,7 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
         "PCI",
         "DRIVER",
         "NETDEV",
+        "RDMA",
         "STATE",
         "OWNER",
         "(network",
@@ -153,6 +166,7 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
         "0000:01:10.1",
         "igbvf",
         "eth0v1",
+        "mlx5_1",
         "allocated",
         "net-a",
         "0123456789ab",
@@ -161,7 +175,7 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
         "103:0-7",
         "104:0-7",
     ]
-    assert lines[4].split()[4:6] == ["stale", "(netns"]
+    assert lines[4].split()[4:7] == ["-", "stale", "(netns"]
     assert (
         lines[5] == "PF eth1 0000:02:00.0  driver igb  VFs 0/4  MTU 1500  link up  free 0  irqbalance off  IRQs 41:0-7"
     )

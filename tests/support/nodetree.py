@@ -117,6 +117,10 @@ class Tree:
         if netdev:
             self.netdev(pci, netdev)
 
+    def rdma(self, pci: str, name: str) -> None:
+        """An RDMA device of function ``pci``, as an RDMA-capable driver (mlx5) lists it; no emulated NIC has one."""
+        (self.devices / pci / "infiniband" / name).mkdir(parents=True)
+
     def affinity(self, irq: int) -> str:
         return (self.proc / "irq" / str(irq) / "smp_affinity_list").read_text().strip()
 

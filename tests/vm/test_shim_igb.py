@@ -24,7 +24,7 @@ import pytest
 from sriov_cni.daemon import install
 from tests.support.daemonlib import Daemon
 from tests.vm.plugincalls import host_link, ns_path, records, restored, vfinfo, view
-from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs, wait_until
+from tests.vm.vmlib import Sriov, ip_json, pf_pci_dir, vf_pci_dirs, wait_until
 
 pytestmark = pytest.mark.sriov_vm
 
@@ -90,15 +90,19 @@ class Node:
         for target in reversed(self.mounts):
             subprocess.run(["umount", "-l", str(target)], check=True)
 
-    def shim(self, command: str, conf: dict[str, Any], container: str, netns: str) -> subprocess.Popen[bytes]:
+    def shim(
+        self, command: str, conf: dict[str, Any], container: str, netns: str, ifname: str = "net1", args: str = ""
+    ) -> subprocess.Popen[bytes]:
         """The runtime's call: the shim, run inside the chroot, on its way."""
         env = {
             "CNI_COMMAND": command,
             "CNI_CONTAINERID": container,
             "CNI_NETNS": netns,
-            "CNI_IFNAME": "net1",
+            "CNI_IFNAME": ifname,
             "CNI_PATH": str(self.work / "ipam-bin"),
         }
+        if args:
+            env["CNI_ARGS"] = args
         # From a file, so that callers can start many calls before waiting.
         self.calls += 1
         config = self.work / f"call-{self.calls}.json"
@@ -269,3 +273,80 @@ def test_fourteen_concurrent_adds_through_the_shim(
     assert all(pod_view(pod) == ["lo"] for pod in pods)
     for pf in pfs:
         assert_restored(pf, vfs[pf], before[pf])
+
+
+def test_dra_standalone_and_multus_calls_give_two_pods_that_ping(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], node: Node
+) -> None:
+    """dra-driver-sriov's two modes, as it and Multus call the plugin, on two VFs of one PF.
+
+    Pod A as the driver calls in STANDALONE mode (libcni from containerd's
+    NRI hook): the NAD's config with a top-level deviceID, kubelet's
+    CNI_ARGS, no runtimeConfig, ifname vfnet0, DEL repeated.  Pod B as
+    Multus calls in MULTUS mode: runtimeConfig.deviceID and the device-info
+    file Multus copied from the driver's.  The two pods ping each other
+    through the NIC.  Real: igb/igbvf, the shim in a chroot, the daemon;
+    the driver's device-info file is written by the test.  Costs two VFs,
+    two ADDs, a carrier wait, three refused ADDs and three DELs (about 40 s
+    under TCG).
+    """
+    pf = igb_pfs[0]
+    vfs = sriov.enable(pf, 2)
+    before = vf_state(pf, vfs)
+    pf_pci = pf_pci_dir(pf).name
+    vf_a, vf_b = (d.name for d in vf_pci_dirs(pf))
+    pods = [netns(), netns()]
+    node.build_chroot()
+    node.start_daemon()
+    ipam = {"type": "sriov-ipam", "subnet": "10.87.0.0/24", "dataDir": str(node.work / "ipam")}
+    nad = {"cniVersion": "1.0.0", "name": f"dranet-{os.getpid()}", "type": "sriov", "ipam": ipam}
+    nad["dataDir"] = str(node.work / "state")
+    args = (
+        "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-a;"
+        "K8S_POD_INFRA_CONTAINER_ID=dra-a;K8S_POD_UID=7d9e0c1a-2b3c-4d5e-8f90-a1b2c3d4e5f6"
+    )
+    standalone = dict(nad, deviceID=vf_a)
+    devinfo = node.work / "devinfo" / "cni" / f"{nad['name']}-dra-b_net1"
+    devinfo.parent.mkdir(parents=True)
+    devinfo.write_text(json.dumps({"type": "pci", "version": "1.1.0", "pci": {"pci-address": vf_b}}))
+    multus = dict(nad, runtimeConfig={"deviceID": vf_b, "CNIDeviceInfoFile": str(devinfo)})
+
+    rc, res_a = answer(node.shim("ADD", standalone, "dra-a", ns_path(pods[0]), "vfnet0", args))
+    assert rc == 0, res_a
+    rc, res_b = answer(node.shim("ADD", multus, "dra-b", ns_path(pods[1])))
+    assert rc == 0, res_b
+    # What the driver copies into the ResourceClaim's status: the interface in the sandbox, its MAC, every IP.
+    [iface_a] = [i for i in res_a["interfaces"] if i.get("sandbox")]
+    [link_a] = ip_json("link", "show", "dev", "vfnet0", netns=pods[0])
+    assert (iface_a["name"], iface_a["mac"]) == ("vfnet0", link_a["address"])
+    assert [ip["address"] for ip in res_a["ips"]] == ["10.87.0.2/24"]
+    assert json.loads(devinfo.read_text()) == {
+        "type": "pci",
+        "version": "1.1.0",
+        "pci": {"pci-address": vf_b, "pf-pci-address": pf_pci},
+    }
+
+    # Both VFs are held: a pool of this PF has none, and a deviceID held is refused naming its holder.
+    rc, res = answer(node.shim("ADD", dict(nad, pfNames=[pf]), "pool", ns_path(pods[1]), "net2"))
+    assert rc == 1 and res["code"] == 101 and res["msg"] == "no free VF in the pool (2 VFs, all taken)", res
+    rc, res = answer(node.shim("ADD", standalone, "dra-c", ns_path(pods[1]), "vfnet1", args))
+    assert rc == 1 and res["code"] == 101, res
+    assert res["msg"] == f"VF {vf_a} (container dra-a, netns {ns_path(pods[0])}) is not free"
+
+    for pod, ifname in zip(pods, ("vfnet0", "net1"), strict=True):
+        sriov.wait_carrier(ifname, pod)
+    ping = subprocess.run(
+        ["ip", "netns", "exec", pods[0], "ping", "-c", "3", "-i", "0.2", "-W", "5", "10.87.0.3"],
+        capture_output=True,
+        text=True,
+    )
+    assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
+
+    # StopPodSandbox runs DEL, and may run it again.
+    for _ in range(2):
+        assert answer(node.shim("DEL", standalone, "dra-a", ns_path(pods[0]), "vfnet0", args)) == (0, None)
+    assert answer(node.shim("DEL", multus, "dra-b", ns_path(pods[1]))) == (0, None)
+    assert_restored(pf, vfs, before)
+    assert [pod_view(pod) for pod in pods] == [["lo"], ["lo"]] and records(node.work / "state") == []
+    # Multus' copy: Multus removes it after DEL, not the plugin.
+    assert devinfo.exists()

@@ -1,0 +1,39 @@
+"""ADD's and DEL's part in the pod's device information (see :mod:`sriov_cni.deviceinfo`).
+
+ADD writes the file last, once the VF is set up: a failure before it has
+nothing to undo here, and Multus reads the file only after a successful
+ADD.  A file that was there before ADD (the device plugin's or DRA
+driver's, copied by Multus) is kept with the VF's facts added, and left
+for Multus to remove on DEL, as the spec has it; a file this plugin
+created is recorded before it is written, and DEL removes it, so a caller
+that is not Multus finds the node as it was.  Multus' own removal after
+DEL tolerates the file being gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sriov_cni import deviceinfo
+from sriov_cni.plugin.lease import Lease
+from sriov_cni.vfstore import Allocation
+
+
+def publish(path: str | None, lease: Lease, sys_root: Path) -> None:
+    """The VF's device information written to ``path`` (the caller's CNIDeviceInfoFile), kept with what is there."""
+    if path is None:
+        return
+    alloc = lease.alloc
+    found = deviceinfo.read(path)
+    info = deviceinfo.merged(path, found, deviceinfo.facts(sys_root, alloc.vf_pci, alloc.pf_pci))
+    if found is None:
+        alloc.device_info_file = path
+        lease.save()
+    if info != found:
+        deviceinfo.write(path, info)
+
+
+def withdraw(alloc: Allocation) -> None:
+    """The file the attachment's ADD created, removed; raises CNIError."""
+    if alloc.device_info_file:
+        deviceinfo.remove(alloc.device_info_file)
