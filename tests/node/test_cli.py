@@ -113,6 +113,7 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
         "containerID": "0123456789abcdef",
         "ifname": "net1",
         "netns": str(tmp_path / "netns-alive"),
+        "unrestored": [],
     }
     assert pf0["vfs"][0]["irqs"] == [
         {"irq": 100, "name": "eth0v0-tx-0", "cpus": "0-7"},
