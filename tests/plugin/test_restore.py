@@ -11,15 +11,9 @@ guest (tests/vm/test_reuse_igb.py), not here.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import struct
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sriov_cni.node import status
 from sriov_cni.paths import Paths
@@ -63,37 +57,6 @@ def ethtool_view(name: str, netns: str | None = None) -> dict[str, Any]:
 def qdiscs(name: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = json.loads(sh("tc", "-j", "qdisc", "show", "dev", name).stdout or "[]")
     return found
-
-
-# --- an XDP program without a compiler ---------------------------------------------
-
-_BPF_PROG_LOAD, _BPF_OBJ_PIN = 5, 6
-_BPF_PROG_TYPE_XDP = 6
-_SYS_BPF = 321  # x86_64
-
-
-@pytest.fixture
-def xdp_pass(tmp_path: Path) -> Iterator[str]:
-    """A pinned XDP program that passes every packet (r0 = XDP_PASS; exit), for `ip link set ... pinned`."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    insns = struct.pack("=BBhi", 0xB7, 0, 0, 2) + struct.pack("=BBhi", 0x95, 0, 0, 0)
-    code, lic = ctypes.create_string_buffer(insns, len(insns)), ctypes.create_string_buffer(b"GPL")
-    attr = ctypes.create_string_buffer(
-        struct.pack("=IIQQ", _BPF_PROG_TYPE_XDP, 2, ctypes.addressof(code), ctypes.addressof(lic)), 128
-    )
-    fd = libc.syscall(_SYS_BPF, _BPF_PROG_LOAD, attr, 128)
-    assert fd >= 0, os.strerror(ctypes.get_errno())
-    bpffs = tmp_path / "bpffs"
-    bpffs.mkdir()
-    sh("mount", "-t", "bpf", "bpf", str(bpffs))
-    try:
-        path = ctypes.create_string_buffer(str(bpffs / "pass").encode())
-        pin = ctypes.create_string_buffer(struct.pack("=QI", ctypes.addressof(path), fd), 128)
-        assert libc.syscall(_SYS_BPF, _BPF_OBJ_PIN, pin, 128) == 0, os.strerror(ctypes.get_errno())
-        os.close(fd)
-        yield str(bpffs / "pass")
-    finally:
-        sh("umount", str(bpffs))
 
 
 # --- the tests -------------------------------------------------------------------
