@@ -45,6 +45,26 @@ the only place that depends on it:
 
 Which PF drivers report the VF's own MAC in the reading, which CHECK relies
 on, is :data:`sriov_cni.kernel.vfsettings.OWN_MAC_IN_READING`.
+
+What a pod leaves on its VF
+---------------------------
+A netns move (``__dev_change_net_namespace`` in net/core/dev.c) closes the
+netdev, shuts its qdiscs down (``dev_shutdown``: a clsact goes, its filters
+with it), tells the protocols it is unregistering (IPv4/IPv6 addresses,
+routes, neighbours and per-device sysctls go) and flushes its unicast and
+multicast address lists.  Unlike unregistering, it keeps XDP programs and
+tcx links (no ``dev_xdp_uninstall``/``dev_tcx_uninstall``), and it keeps
+everything held in the net_device or by the driver: name and altnames, MAC,
+MTU, flags and their counts, txqueuelen, group, alias, GSO/GRO limits, and
+the driver's offloads, rings, channels, coalescing, pause, private flags and
+FEC (a close resets the VF's hardware, not the driver's settings).  So ADD
+records all of those (:func:`snapshot`) and DEL compares the VF with the
+record from one reading and writes back only what differs
+(:func:`_restore_link`).  An XDP program recorded before ADD cannot be
+attached again (its fd is not ours), so only one the pod attached is
+detached; promiscuity and allmulti counts are not written, since only the
+packet socket that holds one can drop it, and it does when the pod's
+processes exit.
 """
 
 from __future__ import annotations
