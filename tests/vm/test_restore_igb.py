@@ -4,7 +4,9 @@ Real: igb/igbvf, the plugin in process, ip, ethtool and tc.  The oracle is
 ``ip -j -d link`` and ethtool's own readings of the VF netdev before ADD and
 after DEL; then a next pod on the same VF, named as the first pod's altname,
 has traffic to a pod on the other VF.  What igbvf refuses is asserted as
-refused, so a driver that starts taking it shows here.
+refused, so a driver that starts taking it shows here.  The guest's kernel
+has no clsact qdisc module; the move's reset of qdiscs is tested on the
+host (tests/plugin/test_restore.py).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ ETHTOOL_CHANGES = {
     ("-G", "net1", "rx", "512", "tx", "512"): True,
     ("-C", "net1", "rx-usecs", "100"): True,
     ("-L", "net1", "combined", "1"): False,
-    ("-A", "net1", "rx", "off"): False,
+    # igbvf has no pause settings to report, yet ethtool exits 0 here; the
+    # readings compared after DEL include -a's.
+    ("-A", "net1", "rx", "off"): True,
     ("--set-priv-flags", "net1", "legacy-rx", "on"): False,
     ("--set-fec", "net1", "encoding", "off"): False,
 }
@@ -84,7 +88,6 @@ def test_del_gives_the_vf_back_as_before_whatever_the_pod_did(
     assert out.returncode == 0, out.stderr
     out = run("ip", "link", "set", "dev", "net1", "xdpgeneric", "pinned", xdp_pass, netns=pod)
     assert out.returncode == 0, out.stderr
-    assert run("tc", "qdisc", "add", "dev", "net1", "clsact", netns=pod).returncode == 0
     taken = {args: run("ethtool", *args, netns=pod).returncode == 0 for args in ETHTOOL_CHANGES}
     assert taken == ETHTOOL_CHANGES
     changed = view("net1", pod)
