@@ -23,6 +23,7 @@ import errno
 import fcntl
 import socket
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,9 +126,10 @@ def read(name: str) -> dict[str, Any]:
         sock.close()
 
 
-def _read(sock: _Socket, name: str) -> dict[str, Any]:
+def _read(sock: _Socket, name: str, groups: Iterable[str] = _GROUPS) -> dict[str, Any]:
     state: dict[str, Any] = {}
-    for key, group in _GROUPS.items():
+    for key in groups:
+        group = _GROUPS[key]
         try:
             state[key] = _group(sock, name, group)
         except NotSupported:
@@ -161,11 +163,13 @@ def _onoff(value: bool | None) -> str:
 def restore(name: str, recorded: dict[str, Any]) -> list[str]:
     """Write back each recorded group that differs, after one reading; returns what could not be.
 
-    A pod that changed nothing costs this one reading.
+    A pod that changed nothing costs this one reading, of the groups the
+    record has only: each request waits for the RTNL lock, which a busy node
+    holds often.
     """
     sock = _Socket()
     try:
-        current = _read(sock, name)
+        current = _read(sock, name, [key for key in recorded if key in _GROUPS])
         failures = []
         for key, want in recorded.items():
             try:

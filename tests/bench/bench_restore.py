@@ -7,7 +7,9 @@ temporary sysfs, the PF side faked.  ``--baseline REV`` also measures the
 tree at REV (a git revision, exported to a temporary directory), and the Go
 ``host-device`` plugin's DEL of the same veth is the peer; all three run in
 turns in the same run, so their ratios hold on a slow or loaded machine.
-The pod's changes are made between ADD and DEL and are not timed.  Needs
+The pod's changes are made between ADD and DEL and are not timed.  The
+ethtool reading this tree's DEL adds is timed on its own too, beside one
+netlink reading of the same link.  Needs
 root; prints figures, asserts nothing.
 
     python3 tests/bench/bench_restore.py --baseline ff8bc55 --rounds 5 --cycles 20
@@ -91,6 +93,28 @@ def host_device(cycles: int) -> list[float]:
     return times
 
 
+def readings(n: int = 500) -> tuple[float, float]:
+    """What DEL's comparison reads, in µs: the ethtool reading this tree adds, and one link reading beside it."""
+    sys.path.insert(0, str(ROOT))
+    from sriov_cni.kernel import ethtool, netlink
+
+    subprocess.run(["ip", "link", "add", "bread0", "type", "veth", "peer", "name", "bread0p"], check=True)
+    try:
+        recorded = ethtool.read("bread0")
+        start = time.perf_counter()
+        for _ in range(n):
+            ethtool.restore("bread0", recorded)  # nothing differs: its reading only
+        eth = (time.perf_counter() - start) / n * 1e6
+        with netlink.namespace() as host:
+            start = time.perf_counter()
+            for _ in range(n):
+                host.find("bread0")
+            link = (time.perf_counter() - start) / n * 1e6
+    finally:
+        subprocess.run(["ip", "link", "del", "bread0"], check=False)
+    return eth, link
+
+
 def measure(tree: Path, cycles: int, changed: bool) -> list[float]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(cycles)] + (["--changed"] if changed else [])
     out = subprocess.run(cmd, cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True)
@@ -129,12 +153,14 @@ def main() -> None:
                     results.setdefault(key, []).extend(measure(tree, args.cycles, changed))
             if HOST_DEVICE.exists():
                 results.setdefault("host-device (Go)", []).extend(host_device(args.cycles))
+    eth, link = readings()
     go = statistics.median(results["host-device (Go)"]) if "host-device (Go)" in results else None
     print(f"DEL, median of {args.rounds} x {args.cycles} (ms); in process, host fixtures")
     for key, times in results.items():
         med = statistics.median(times)
         ratio = f"  {med / go:.2f} x host-device" if go else ""
         print(f"  {key:50s} {med:7.2f}{ratio}")
+    print(f"the ethtool reading DEL compares: {eth:.0f} µs (one link reading: {link:.0f} µs, same run)")
 
 
 if __name__ == "__main__":
