@@ -6,7 +6,7 @@ PF side is the fake of :class:`pluginlib.Node`).  The oracle is iproute2
 (``ip -j -d link``, ``tc -j``) and ``ethtool --json -k`` / ``ethtool -l``,
 read before ADD and after DEL.  A veth reports no parent device, so DEL
 finds it in the pod by MAC: the pod's MAC change is covered on igb in the
-guest (tests/vm/test_reuse_igb.py), not here.
+guest (tests/vm/test_restore_igb.py), not here.
 """
 
 from __future__ import annotations
