@@ -67,6 +67,14 @@ class OriginalState:
     promisc: bool | None = None
     altnames: list[str] = field(default_factory=list)
     alias: str = ""
+    # IFF_* flags besides promisc by name (allmulti, multicast, noarp); link
+    # settings by name (txqlen, group, GSO/GRO limits), those the kernel
+    # reports; the id of the XDP program attached (0: none); the ethtool
+    # settings by group (sriov_cni.kernel.ethtool.read).
+    flags: dict[str, bool] = field(default_factory=dict)
+    settings: dict[str, int] = field(default_factory=dict)
+    xdp: int = 0
+    ethtool: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +101,9 @@ class Allocation:
     # is written; DEL removes it (one the caller or a device plugin wrote
     # is theirs to remove).
     device_info_file: str = ""
+    # What a give-back could not put back as recorded, one entry each: the
+    # record is kept so no pod gets the VF before a give-back succeeds.
+    unrestored: list[str] = field(default_factory=list)
 
     def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:
         return (

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 # The fixtures every directory may use: a fake sysfs tree, a node of veth "VFs".
-pytest_plugins = ("tests.support.treefixtures", "tests.support.nodefixtures")
+pytest_plugins = ("tests.support.treefixtures", "tests.support.nodefixtures", "tests.support.bpf")
 
 VM_ENV = "SRIOV_CNI_VM"
 

@@ -33,10 +33,11 @@ apt_update_once() {
 # executable's own process in tests/bench/bench_plugin.py. mmdebstrap
 # bootstraps the image's Debian base without a registry
 # (deploy/build-image.sh --offline); catatonit (static) is the whole of the
-# CRI test's pause image (tests/vm/crilib.py).
+# CRI test's pause image (tests/vm/crilib.py). ethtool is the oracle of
+# the restore tests (what DEL puts back of a VF's offloads and channels).
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
            iputils-ping ca-certificates python3-pip podman containerd runc
-           gcc libc6-dev make time mmdebstrap catatonit)
+           gcc libc6-dev make time mmdebstrap catatonit ethtool)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \

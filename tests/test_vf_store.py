@@ -129,6 +129,7 @@ def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_a
         "applied",
         "in_pod",
         "device_info_file",
+        "unrestored",
     ]
     assert raw["applied"] == {"vlan": [100, 0, 0x8100], "rate": [0, 500], "trust": True}
     # trust is None in the snapshot (a driver that does not report it): absent, as in applied.
@@ -140,6 +141,10 @@ def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_a
         "promisc": False,
         "altnames": ["enp59s0f0v0"],
         "alias": "",
+        "flags": {},
+        "settings": {},
+        "xdp": 0,
+        "ethtool": {},
     }
 
 

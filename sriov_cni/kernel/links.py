@@ -45,7 +45,27 @@ _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 IFF_UP = 0x1
+IFF_NOARP = 0x80
 IFF_PROMISC = 0x100
+IFF_ALLMULTI = 0x200
+IFF_MULTICAST = 0x1000
+# The flags a pod may change and a netns move keeps (see bind's doc), by
+# the name OriginalState records them under.
+FLAGS = {"promisc": IFF_PROMISC, "allmulti": IFF_ALLMULTI, "multicast": IFF_MULTICAST, "noarp": IFF_NOARP}
+# Link settings that are one u32 each, read and written as one attribute,
+# by the name OriginalState records them under.  The GSO/GRO limits are
+# reported from 5.19 (gso ones earlier) and writable from 5.19/6.0; a
+# kernel that does not report one has nothing to restore.
+SETTINGS = {
+    "txqlen": "IFLA_TXQLEN",
+    "group": "IFLA_GROUP",
+    "gso_max_size": "IFLA_GSO_MAX_SIZE",
+    "gso_max_segs": "IFLA_GSO_MAX_SEGS",
+    "gro_max_size": "IFLA_GRO_MAX_SIZE",
+}
+# XDP attachment modes (IFLA_XDP_ATTACHED) and the flag that detaches each.
+_XDP_ATTACHED_DRV, _XDP_ATTACHED_SKB, _XDP_ATTACHED_HW, _XDP_ATTACHED_MULTI = 1, 2, 3, 4
+XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE, XDP_FLAGS_HW_MODE = 2, 4, 8
 RT_TABLE_MAIN = 254
 RTPROT_STATIC = 4
 RTN_UNICAST = 1
@@ -71,11 +91,55 @@ class LinkInfo:
     altnames: tuple[str, ...]
     alias: str
     parent_dev: str
+    # The raw IFF_* flags, the promiscuity and allmulti counts (a packet
+    # socket's membership counts without setting the flag).
+    flags: int = 0
+    promiscuity: int = 0
+    allmulti_count: int = 0
+    # SETTINGS's values the kernel reported, by their names there.
+    settings: tuple[tuple[str, int], ...] = ()
+    # The XDP programs attached, as (detach flag, program id), one per mode.
+    xdp: tuple[tuple[int, int], ...] = ()
+
+    def flag(self, name: str) -> bool:
+        return bool(self.flags & FLAGS[name])
 
 
 _IFINFO = struct.Struct("=BxHiII")  # struct ifinfomsg: family, type, index, flags, change
 _IFLA = rtnl.numbers(ifinfmsg)
 _IFLA_ALT_IFNAME = rtnl.numbers(ifinfmsg.proplist)["IFLA_ALT_IFNAME"]
+_IFLA_XDP = rtnl.numbers(ifinfmsg.xdp)
+
+
+def _u32(payload: memoryview | None) -> int | None:
+    return struct.unpack_from("=I", payload)[0] if payload is not None and len(payload) >= 4 else None
+
+
+def _xdp(payload: memoryview | None) -> tuple[tuple[int, int], ...]:
+    """(detach flag, program id) per attached mode, from IFLA_XDP."""
+    if payload is None:
+        return ()
+    nested = rtnl.attributes(payload, 0)
+
+    def u32(name: str) -> int:
+        found = nested.get(_IFLA_XDP[name])
+        return _u32(found[0] if found else None) or 0
+
+    attached = nested.get(_IFLA_XDP["IFLA_XDP_ATTACHED"])
+    mode = attached[0][0] if attached and len(attached[0]) else 0
+    if mode == _XDP_ATTACHED_MULTI:
+        found = (
+            (XDP_FLAGS_DRV_MODE, u32("IFLA_XDP_DRV_PROG_ID")),
+            (XDP_FLAGS_SKB_MODE, u32("IFLA_XDP_SKB_PROG_ID")),
+            (XDP_FLAGS_HW_MODE, u32("IFLA_XDP_HW_PROG_ID")),
+        )
+        return tuple((flag, prog) for flag, prog in found if prog)
+    by_mode = {
+        _XDP_ATTACHED_DRV: XDP_FLAGS_DRV_MODE,
+        _XDP_ATTACHED_SKB: XDP_FLAGS_SKB_MODE,
+        _XDP_ATTACHED_HW: XDP_FLAGS_HW_MODE,
+    }
+    return ((by_mode[mode], u32("IFLA_XDP_PROG_ID")),) if mode in by_mode else ()
 
 
 def _text(payload: memoryview) -> str:
@@ -100,6 +164,7 @@ def _link_info(answer: bytes) -> LinkInfo:
         first("IFLA_CARRIER"),
         first("IFLA_PROP_LIST"),
     )
+    settings = tuple((name, value) for name, attr in SETTINGS.items() if (value := _u32(first(attr))) is not None)
     altnames: tuple[str, ...] = ()
     if proplist is not None:
         nested = rtnl.attributes(proplist, 0)
@@ -115,6 +180,11 @@ def _link_info(answer: bytes) -> LinkInfo:
         altnames=altnames,
         alias=text("IFLA_IFALIAS"),
         parent_dev=text("IFLA_PARENT_DEV_NAME"),
+        flags=flags,
+        promiscuity=_u32(first("IFLA_PROMISCUITY")) or 0,
+        allmulti_count=_u32(first("IFLA_ALLMULTI")) or 0,
+        settings=settings,
+        xdp=_xdp(first("IFLA_XDP")),
     )
 
 
@@ -169,6 +239,20 @@ class Namespace:
 
     def set_promisc(self, index: int, on: bool) -> None:
         self._set(index, "setting promiscuous mode", [], IFF_PROMISC if on else 0, IFF_PROMISC)
+
+    def set_link(self, index: int, flags: dict[str, bool], settings: dict[str, int]) -> None:
+        """Set ``flags`` (by FLAGS's names) and ``settings`` (by SETTINGS's) in one request."""
+        on = sum(FLAGS[name] for name, value in flags.items() if value)
+        change = sum(FLAGS[name] for name in flags)
+        attrs: list[tuple[str, Any]] = [(SETTINGS[name], value) for name, value in settings.items()]
+        what = ", ".join([*flags, *settings])
+        self._set(index, f"setting {what}", attrs, on, change)
+
+    def detach_xdp(self, index: int, modes: tuple[int, ...]) -> None:
+        """Detach the XDP program of each mode in ``modes`` (XDP_FLAGS_*_MODE)."""
+        for mode in modes:
+            xdp = {"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", mode)]}
+            self._set(index, "detaching XDP", [("IFLA_XDP", xdp)])
 
     def set_alias(self, index: int, alias: str) -> None:
         self._set(index, "setting alias", [("IFLA_IFALIAS", alias)])

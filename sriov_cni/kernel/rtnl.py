@@ -133,6 +133,8 @@ _SCALARS: dict[str, Any] = {
     "asciiz": lambda v: str(v).encode() + b"\0",
     "uint32": lambda v: struct.pack("=I", v),
     "netns_fd": lambda v: struct.pack("=I", v),
+    "xdp_fd": lambda v: struct.pack("=i", v),
+    "xdp_flags": lambda v: struct.pack("=I", v),
     "l2addr": lambda v: bytes.fromhex(str(v).replace(":", "")),
     "ipaddr": _ip,
     "target": _ip,

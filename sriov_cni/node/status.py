@@ -64,6 +64,9 @@ def _vf(
             "ifname": alloc.ifname,
             "netns": alloc.netns,
             "deviceInfoFile": alloc.device_info_file or None,
+            # What its last give-back could not put back: the VF is not
+            # handed to another pod until one succeeds.
+            "unrestored": alloc.unrestored,
         },
         "irqs": _irq_pins(paths, pci),
     }
@@ -144,6 +147,8 @@ def table(pfs: list[dict[str, Any]]) -> list[str]:
             a = vf["allocation"]
             owner = f"{a['network']} {a['containerID'][:12]} {a['ifname']} {a['netns']}" if a else "-"
             state = vf["state"] + (" (netns gone)" if vf["state"] == VfState.STALE.value else "")
+            if a and a["unrestored"]:
+                state += f" (unrestored: {'; '.join(a['unrestored'])})"
             rows.append(
                 (
                     str(vf["index"]),

@@ -45,6 +45,26 @@ the only place that depends on it:
 
 Which PF drivers report the VF's own MAC in the reading, which CHECK relies
 on, is :data:`sriov_cni.kernel.vfsettings.OWN_MAC_IN_READING`.
+
+What a pod leaves on its VF
+---------------------------
+A netns move (``__dev_change_net_namespace`` in net/core/dev.c) closes the
+netdev, shuts its qdiscs down (``dev_shutdown``: a clsact goes, its filters
+with it), tells the protocols it is unregistering (IPv4/IPv6 addresses,
+routes, neighbours and per-device sysctls go) and flushes its unicast and
+multicast address lists.  Unlike unregistering, it keeps XDP programs and
+tcx links (no ``dev_xdp_uninstall``/``dev_tcx_uninstall``), and it keeps
+everything held in the net_device or by the driver: name and altnames, MAC,
+MTU, flags and their counts, txqueuelen, group, alias, GSO/GRO limits, and
+the driver's offloads, rings, channels, coalescing, pause, private flags and
+FEC (a close resets the VF's hardware, not the driver's settings).  So ADD
+records all of those (:func:`snapshot`) and DEL compares the VF with the
+record from one reading and writes back only what differs
+(:func:`_restore_link`).  An XDP program recorded before ADD cannot be
+attached again (its fd is not ours), so only one the pod attached is
+detached; promiscuity and allmulti counts are not written, since only the
+packet socket that holds one can drop it, and it does when the pod's
+processes exit.
 """
 
 from __future__ import annotations
@@ -56,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from sriov_cni.cni import CNIError, Code, log
-from sriov_cni.kernel import netlink, sysfs
+from sriov_cni.kernel import ethtool, netlink, sysfs
 from sriov_cni.kernel.netlink import LinkInfo, Namespace, VfControl
 from sriov_cni.vfstore import Allocation, OriginalState
 
@@ -90,8 +110,12 @@ def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation, sys_root: Path)
         state.mtu = link.mtu
         state.mac = link.mac
         state.promisc = link.promisc
+        state.flags = {name: link.flag(name) for name in ("allmulti", "multicast", "noarp")}
+        state.settings = dict(link.settings)
         state.altnames = list(link.altnames)
         state.alias = link.alias
+        state.xdp = link.xdp[0][1] if link.xdp else 0
+        state.ethtool = ethtool.read(link.name)
     return state
 
 
@@ -221,31 +245,23 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation, retry: float) -> list[s
     return []
 
 
-def _move(
-    src: str | None,
-    name: str,
-    dst: str | None,
-    new_name: str,
-    altnames: tuple[str, ...] | None,
-    link: LinkInfo | None = None,
-) -> LinkInfo | None:
+def _move(src: str | None, name: str, dst: str | None, new_name: str, link: LinkInfo | None = None) -> None:
     """Move link ``name`` from namespace ``src`` to ``dst`` as ``new_name``, in one request.
 
-    ``altnames`` None drops the link's altnames first (udev gives VFs
-    altnames that could clash in the pod, and would block the way back); a
-    tuple re-adds those names at the destination.  ``None`` as a namespace
-    means this process's own.  ``link``: the caller's reading of ``name``
-    in ``src``, if it just took one.  Returns the link as read at the
-    destination when re-adding altnames took that reading (before they were
-    added), so the caller need not look it up again.
+    The link's altnames are dropped first: udev gives VFs altnames that
+    could clash in the pod, and a pod's own could clash in the host, where
+    the kernel refuses a move that brings a name already taken (and, on
+    kernels that do not check, would leave the next pod's rename to fail
+    with "file exists").  Whoever moves the link back re-adds what it
+    recorded.  ``None`` as a namespace means this process's own.  ``link``:
+    the caller's reading of ``name`` in ``src``, if it just took one.
     """
     own = netlink.own_netns_path()
     with netlink.namespace(src) as ns:
         link = link or ns.find(name)
         if link is None:
             raise netlink.LinkNotFound(f"{name} not found in {src or 'the host network namespace'}")
-        dropped = link.altnames if altnames is None else ()
-        ns.del_altnames(link.index, dropped)
+        ns.del_altnames(link.index, link.altnames)
         try:
             ns.move(link.index, dst or own, new_name if new_name != name else None)
         except netlink.NetlinkError:
@@ -258,15 +274,8 @@ def _move(
                     target.move(stray.index, src or own)
             back = ns.find(name)
             if back is not None:
-                ns.add_altnames(back.index, dropped)
+                ns.add_altnames(back.index, link.altnames)
             raise
-    if not altnames:
-        return None
-    with netlink.namespace(dst) as target:
-        moved = target.find(new_name)
-        if moved is not None:
-            target.add_altnames(moved.index, tuple(a for a in altnames if a not in moved.altnames))
-        return moved
 
 
 def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str, retry: float) -> LinkInfo:
@@ -275,7 +284,7 @@ def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str, retry: f
     On failure the netdev may be in the pod; :func:`restore` brings it back.
     """
     assert alloc.original is not None and alloc.in_pod
-    _move(None, alloc.original.netdev, netns, ifname, None)
+    _move(None, alloc.original.netdev, netns, ifname)
     with netlink.namespace(netns) as pod:
         link = pod.find(ifname)
         if link is None:
@@ -401,17 +410,21 @@ def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Pa
     if orig is None or alloc.dpdk or not orig.netdev:
         return
     found, pod_alive = _out_of_pod(alloc, orig)
-    moved = None
     if found is not None:
-        moved = _move(alloc.netns, found.name, None, orig.netdev, tuple(orig.altnames), found)
+        _move(alloc.netns, found.name, None, orig.netdev, found)
     with netlink.namespace() as host:
-        # The move's own reading (under the recorded name) serves: every
-        # field compared below is one that adding altnames leaves alone.
-        link = moved or _home_link(host, alloc, orig, pod_alive, sys_root)
+        link = _home_link(host, alloc, orig, pod_alive, sys_root)
         if link is None:
             log.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
             return
-        _restore_link(vfc, host, alloc, orig, link, retry)
+        failures = _restore_link(vfc, host, alloc, orig, link, retry)
+        if failures:
+            # Read again, once, to say what the VF keeps of its pod.
+            now = host.get(link.index)
+            alloc.unrestored = differences(orig, now, ethtool.read(now.name) if orig.ethtool else {})
+            log.error("VF %s differs from its record after DEL: %s", alloc.vf_pci, "; ".join(alloc.unrestored))
+            raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} keeps {'; '.join(alloc.unrestored)}", "; ".join(failures))
+        alloc.unrestored = []
 
 
 def _out_of_pod(alloc: Allocation, orig: OriginalState) -> tuple[LinkInfo | None, bool]:
@@ -457,27 +470,100 @@ def _home_link(
 
 def _restore_link(
     vfc: VfControl, host: Namespace, alloc: Allocation, orig: OriginalState, link: LinkInfo, retry: float
-) -> None:
-    """The VF's host netdev as recorded: down, its name and altnames, MAC, MTU, promisc, alias."""
+) -> list[str]:
+    """The VF's host netdev as recorded, from one reading (``link``): only what differs is written.
+
+    Returns what failed; every step is tried.
+    """
+    failures: list[str] = []
+
+    def attempt(step: Callable[[], object]) -> None:
+        try:
+            step()
+        except (netlink.NetlinkError, CNIError) as exc:
+            failures.append(str(exc))
+
     if link.up:
-        host.set_up(link.index, False)
+        attempt(lambda: host.set_up(link.index, False))
+    # The pod's altnames go before the rename: one may be the recorded name.
+    attempt(lambda: host.del_altnames(link.index, tuple(a for a in link.altnames if a not in orig.altnames)))
     if link.name != orig.netdev:
-        host.rename(link.index, orig.netdev)
-        host.add_altnames(link.index, tuple(a for a in orig.altnames if a not in link.altnames))
+        attempt(lambda: host.rename(link.index, orig.netdev))
+    attempt(lambda: host.add_altnames(link.index, tuple(a for a in orig.altnames if a not in link.altnames)))
     if orig.mac and link.mac != orig.mac:
-        if alloc.applied.mac is None and link.mac == orig.pf.mac and orig.pf.mac != ZERO_MAC:
-            # The PF held an admin MAC before ADD that the netdev did not
-            # carry yet; igbvf takes it when it resets (at ADD, or at a
-            # new VF's first open) and then refuses any other MAC.  The
-            # admin MAC goes back after, in restore_admin_mac.
-            _lift_admin_mac(vfc, alloc, orig.pf.mac, retry)
-        _set_effective_mac(host, link.index, orig.mac, retry)
+        attempt(lambda: _restore_mac(vfc, host, alloc, orig, link, retry))
     if orig.mtu and link.mtu != orig.mtu:
-        host.set_mtu(link.index, orig.mtu)
-    if orig.promisc is not None and link.promisc != orig.promisc:
-        host.set_promisc(link.index, orig.promisc)
+        attempt(lambda: host.set_mtu(link.index, orig.mtu or 0))
+    flags, settings = _changed_flags(orig, link), _changed_settings(orig, link)
+    if flags or settings:
+        attempt(lambda: host.set_link(link.index, flags, settings))
     if link.alias != orig.alias:
-        host.set_alias(link.index, orig.alias)
+        attempt(lambda: host.set_alias(link.index, orig.alias))
+    # A program attached before ADD cannot be put back (its fd is gone with
+    # whoever attached it); one the pod attached is detached.
+    foreign = tuple(mode for mode, prog in link.xdp if prog != orig.xdp)
+    if foreign:
+        attempt(lambda: host.detach_xdp(link.index, foreign))
+    if orig.ethtool:
+        try:
+            failures += ethtool.restore(orig.netdev, orig.ethtool)
+        except netlink.NetlinkError as exc:
+            failures.append(str(exc))
+    return failures
+
+
+def _restore_mac(
+    vfc: VfControl, host: Namespace, alloc: Allocation, orig: OriginalState, link: LinkInfo, retry: float
+) -> None:
+    if alloc.applied.mac is None and link.mac == orig.pf.mac and orig.pf.mac != ZERO_MAC:
+        # The PF held an admin MAC before ADD that the netdev did not
+        # carry yet; igbvf takes it when it resets (at ADD, or at a
+        # new VF's first open) and then refuses any other MAC.  The
+        # admin MAC goes back after, in restore_admin_mac.
+        _lift_admin_mac(vfc, alloc, orig.pf.mac, retry)
+    _set_effective_mac(host, link.index, orig.mac, retry)
+
+
+def _recorded_flags(orig: OriginalState) -> dict[str, bool]:
+    flags = dict(orig.flags)
+    if orig.promisc is not None:
+        flags["promisc"] = orig.promisc
+    return flags
+
+
+def _changed_flags(orig: OriginalState, link: LinkInfo) -> dict[str, bool]:
+    return {name: on for name, on in _recorded_flags(orig).items() if link.flag(name) != on}
+
+
+def _changed_settings(orig: OriginalState, link: LinkInfo) -> dict[str, int]:
+    now = dict(link.settings)
+    return {name: value for name, value in orig.settings.items() if name in now and now[name] != value}
+
+
+def differences(orig: OriginalState, link: LinkInfo, eth: dict[str, Any]) -> list[str]:
+    """How the VF's host netdev (``link``; ``eth``, its ethtool reading) differs from the record.
+
+    One entry per setting, as "what: now (recorded)".
+    """
+    out = [f"name: {link.name} ({orig.netdev})"] if link.name != orig.netdev else []
+    if sorted(link.altnames) != sorted(orig.altnames):
+        out.append(f"altnames: {' '.join(link.altnames) or '-'} ({' '.join(orig.altnames) or '-'})")
+    if orig.mac and link.mac != orig.mac:
+        out.append(f"mac: {link.mac} ({orig.mac})")
+    if orig.mtu and link.mtu != orig.mtu:
+        out.append(f"mtu: {link.mtu} ({orig.mtu})")
+    out += [
+        f"{name}: {'on' if not on else 'off'} ({'on' if on else 'off'})"
+        for name, on in _changed_flags(orig, link).items()
+    ]
+    now = dict(link.settings)
+    out += [f"{name}: {now[name]} ({value})" for name, value in _changed_settings(orig, link).items()]
+    if link.alias != orig.alias:
+        out.append(f"alias: {link.alias!r} ({orig.alias!r})")
+    out += [f"xdp: program {prog} ({orig.xdp or 'none'})" for _, prog in link.xdp if prog != orig.xdp]
+    if orig.ethtool:
+        out += ethtool.differences(eth, orig.ethtool)
+    return out
 
 
 def restore(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Path) -> None:

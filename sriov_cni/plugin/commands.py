@@ -377,7 +377,13 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps
             return
         # As recorded now: this attachment's ADD may have run on while this
         # call waited for its claim.
-        _give_back(vfc, lease.alloc, deps)
+        try:
+            _give_back(vfc, lease.alloc, deps)
+        except CNIError:
+            # The record stays, with what the VF kept of its pod
+            # (alloc.unrestored), for `sriov-cni status` to show.
+            lease.save()
+            raise
         lease.forget()
     logger.info("released VF %s", alloc.vf_pci)
 

@@ -199,7 +199,20 @@ def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> N
             altnames=tuple(entry.get("altnames", ())),
             alias=entry.get("ifalias", ""),
             parent_dev=entry.get("parentdev", ""),
+            flags=found.flags,
+            promiscuity=entry["promiscuity"],
+            allmulti_count=entry["allmulti"],
+            settings=tuple(
+                # ip names group 0 "default".
+                (key, 0 if entry[key] == "default" else int(entry[key]))
+                for key in ("txqlen", "group", "gso_max_size", "gso_max_segs", "gro_max_size")
+                if key in entry
+            ),
+            xdp=(),
         )
+        # The flags as ip names them.
+        named = {"promisc": "PROMISC", "allmulti": "ALLMULTI", "multicast": "MULTICAST", "noarp": "NOARP"}
+        assert {n for n, f in named.items() if found.flag(n)} == {n for n, f in named.items() if f in entry["flags"]}
     # Each of the settings made above shows, so the comparison covers them.
     d0 = inside.find("d0")
     assert d0 is not None and (d0.mtu, d0.promisc, d0.alias) == (1280, True, "the pod's first")

@@ -115,6 +115,7 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
         "ifname": "net1",
         "netns": str(tmp_path / "netns-alive"),
         "deviceInfoFile": "/run/k8s.cni.cncf.io/devinfo/cni/net-a-0123_net1",
+        "unrestored": [],
     }
     assert pf0["vfs"][2]["allocation"]["deviceInfoFile"] is None
     # The facts ADD writes into an attachment's device-info file, in the spec's layout.
