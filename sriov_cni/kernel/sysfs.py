@@ -171,3 +171,12 @@ def netdev_link(root: Path, name: str) -> tuple[int, bool]:
     except (OSError, ValueError) as exc:
         raise SysfsError(f"cannot read link state of {name}: {exc}") from exc
     return mtu, bool(flags & 0x1)  # IFF_UP
+
+
+def carrier(root: Path, name: str) -> bool | None:
+    """Whether host netdev ``name`` has carrier; None when sysfs does not say (a netdev that is down, or none)."""
+    try:
+        return (root / "class" / "net" / name / "carrier").read_text().strip() == "1"
+    except OSError:
+        # The kernel answers EINVAL for a netdev that is down.
+        return None
