@@ -197,12 +197,13 @@ def phase(peer: Peer, kind: str, pf: str, work: Path, tag: str, args: argparse.N
             addresses.append(address(result))
         seconds = traffic(pair, addresses, args.bound)
         peer.attach[kind].append(args.bound if seconds is None else seconds)
+        shown = f"none within {args.bound:g} s" if seconds is None else f"{seconds:.1f} s"
+        adds = ", ".join(f"{t:.1f}" for t in peer.add[kind][-2:])
+        print(f"  {peer.name} {kind} {pair}: ADDs {adds} s; traffic both ways after {shown}", flush=True)
         if seconds is None or seconds > args.report_above:
-            shown = "none" if seconds is None else f"{seconds:.1f} s"
-            carriers = [carrier("net1", pod) for pod in pair]
-            print(f"  {peer.name} {kind} {pair}: traffic both ways after {shown}; carrier now {carriers}")
+            print(f"    carrier now {[carrier('net1', pod) for pod in pair]}; igb/igbvf kernel log of the round:")
             for line in kernel_log(log_from):
-                print(f"    {line}")
+                print(f"    {line}", flush=True)
         pods += pair
     return pods
 
