@@ -9,6 +9,7 @@ import pytest
 from sriov_cni.kernel import sysfs
 from sriov_cni.node import config as node_config
 from sriov_cni.node import setup as node_setup
+from sriov_cni.node import vfs as node_vfs
 from sriov_cni.vfstore import Allocation, FileStore
 from tests.support.fakes import FakeLinks
 from tests.support.nodetree import Tree
@@ -292,7 +293,7 @@ def test_new_vfs_are_opened_once_after_the_pf_link_is_up(
         numvfs.write_text(f"{count}\n")
         return count
 
-    monkeypatch.setattr(node_setup.vfs, "set_numvfs", create)
+    monkeypatch.setattr(node_vfs, "set_numvfs", create)
     out = run("pfs: [{pf: eth0, numVfs: 2}]", tmp_path, links)
     assert "eth0 (0000:01:00.0): new VFs opened and closed once: 2 VFs" in out
     assert links.calls == [("up", "eth0", None), ("open once", "eth0v0", 0), ("open once", "eth0v1", 1)]
