@@ -7,11 +7,10 @@ state" in the kernel log), and the VF is left with its mailbox timed out.
 When the VF is opened later, its watchdog finds the mailbox in that state
 and schedules a reset, but only 10 s after the VF's last reset
 (``igbvf_has_link``), and the VF reports carrier only after it.  A pod that
-got such a VF had no traffic for seconds after ADD, and more on a loaded
-node, where the first reset itself can fail again.  A VF that was opened
-and closed once is past this: a close resets it at once (``igbvf_down``),
-the PF answers, and every later open reports carrier on the watchdog's
-next run.  So setup does it while the node is bootstrapped.
+got such a VF had no traffic for seconds after ADD.  A VF that was opened
+and closed once, with its PF up, is past this: a close resets it at once
+(``igbvf_down``), the PF answers, and every later open reports carrier on
+the watchdog's next run.  So setup does it, after bringing the PF up.
 
 The reset also makes igbvf program its netdev's MAC into the PF's receive
 filter, which the PF then reports as the VF's MAC.  A new VF reads zero
