@@ -64,6 +64,7 @@ sock="$work/run/plugin.sock"
 sriov-cni daemon --socket "$sock" 2>/dev/null &
 helper_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+[ -S "$sock" ] || echo "the daemon is not listening on $sock after 10 s: the calls run in process"
 export SRIOV_CNI_SOCKET="$sock"
 
 conf=$(cat <<JSON
