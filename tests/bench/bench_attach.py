@@ -251,11 +251,16 @@ def round_(peer: Peer, pf: str, n: int, args: argparse.Namespace) -> None:
 
 def start_daemon(peer: Peer, run: Path) -> subprocess.Popen[bytes]:
     assert peer.code is not None
+    run.mkdir(parents=True, exist_ok=True)
     peer.socket = run / f"{peer.subnet}" / "plugin.sock"
     cmd = [sys.executable, str(peer.code / "bin" / "sriov-cni"), "daemon", "--socket", str(peer.socket)]
-    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = (run / f"daemon-{peer.subnet}.log").open("wb")
+    daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     socket = peer.socket
-    wait(f"{peer.name}'s daemon socket", socket.exists)
+    # Its start-up (imports, a first child) takes minutes in a loaded emulated guest.
+    wait(f"{peer.name}'s daemon listening on {socket}", lambda: socket.exists() or daemon.poll() is not None, 600)
+    if daemon.poll() is not None:
+        sys.exit(f"bench_attach: {peer.name}'s daemon ended: {(run / f'daemon-{peer.subnet}.log').read_text()}")
     return daemon
 
 
