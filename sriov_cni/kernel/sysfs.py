@@ -185,3 +185,12 @@ def rdma_device(root: Path, pci: str) -> str | None:
     except OSError:
         return None
     return names[0] if names else None
+
+
+def carrier(root: Path, name: str) -> bool | None:
+    """Whether host netdev ``name`` has carrier; None when sysfs does not say (a netdev that is down, or none)."""
+    try:
+        return (root / "class" / "net" / name / "carrier").read_text().strip() == "1"
+    except OSError:
+        # The kernel answers EINVAL for a netdev that is down.
+        return None

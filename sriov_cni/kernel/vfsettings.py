@@ -25,6 +25,9 @@ VLAN_PROTO_8021AD = 0x88A8
 # (mlx5: zero when none is set), so there only a non-zero reading can differ.
 OWN_MAC_IN_READING = frozenset({"igb", "ixgbe"})
 
+# The PF's reading of a VF's MAC when no MAC is set for it; writing it lifts an admin MAC.
+ZERO_MAC = "00:00:00:00:00:00"
+
 LINK_STATE_AUTO = 0
 LINK_STATE_ENABLE = 1
 LINK_STATE_DISABLE = 2

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from sriov_cni import nodestate
 from sriov_cni.kernel import cpulist, irqs, netlink, queues, sysfs
-from sriov_cni.node import cpus, irqbalance, vfs
+from sriov_cni.node import cpus, firstopen, irqbalance, vfs
 from sriov_cni.node.config import NodeConfig, PfSpec, TuningSpec
 from sriov_cni.nodestate import Policy, TuningError
 from sriov_cni.paths import Paths
@@ -29,11 +29,13 @@ class SetupError(Exception):
 
 
 class Links(Protocol):
-    """The link changes setup makes on PFs (netlink on a real node)."""
+    """The link changes setup makes on PFs and new VFs (netlink on a real node)."""
 
     def set_up(self, netdev: str) -> None: ...
 
     def set_mtu(self, netdev: str, mtu: int) -> None: ...
+
+    def open_vf_once(self, pf: str, vf: int, netdev: str) -> None: ...
 
 
 class NetlinkLinks:
@@ -50,6 +52,12 @@ class NetlinkLinks:
     def set_mtu(self, netdev: str, mtu: int) -> None:
         with netlink.namespace() as ns:
             ns.set_mtu(self._index(ns, netdev), mtu)
+
+    def open_vf_once(self, pf: str, vf: int, netdev: str) -> None:
+        try:
+            firstopen.open_once(pf, vf, netdev)
+        except firstopen.FirstOpenError as exc:
+            raise SetupError(str(exc)) from exc
 
 
 @dataclass
@@ -217,6 +225,24 @@ def _bring_up(links: Links, netdev: str) -> str:
     return "done"
 
 
+def _first_open_step(paths: Paths, target: str, spec: PfSpec, pf: sysfs.PF, links: Links) -> Step | None:
+    """New VFs on their kernel driver opened and closed once, after the PF link is up (see firstopen)."""
+    if pf.netdev is None or spec.vf_driver != "kernel" or not spec.num_vfs:
+        return None
+    pf_netdev = pf.netdev
+
+    def run() -> str:
+        opened = 0
+        for index, vf in sorted(sysfs.vf_pcis(paths.sys, pf.pci).items()):
+            names = sysfs.netdevs(paths.sys, vf)
+            if names and sysfs.driver(paths.sys, vf) not in sysfs.DPDK_DRIVERS:
+                links.open_vf_once(pf_netdev, index, names[0])
+                opened += 1
+        return f"{opened} VFs"
+
+    return Step(target, "new VFs opened and closed once", run)
+
+
 def _tuning_step(
     paths: Paths, where: str, target: str, tuning: TuningSpec, pf: sysfs.PF, pinned: dict[str, int]
 ) -> tuple[Step, Policy]:
@@ -251,6 +277,9 @@ def _pf_steps(
     if driver_step is not None:
         steps.append(driver_step)
     steps += _link_steps(paths, where, target, spec, pf, links)
+    first_open = _first_open_step(paths, target, spec, pf, links) if current != spec.num_vfs else None
+    if first_open is not None:
+        steps.append(first_open)
     record: dict[str, Any] = {
         "netdev": pf.netdev,
         "numVfs": spec.num_vfs,

@@ -35,7 +35,7 @@ from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
-from sriov_cni.plugin import allocate, bind, config, delegate, deviceinfo, log, pool, tuning
+from sriov_cni.plugin import allocate, bind, carrier, config, delegate, deviceinfo, log, pool, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation, FileStore, Store
@@ -56,6 +56,8 @@ class Deps:
     claim_wait: float = 30.0
     # Between attempts at a VF's MAC (see bind).
     mac_retry_delay: float = bind.MAC_RETRY_DELAY
+    # How long ADD waits for the VF's carrier while its PF has carrier (see carrier).
+    carrier_wait: float = carrier.CARRIER_WAIT
     paths: Paths = Paths()
 
 
@@ -322,6 +324,7 @@ def _attach(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int]:
     # the node's tuning is applied now, not at setup.
     for warning in tuning.apply_vf_tuning(deps.paths, alloc.vf_pci, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
+    carrier.await_carrier(deps.paths.sys, alloc, link.index, deps.carrier_wait)
     return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index
 
 
@@ -515,6 +518,8 @@ def _pf_problems(deps: Deps, alloc: Allocation, pod_link: netlink.LinkInfo | Non
             problems.append(f"VF {key} is {actual}, expected {value}")
     if pod_link is not None and alloc.applied.mac is None:
         problems += _unreceived_mac(alloc, info.mac, pod_link, deps.paths.sys)
+    if pod_link is not None:
+        problems += carrier.problems(deps.paths.sys, alloc, pod_link)
     return problems
 
 

@@ -31,7 +31,8 @@ def test_setup_dry_run(tree: Tree, tmp_path: Path) -> None:
     code, out = invoke(tree, "setup", "--config", str(config), "--dry-run", "--data-dir", str(tmp_path / "data"))
     assert (code, out) == (
         0,
-        "dry run: nothing is changed\neth0 (0000:01:00.0): sriov_numvfs 0 -> 2: would change\neth0 (0000:01:00.0): link up: unchanged\n",
+        "dry run: nothing is changed\neth0 (0000:01:00.0): sriov_numvfs 0 -> 2: would change\n"
+        "eth0 (0000:01:00.0): link up: unchanged\neth0 (0000:01:00.0): new VFs opened and closed once: would change\n",
     )
 
 

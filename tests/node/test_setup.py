@@ -9,6 +9,7 @@ import pytest
 from sriov_cni.kernel import sysfs
 from sriov_cni.node import config as node_config
 from sriov_cni.node import setup as node_setup
+from sriov_cni.node import vfs as node_vfs
 from sriov_cni.vfstore import Allocation, FileStore
 from tests.support.fakes import FakeLinks
 from tests.support.nodetree import Tree
@@ -44,6 +45,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(
         "eth0 (0000:01:00.0): sriov_numvfs 0 -> 3: would change",
         "eth0 (0000:01:00.0): MTU 1500 -> 9000: would change",
         "eth0 (0000:01:00.0): link down -> up: would change",
+        "eth0 (0000:01:00.0): new VFs opened and closed once: would change",
         "eth0 (0000:01:00.0): queue IRQs round robin over CPUs 0-7, RPS on 0-7, RFS 32768 flows, XPS: would change",
         "  IRQ 31 (eth0-TxRx-0) -> CPU 0",
         "  IRQ 32 (eth0-TxRx-1) -> CPU 1",
@@ -273,3 +275,40 @@ def test_nohz_full_null_means_no_cpu(tree: Tree, links: FakeLinks, tmp_path: Pat
     tree.igb(queues=2)
     run("pfs: [{pf: eth0, numVfs: 0, tuning: {}}]", tmp_path, links)
     assert [tree.affinity(31), tree.affinity(32)] == ["0", "1"]
+
+
+def test_new_vfs_are_opened_once_after_the_pf_link_is_up(
+    tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """VFs setup creates are opened and closed once (see node/firstopen.py), after the PF's link is up.
+
+    Fixture: the tree's VFs stand for the ones the sriov_numvfs write creates
+    (the tree's numvfs file says 0 until then); the link changes are recorded.
+    """
+    tree.igb(vfs=2, up=False)
+    numvfs = tree.sys / "bus/pci/devices/0000:01:00.0/sriov_numvfs"
+    numvfs.write_text("0\n")
+
+    def create(sys_root: Path, pf_pci: str, count: int, want_netdevs: bool) -> int:
+        numvfs.write_text(f"{count}\n")
+        return count
+
+    monkeypatch.setattr(node_vfs, "set_numvfs", create)
+    out = run("pfs: [{pf: eth0, numVfs: 2}]", tmp_path, links)
+    assert "eth0 (0000:01:00.0): new VFs opened and closed once: 2 VFs" in out
+    assert links.calls == [("up", "eth0", None), ("open once", "eth0v0", 0), ("open once", "eth0v1", 1)]
+
+    links.calls.clear()
+    again = run("pfs: [{pf: eth0, numVfs: 2}]", tmp_path, links)
+    assert links.calls == [] and not any("opened and closed" in line for line in again)
+
+
+def test_vfs_for_dpdk_are_not_opened(tree: Tree, links: FakeLinks, tmp_path: Path) -> None:
+    tree.igb(up=False)
+    plan = node_setup.plan(
+        node_config.parse("pfs: [{pf: eth0, numVfs: 2, vfDriver: vfio-pci}]"),
+        links.tree.paths(tmp_path / "node.json"),
+        tmp_path / "data",
+        links,
+    )
+    assert not any("opened and closed" in step.what for step in plan.steps)

@@ -252,6 +252,9 @@ class FakeLinks:
         self.calls.append(("mtu", netdev, mtu))
         (self.tree.sys / "class" / "net" / netdev / "mtu").write_text(f"{mtu}\n")
 
+    def open_vf_once(self, pf: str, vf: int, netdev: str) -> None:
+        self.calls.append(("open once", netdev, vf))
+
 
 class FakeHost:
     """The host namespace as far as ``find`` goes: the netdevs the tree lists under class/net."""

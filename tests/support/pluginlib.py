@@ -166,6 +166,7 @@ class Node:
         # attempts at a VF's MAC; a test that waits them out shortens them.
         self.claim_wait = commands.Deps.claim_wait
         self.mac_retry_delay = commands.Deps.mac_retry_delay
+        self.carrier_wait = commands.Deps.carrier_wait
         self.pfs: list[PF] = []
         self.peer_ns = f"svpeer-{self.token}"
         sh("ip", "netns", "add", self.peer_ns)
@@ -311,6 +312,7 @@ class Node:
             store=FileStore,
             claim_wait=self.claim_wait,
             mac_retry_delay=self.mac_retry_delay,
+            carrier_wait=self.carrier_wait,
             paths=self.paths,
         )
 

@@ -20,6 +20,7 @@ from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
 from sriov_cni.vfstore import Allocation, FileStore
 from tests.vm.nodecommand import Node, affinity, interrupts, online, vf_netdevs
+from tests.vm.plugincalls import cni, ns_path, vfinfo
 from tests.vm.vmlib import SYS_NET, numvfs, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
@@ -175,3 +176,46 @@ def test_status_json_shows_an_allocation_then_the_vf_free(
     FileStore(node.data).remove(vf_pci)
     vf = vf0()
     assert (vf["state"], vf["allocation"], vf["netdev"]) == ("free", None, name)
+
+
+def test_vfs_setup_created_carry_the_first_pods_traffic_when_add_returns(
+    node: Node, igb_pfs: list[str], netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """Two pods without ``mac`` on VFs setup just created, with the PF down before: as a fresh node.
+
+    Each pod pings the other once, right after both ADDs returned, with
+    nothing waited for in between: setup has opened each new VF once (its
+    first reset), and ADD returns once the VF has carrier.  The oracle is the
+    traffic, and the PF's reading of each VF: zero after setup and after DEL,
+    as for a VF nobody opened.
+    """
+    pf = igb_pfs[0]
+    subprocess.run(["ip", "link", "set", pf, "down"], check=True)
+    done = node.setup(f"pfs: [{{pf: {pf}, numVfs: 2}}]")
+    assert done.returncode == 0, done.stderr
+    assert "new VFs opened and closed once: 2 VFs" in done.stdout
+    before = [vfinfo(pf, i) for i in range(2)]
+    assert [b["address"] for b in before] == ["00:00:00:00:00:00"] * 2
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "firstnet",
+        "type": "sriov",
+        "pfNames": [pf],
+        "dataDir": str(tmp_path / "plugin"),
+        "ipam": {"type": "sriov-ipam", "subnet": "10.85.0.0/24", "dataDir": str(tmp_path / "ipam")},
+    }
+    pods = [netns(), netns()]
+    addresses = []
+    for i, pod in enumerate(pods):
+        rc, res = cni("ADD", conf, container=f"first{i}", netns=ns_path(pod))
+        assert rc == 0, res
+        addresses.append(res["ips"][0]["address"].split("/")[0])
+    for i, pod in enumerate(pods):
+        ping = subprocess.run(
+            ["ip", "netns", "exec", pod, "ping", "-c", "1", "-W", "5", addresses[1 - i]], capture_output=True, text=True
+        )
+        assert ping.returncode == 0, f"{pod} -> {addresses[1 - i]}: {ping.stdout}{ping.stderr}"
+    for i, pod in enumerate(pods):
+        rc, res = cni("DEL", conf, container=f"first{i}", netns=ns_path(pod))
+        assert rc == 0, res
+    assert [vfinfo(pf, i) for i in range(2)] == before

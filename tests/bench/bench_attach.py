@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Seconds from a pod's ADD returning to traffic both ways, on freshly created and on reused VFs.
+
+Each round starts from 0 VFs on the first igb PF of the rig's guest (or
+``--pf``) and creates 4.  Fresh: four pods get VFs 0-3, two by two; for
+each pair, the clock starts when the pair's second ADD returns and stops
+when each pod has had a reply from the other (``ping -c 1 -W 1``, tried
+again until then, at most ``--bound`` seconds).  Reused: the four pods are
+deleted (CNI DEL) and four new ones get the same VFs, timed the same way.
+The figures are the median and maximum over all pairs of all rounds, with
+the median and maximum duration of the ADD calls themselves (a wait inside
+ADD shows there, not in the attach time).
+
+Compared in the same guest boot, interleaved round by round:
+
+* ``sriov``: this checkout; the VFs are created by its ``sriov-cni setup``;
+* ``sriov@REV`` (``--baseline REV``): a git revision of this repository,
+  extracted to a temporary directory, its VFs created by its own setup;
+* ``host-device``: the Go reference plugin (``/usr/lib/cni/host-device``,
+  static IPAM), its VFs created by a plain ``sriov_numvfs`` write with the
+  PF up, as a node without sriov-cni would.
+
+``sriov`` runs through each checkout's own daemon (``sriov-cni daemon``),
+as on a node and in deploy/demo-node.sh: an ADD then takes about as long
+as host-device's, so a pod comes as soon after its VF was created as it
+does there.  Pods have no ``mac`` (as in the demo).  Attaches slower than
+``--report-above`` seconds print the guest's igb/igbvf kernel log lines
+since the round began.  Needs root; prints figures, asserts nothing::
+
+    python3 tests/vm/rig.py --pfs 1 -- python3 tests/bench/bench_attach.py --rounds 5 --baseline HEAD~3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+GO_PLUGINS = Path("/usr/lib/cni")
+SYS_NET = Path("/sys/class/net")
+VFS = 4
+SUBNET = "10.84.{}.0/24"
+
+
+@dataclass
+class Peer:
+    name: str
+    code: Path | None  # a checkout of sriov-cni; None: host-device
+    subnet: int
+    socket: Path | None = None  # the checkout's daemon
+    attach: dict[str, list[float]] = field(default_factory=lambda: {"fresh": [], "reused": []})
+    add: dict[str, list[float]] = field(default_factory=lambda: {"fresh": [], "reused": []})
+
+
+def igb_pf() -> str:
+    for dev in sorted(SYS_NET.iterdir()):
+        if (dev / "device" / "sriov_totalvfs").exists() and (dev / "device" / "driver").resolve().name == "igb":
+            return dev.name
+    sys.exit("bench_attach: no igb PF (run it in the rig's guest, or give --pf)")
+
+
+def sh(*cmd: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, **kw)
+
+
+def numvfs(pf: str) -> int:
+    return int((SYS_NET / pf / "device" / "sriov_numvfs").read_text())
+
+
+def vf_netdev(pf: str, vf: int) -> str:
+    return next((SYS_NET / pf / "device" / f"virtfn{vf}" / "net").iterdir()).name
+
+
+def carrier(ifname: str, netns: str | None = None) -> bool:
+    out = sh("ip", "-j", *(["-n", netns] if netns else []), "link", "show", "dev", ifname, check=False)
+    return out.returncode == 0 and "LOWER_UP" in json.loads(out.stdout)[0].get("flags", [])
+
+
+def wait(what: str, predicate: Any, bound: float = 60.0) -> None:
+    deadline = time.monotonic() + bound
+    while not predicate():
+        if time.monotonic() > deadline:
+            sys.exit(f"bench_attach: no {what} within {bound:g} s")
+        time.sleep(0.05)
+
+
+def remove_vfs(pf: str) -> None:
+    if numvfs(pf):
+        (SYS_NET / pf / "device" / "sriov_numvfs").write_text("0")
+    wait("VF removal", lambda: not any((SYS_NET / pf / "device").glob("virtfn*")))
+
+
+def create_vfs(peer: Peer, pf: str, work: Path) -> None:
+    remove_vfs(pf)
+    if peer.code is None:
+        sh("ip", "link", "set", pf, "up")
+        wait(f"carrier on {pf}", lambda: carrier(pf))
+        (SYS_NET / pf / "device" / "sriov_numvfs").write_text(str(VFS))
+        wait("VF netdevs", lambda: all((SYS_NET / pf / "device" / f"virtfn{i}" / "net").is_dir() for i in range(VFS)))
+        return
+    config = work / "node.yaml"
+    config.write_text(f"pfs:\n  - pf: {pf}\n    numVfs: {VFS}\n")
+    sh(
+        sys.executable,
+        str(peer.code / "bin" / "sriov-cni"),
+        "setup",
+        "--config",
+        str(config),
+        "--data-dir",
+        str(work / "data"),
+        "--state-file",
+        str(work / "node.json"),
+    )
+
+
+def conf(peer: Peer, pf: str, vf: int, work: Path) -> dict[str, Any]:
+    if peer.code is None:
+        address = f"10.84.{peer.subnet}.{10 + vf}/24"
+        return {
+            "cniVersion": "1.0.0",
+            "name": "bench-attach",
+            "type": "host-device",
+            "device": vf_netdev(pf, vf),
+            "ipam": {"type": "static", "addresses": [{"address": address}]},
+        }
+    return {
+        "cniVersion": "1.0.0",
+        "name": "bench-attach",
+        "type": "sriov",
+        "pfNames": [pf],
+        "dataDir": str(work / "data"),
+        "ipam": {"type": "sriov-ipam", "subnet": SUBNET.format(peer.subnet), "dataDir": str(work / "ipam")},
+    }
+
+
+def cni(peer: Peer, command: str, pod: str, config: dict[str, Any]) -> dict[str, Any]:
+    plugins = GO_PLUGINS if peer.code is None else peer.code / "bin"
+    exe = plugins / config["type"]
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": pod,
+        "CNI_NETNS": f"/var/run/netns/{pod}",
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": str(plugins),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    }
+    if peer.socket is not None:
+        env["SRIOV_CNI_SOCKET"] = str(peer.socket)
+    out = subprocess.run([str(exe)], input=json.dumps(config), env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"bench_attach: {peer.name} {command} {pod}: {out.stdout}{out.stderr}")
+    return json.loads(out.stdout) if out.stdout.strip() else {}
+
+
+def address(result: dict[str, Any]) -> str:
+    return str(result["ips"][0]["address"].split("/")[0])
+
+
+def traffic(pods: list[str], addresses: list[str], bound: float) -> float | None:
+    """Seconds until each pod got a reply from the other; None past ``bound``."""
+    start = time.monotonic()
+    done = [False, False]
+    while time.monotonic() - start < bound:
+        for i in (0, 1):
+            if not done[i]:
+                ping = sh("ip", "netns", "exec", pods[i], "ping", "-c", "1", "-W", "1", addresses[1 - i], check=False)
+                done[i] = ping.returncode == 0
+        if all(done):
+            return time.monotonic() - start
+    return None
+
+
+def kernel_log(since: int) -> list[str]:
+    lines = sh("dmesg").stdout.splitlines()[since:]
+    return [line for line in lines if "igb" in line]
+
+
+def dmesg_lines() -> int:
+    return len(sh("dmesg").stdout.splitlines())
+
+
+def phase(peer: Peer, kind: str, pf: str, work: Path, tag: str, args: argparse.Namespace, log_from: int) -> list[str]:
+    """Four pods on VFs 0-3, two by two, each pair timed; returns the pods."""
+    pods = []
+    for first in range(0, VFS, 2):
+        pair, addresses = [], []
+        for vf in (first, first + 1):
+            pod = f"{tag}-{vf}"
+            sh("ip", "netns", "add", pod)
+            started = time.monotonic()
+            result = cni(peer, "ADD", pod, conf(peer, pf, vf, work))
+            peer.add[kind].append(time.monotonic() - started)
+            pair.append(pod)
+            addresses.append(address(result))
+        seconds = traffic(pair, addresses, args.bound)
+        peer.attach[kind].append(args.bound if seconds is None else seconds)
+        shown = f"none within {args.bound:g} s" if seconds is None else f"{seconds:.1f} s"
+        adds = ", ".join(f"{t:.1f}" for t in peer.add[kind][-2:])
+        print(f"  {peer.name} {kind} {pair}: ADDs {adds} s; traffic both ways after {shown}", flush=True)
+        if seconds is None or seconds > args.report_above:
+            print(f"    carrier now {[carrier('net1', pod) for pod in pair]}; igb/igbvf kernel log of the round:")
+            for line in kernel_log(log_from):
+                print(f"    {line}", flush=True)
+        pods += pair
+    return pods
+
+
+def delete(peer: Peer, pods: list[str], pf: str, work: Path) -> None:
+    for pod in pods:
+        vf = int(pod.rsplit("-", 1)[1])
+        config = conf(peer, pf, vf, work) if peer.code is not None else None
+        if config is None:
+            # host-device finds its device by name; it is in the pod as net1 now.
+            config = {
+                "cniVersion": "1.0.0",
+                "name": "bench-attach",
+                "type": "host-device",
+                "device": f"bench{vf}",
+                "ipam": {"type": "static", "addresses": [{"address": f"10.84.{peer.subnet}.{10 + vf}/24"}]},
+            }
+        cni(peer, "DEL", pod, config)
+        sh("ip", "netns", "del", pod)
+
+
+def round_(peer: Peer, pf: str, n: int, args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-attach-") as tmp:
+        work = Path(tmp)
+        log_from = dmesg_lines()
+        create_vfs(peer, pf, work)
+        if peer.code is None:
+            # host-device's DEL names the device it gives back: give each VF a
+            # name that does not depend on the order the kernel probed them.
+            for vf in range(VFS):
+                sh("ip", "link", "set", vf_netdev(pf, vf), "name", f"bench{vf}")
+        tag = f"r{n}{peer.subnet}"
+        pods = phase(peer, "fresh", pf, work, f"{tag}f", args, log_from)
+        delete(peer, pods, pf, work)
+        pods = phase(peer, "reused", pf, work, f"{tag}u", args, log_from)
+        delete(peer, pods, pf, work)
+        remove_vfs(pf)
+
+
+def start_daemon(peer: Peer, run: Path) -> subprocess.Popen[bytes]:
+    assert peer.code is not None
+    run.mkdir(parents=True, exist_ok=True)
+    peer.socket = run / f"{peer.subnet}" / "plugin.sock"
+    cmd = [sys.executable, str(peer.code / "bin" / "sriov-cni"), "daemon", "--socket", str(peer.socket)]
+    log = (run / f"daemon-{peer.subnet}.log").open("wb")
+    daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    socket = peer.socket
+    # Its start-up (imports, a first child) takes minutes in a loaded emulated guest.
+    wait(f"{peer.name}'s daemon listening on {socket}", lambda: socket.exists() or daemon.poll() is not None, 600)
+    if daemon.poll() is not None:
+        sys.exit(f"bench_attach: {peer.name}'s daemon ended: {(run / f'daemon-{peer.subnet}.log').read_text()}")
+    return daemon
+
+
+def figures(values: list[float]) -> str:
+    return f"median {statistics.median(values):5.2f} s  max {max(values):5.2f} s  (n={len(values)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pf", help="SR-IOV PF (default: the first igb PF)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", help="a git revision of this repository to measure too")
+    parser.add_argument("--no-peer", action="store_true", help="leave host-device out")
+    parser.add_argument("--bound", type=float, default=90.0, help="seconds to wait for traffic before giving up")
+    parser.add_argument("--report-above", type=float, default=5.0, help="print the kernel log for slower attaches")
+    args = parser.parse_args()
+    pf = args.pf or igb_pf()
+    with tempfile.TemporaryDirectory(prefix="bench-attach-code-") as tmp:
+        peers = [Peer("sriov", ROOT, 1)]
+        if args.baseline:
+            code = Path(tmp) / "baseline"
+            code.mkdir()
+            git = ["git", "-c", "safe.directory=*", "-C", str(ROOT), "archive", args.baseline]
+            archive = subprocess.run(git, capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(code)], input=archive, check=True)
+            peers.append(Peer(f"sriov@{args.baseline}", code, 2))
+        if not args.no_peer:
+            peers.append(Peer("host-device", None, 3))
+        daemons = [start_daemon(peer, Path(tmp) / "run") for peer in peers if peer.code is not None]
+        try:
+            for n in range(args.rounds):
+                for peer in peers:
+                    round_(peer, pf, n, args)
+                print(f"round {n + 1}/{args.rounds} done", flush=True)
+        finally:
+            for daemon in daemons:
+                daemon.terminate()
+                daemon.wait()
+    print(f"\nseconds from the pair's second ADD returning to a ping both ways ({args.rounds} rounds, {VFS} VFs)")
+    for peer in peers:
+        for kind in ("fresh", "reused"):
+            print(f"{peer.name:>16} {kind:>6}: attach {figures(peer.attach[kind])};  ADD {figures(peer.add[kind])}")
+
+
+if __name__ == "__main__":
+    main()
