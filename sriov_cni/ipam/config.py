@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import functools
 import ipaddress
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -229,7 +230,7 @@ def _check_ranges(sets: list[RangeSet]) -> None:
     declared = [r for s in sets for r in s.ranges]
     order = {id(r): i for i, r in enumerate(declared)}
     ranges = sorted(declared, key=lambda r: (r.start.version, int(r.start), int(r.end)))
-    for low, high in zip(ranges, ranges[1:]):
+    for low, high in itertools.pairwise(ranges):
         if low.contains(high.start):
             # Name the one configured later, as the operator reads the file.
             earlier, later = sorted((low, high), key=lambda r: order[id(r)])

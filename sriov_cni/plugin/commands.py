@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -58,7 +58,7 @@ class Deps:
     mac_retry_delay: float = bind.MAC_RETRY_DELAY
     # How long ADD waits for the VF's carrier while its PF has carrier (see carrier).
     carrier_wait: float = carrier.CARRIER_WAIT
-    paths: Paths = Paths()
+    paths: Paths = field(default_factory=Paths)
 
 
 # --- records -----------------------------------------------------------------
