@@ -90,6 +90,10 @@ class Allocation:
     # Set before the netdev is moved into the pod: only then may a restore
     # take an interface out of the pod's namespace.
     in_pod: bool = False
+    # The VF's RDMA device moved into the pod, or the Soft-RoCE device made
+    # there (rdma_soft); recorded before the change (see plugin/rdma.py).
+    rdma_device: str | None = None
+    rdma_soft: bool = False
 
     def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:
         return (

@@ -12,14 +12,13 @@ What the module does:
 * the devices a namespace sees, with their index and (through the port
   dump) their netdev;
 * moving a device into a namespace by an open fd of it: the request must be
-  sent from a socket in the namespace the device is in, else the kernel
-  does not find it (ENODEV), so :class:`Rdma` opens its socket in that
-  namespace;
+  sent from inside the namespace the device is in, else the kernel does not
+  find it (ENODEV); :func:`move_out` sends it from there;
 * creating and removing a link (a Soft-RoCE ``rxe`` device on a netdev).
 
 Failures raise the kernel layer's exceptions (:mod:`sriov_cni.kernel.nlerrors`):
-:class:`Busy` (EBUSY), :class:`LinkExists` (EEXIST, with the kernel's
-extended-ack text: a name clash), :class:`NotSupported` (EOPNOTSUPP: a driver
+:class:`Busy` (EBUSY), :class:`LinkExists` (a name clash: EEXIST with the
+kernel's extended-ack text on a move, ENFILE on a new link), :class:`NotSupported` (EOPNOTSUPP: a driver
 that cannot move its device, or no such link type) and :class:`LinkNotFound`
 (ENODEV: no such device in this namespace).
 """
@@ -34,8 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sriov_cni.kernel.netns import netlink_socket_in, open_netns
-from sriov_cni.kernel.nlerrors import NetlinkError, NotSupported, for_errno
+from sriov_cni.kernel.netns import netlink_socket_in, open_netns, run_in_netns
+from sriov_cni.kernel.nlerrors import BY_ERRNO, LinkExists, NetlinkError, NotSupported, for_errno
 from sriov_cni.kernel.sysfs import pci_dir
 
 NETLINK_RDMA = 20
@@ -280,13 +279,19 @@ class Rdma:
         raise for_errno(f"RDMA device {name}", errno.ENODEV)
 
     def move(self, name: str, netns: str) -> None:
-        """Move device ``name`` (as this namespace sees it) into the namespace at ``netns``."""
-        index = self.device(name).index
+        """Move device ``name`` (as this namespace sees it) into the namespace at ``netns``.
+
+        Only from the host's namespace: out of any other, see :func:`move_out`.
+        """
         fd = open_netns(netns)
         try:
-            self._do(move_request(self._next_seq(), index, fd), f"moving RDMA device {name} to {netns}")
+            self.move_by_fd(name, fd, f"moving RDMA device {name} to {netns}")
         finally:
             os.close(fd)
+
+    def move_by_fd(self, name: str, netns_fd: int, what: str) -> None:
+        index = self.device(name).index
+        self._do(move_request(self._next_seq(), index, netns_fd), what)
 
     def add_link(self, name: str, link_type: str, netdev: str) -> None:
         """``rdma link add NAME type LINK_TYPE netdev NETDEV``: a software RDMA device on a netdev."""
@@ -301,6 +306,34 @@ class Rdma:
         self._do(dellink_request(self._next_seq(), index), f"removing RDMA device {name}")
 
 
+def move_out(netns: str, name: str, target: str) -> None:
+    """Move device ``name`` out of the namespace at ``netns`` into ``target``.
+
+    The kernel checks the namespace of the *thread* that sends the request,
+    not only its socket's: from outside, the device is not found (ENODEV).
+    So a short-lived child enters ``netns`` and sends it, with ``target``
+    opened here first (inside, this process's namespace path would name the
+    pod's).
+    """
+    fd = open_netns(target)
+    what = f"moving RDMA device {name} from {netns} to {target}"
+
+    def inside() -> None:
+        try:
+            with Rdma() as handle:
+                handle.move_by_fd(name, fd, what)
+        except NetlinkError as exc:
+            # Carried to the parent as an errno and a text (run_in_netns).
+            raise OSError(exc.errno, str(exc)) from exc
+
+    try:
+        run_in_netns(netns, inside)
+    except NetlinkError as exc:
+        raise BY_ERRNO.get(exc.errno, NetlinkError)(str(exc), exc.errno) from exc
+    finally:
+        os.close(fd)
+
+
 def _error(what: str, code: int, payload: bytes, flags: int) -> NetlinkError:
     """The exception for an error answer, with the kernel's extended-ack text when it sent one."""
     text = ""
@@ -311,6 +344,10 @@ def _error(what: str, code: int, payload: bytes, flags: int) -> NetlinkError:
         if raw:
             text = _str(raw)
     exc = for_errno(what, code)
+    if code == errno.ENFILE:
+        # The RDMA core answers a device name already taken with ENFILE
+        # (seen for rxe's newlink), not EEXIST.
+        exc = LinkExists(f"{what}: the name is taken", code)
     if text:
         exc.args = (f"{exc.args[0]} ({text})",)
     return exc

@@ -32,6 +32,7 @@ LINK_STATES = {
     "disable": vfsettings.LINK_STATE_DISABLE,
 }
 LOG_LEVELS = ("panic", "error", "warning", "info", "debug")
+RDMA_MODES = ("auto", "required", "off", "soft")
 
 # Besides ASCII case, Go's encoding/json folds the Kelvin sign onto "k" and
 # the long s onto "s" when it matches keys.
@@ -102,6 +103,8 @@ class NetConf:
     dns: DNS
     prev_result: Result | None
     notes: tuple[tuple[int, str], ...] = ()
+    # What happens to the VF's RDMA device: plugin/rdma.py.
+    rdma: str = "auto"
 
 
 def _invalid(msg: str, details: str = "") -> CNIError:
@@ -302,6 +305,15 @@ def _rate(conf: Keys) -> Rate | None:
     return Rate(min_rate or 0, max_rate or 0)
 
 
+def _rdma(conf: Keys) -> str:
+    mode = _str(conf, "rdma")
+    if mode is None:
+        return "auto"
+    if mode not in RDMA_MODES:
+        raise _invalid(f'rdma must be "auto", "required", "off" or "soft", got {mode!r}')
+    return mode
+
+
 def _prev_result(cmd: CmdArgs) -> Result | None:
     if cmd.conf.get("prevResult") is None:
         return None
@@ -318,6 +330,7 @@ def load(cmd: CmdArgs) -> NetConf:
     vlan = _vlan(conf)
     link_state = _link_state(conf)
     rate = _rate(conf)
+    rdma = _rdma(conf)
     prev = _prev_result(cmd)
     settings = PfSettings(
         vlan=vlan,
@@ -340,4 +353,5 @@ def load(cmd: CmdArgs) -> NetConf:
         dns=DNS.from_dict(conf.get("dns")),
         prev_result=prev,
         notes=tuple(conf.notes.entries),
+        rdma=rdma,
     )
