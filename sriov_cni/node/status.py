@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sriov_cni.kernel import cpulist, irqs, netlink, sysfs
+from sriov_cni.kernel import cpulist, irqs, netlink, rdma, sysfs
 from sriov_cni.node import irqbalance
 from sriov_cni.paths import Paths
 from sriov_cni.vfstate import VfState, vf_state
@@ -60,7 +60,16 @@ def _vf(paths: Paths, index: int, pci: str, alloc: Allocation | None, in_host: C
             "netns": alloc.netns,
         },
         "irqs": _irq_pins(paths, pci),
+        "rdmaDevice": _rdma_device(paths, pci, alloc),
     }
+
+
+def _rdma_device(paths: Paths, pci: str, alloc: Allocation | None) -> str | None:
+    """The VF's RDMA device: the one its pod holds (moved there, or a Soft-RoCE one made there), else sysfs' one."""
+    if alloc is not None and alloc.rdma_device is not None:
+        return alloc.rdma_device
+    found = rdma.vf_rdma_devices(paths.sys, pci)
+    return ", ".join(found) if found else None
 
 
 def gather(paths: Paths, data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any]]:
@@ -136,9 +145,10 @@ def table(pfs: list[dict[str, Any]]) -> list[str]:
             a = vf["allocation"]
             owner = f"{a['network']} {a['containerID'][:12]} {a['ifname']} {a['netns']}" if a else "-"
             state = vf["state"] + (" (netns gone)" if vf["state"] == VfState.STALE.value else "")
-            rows.append(
-                (str(vf["index"]), vf["pci"], vf["driver"] or "-", vf["netdev"] or "-", state, owner, _pins(vf["irqs"]))
-            )
+            netdev = vf["netdev"] or "-"
+            if vf["rdmaDevice"]:
+                netdev += f" (RDMA {vf['rdmaDevice']})"
+            rows.append((str(vf["index"]), vf["pci"], vf["driver"] or "-", netdev, state, owner, _pins(vf["irqs"])))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return lines
