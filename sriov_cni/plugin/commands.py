@@ -119,7 +119,7 @@ def _candidates(conf: NetConf, sys_root: Path) -> allocate.Candidates:
             return allocate.Candidates([sysfs.resolve_vf(sys_root, conf.device_id)], named=True)
         except sysfs.SysfsError as exc:
             raise CNIError(Code.INVALID_CONFIG, f"deviceID {conf.device_id}: {exc}") from exc
-    return allocate.Candidates(pool.pool_vfs(sys_root, conf.pool))
+    return allocate.Candidates(rdma.pool_filter(pool.pool_vfs(sys_root, conf.pool), conf.rdma, sys_root))
 
 
 def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, deps: Deps) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.cni import log as logger
-from sriov_cni.kernel import netns, nlerrors, rdma
+from sriov_cni.kernel import netns, nlerrors, rdma, sysfs
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation
 
@@ -53,6 +53,13 @@ def soft_name(vf_pci: str) -> str:
 
 def _device_error(msg: str, details: str = "") -> CNIError:
     return CNIError(Code.DEVICE, msg, details)
+
+
+def pool_filter(vfs: list[sysfs.VF], mode: str, sys_root: Path) -> list[sysfs.VF]:
+    """Self-allocation under ``required`` takes only VFs with an RDMA device (the device plugin's isRdma)."""
+    if mode != "required":
+        return vfs
+    return [vf for vf in vfs if rdma.vf_rdma_devices(sys_root, vf.pci)]
 
 
 def _vf_device(alloc: Allocation, mode: str, sys_root: Path) -> str | None:
@@ -125,7 +132,8 @@ def make_soft(lease: Lease, mode: str) -> str | None:
         alloc.rdma_device = None
         alloc.rdma_soft = False
         lease.save()
-        if isinstance(exc, nlerrors.NotSupported):
+        # EINVAL: no driver registers the rxe link type (rdma_rxe not loaded).
+        if isinstance(exc, (nlerrors.NotSupported, nlerrors.InvalidArgument)):
             raise _device_error(
                 f"cannot make a Soft-RoCE device on {alloc.ifname}: {exc}",
                 "the node's kernel needs rdma_rxe (Linux 7.2 or later for rxe inside a pod; 7.3 in exclusive mode)",

@@ -50,11 +50,24 @@ def test_a_vf_without_rdma_is_attached_as_before(ready: Ready, mode: str | None)
     assert node.cni("DEL", node.conf(**keys), netns=pod).rc == 0
 
 
-def test_required_refuses_a_vf_without_rdma(ready: Ready) -> None:
+def test_required_refuses_a_named_vf_without_rdma(ready: Ready) -> None:
     node, pod, before = ready
-    res = node.cni("ADD", node.conf(rdma="required"), netns=pod)
+    res = node.cni("ADD", node.conf(rdma="required", deviceID=node.pfs[0].vfs[1].pci), netns=pod)
     refused(res, 100)
     assert "has no RDMA device" in res.out["msg"]
+    assert node.picture() == before
+
+
+def test_required_allocates_only_vfs_with_rdma(ready: Ready) -> None:
+    """Self-allocation skips VF 0 (no RDMA device); without one anywhere the pool counts as exhausted."""
+    node, pod, before = ready
+    refused(node.cni("ADD", node.conf(rdma="required"), netns=pod), 101)
+    assert node.picture() == before
+    _rdma_dir(node.sys, node.pfs[0].vfs[1].pci, "mlx5_1")
+    res = node.cni("ADD", node.conf(rdma="required"), netns=pod)
+    # The host has no RDMA netlink: refused, but for VF 1, the one with a device.
+    refused(res, 100)
+    assert node.pfs[0].vfs[1].pci in res.out["msg"]
     assert node.picture() == before
 
 
