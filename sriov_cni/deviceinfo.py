@@ -24,7 +24,7 @@ from typing import Any
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.kernel import sysfs
+from sriov_cni.kernel import rdma
 
 VERSION = "1.1.0"
 TYPE = "pci"
@@ -35,12 +35,19 @@ FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 
-def facts(sys_root: Path, vf_pci: str, pf_pci: str) -> dict[str, Any]:
-    """What sysfs says of a VF, in the spec's layout."""
+def facts(sys_root: Path, vf_pci: str, pf_pci: str, held: str | None = None) -> dict[str, Any]:
+    """What the pod is told of its VF, in the spec's layout.
+
+    ``held`` is the RDMA device its attachment holds (moved into the pod,
+    or a Soft-RoCE one made there, which has no PCI parent); otherwise the
+    one sysfs lists under the VF.  A VF listing two is left without
+    ``rdma-device``: which one the pod would use cannot be told.
+    """
     pci = {"pci-address": vf_pci, "pf-pci-address": pf_pci}
-    rdma = sysfs.rdma_device(sys_root, vf_pci)
-    if rdma is not None:
-        pci["rdma-device"] = rdma
+    listed = rdma.vf_rdma_devices(sys_root, vf_pci)
+    device = held or (listed[0] if len(listed) == 1 else None)
+    if device is not None:
+        pci["rdma-device"] = device
     return {"type": TYPE, "version": VERSION, "pci": pci}
 
 

@@ -104,6 +104,10 @@ class Allocation:
     # What a give-back could not put back as recorded, one entry each: the
     # record is kept so no pod gets the VF before a give-back succeeds.
     unrestored: list[str] = field(default_factory=list)
+    # The VF's RDMA device moved into the pod, or the Soft-RoCE device made
+    # there (rdma_soft); recorded before the change (see plugin/rdma.py).
+    rdma_device: str | None = None
+    rdma_soft: bool = False
 
     def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:
         return (

@@ -8,11 +8,18 @@ never be mistaken for a passing one.
 The guest collects only ``GUEST_DIRS`` (collecting the ~800 host tests under
 TCG costs it about a minute), so a ``sriov_vm`` test anywhere else would
 silently never run: collecting one there is an error.
+
+Tests marked ``rdma_vm("7.2")`` (or another kernel series) need a guest on
+that newer kernel (``rig.py --kernel sid|experimental``).  Outside a guest
+they fail like ``sriov_vm`` tests; in a guest on another kernel they are
+deselected (reported as such, never as passed), so one command line serves
+each kernel's boot.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -31,9 +38,24 @@ RUN_HINT = (
 )
 
 
+RDMA_HINT = "rdma_vm tests need a guest on a newer kernel: `python3 tests/vm/rig.py --kernel sid|experimental -- ...`"
+
+
+def kernel_series(release: str) -> str:
+    """``7.2`` of ``7.2.13+deb14-amd64``, ``7.3`` of ``7.3-amd64``."""
+    return ".".join(release.split("-", 1)[0].split("+", 1)[0].split(".")[:2])
+
+
+def _rdma_series(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("rdma_vm")
+    return None if marker is None else str(marker.args[0])
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("sriov_vm") is not None and os.environ.get(VM_ENV) != "1":
         pytest.fail(f"{item.nodeid}: {RUN_HINT}", pytrace=False)
+    if _rdma_series(item) is not None and os.environ.get(VM_ENV) != "1":
+        pytest.fail(f"{item.nodeid}: {RDMA_HINT}", pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -44,10 +66,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         {
             item.nodeid.split("::")[0]
             for item in items
-            if item.get_closest_marker("sriov_vm") is not None and not any(item.path.is_relative_to(d) for d in guest)
+            if (item.get_closest_marker("sriov_vm") is not None or _rdma_series(item) is not None)
+            and not any(item.path.is_relative_to(d) for d in guest)
         }
     )
     if stray:
         raise pytest.UsageError(
             f"sriov_vm tests outside {', '.join(GUEST_DIRS)} never run in the guest: {', '.join(stray)}"
         )
+    if os.environ.get(VM_ENV) == "1":
+        series = kernel_series(platform.release())
+        other = [item for item in items if _rdma_series(item) not in (None, series)]
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = [item for item in items if item not in other]

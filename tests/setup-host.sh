@@ -34,10 +34,16 @@ apt_update_once() {
 # bootstraps the image's Debian base without a registry
 # (deploy/build-image.sh --offline); catatonit (static) is the whole of the
 # CRI test's pause image (tests/vm/crilib.py). ethtool is the oracle of
-# the restore tests (what DEL puts back of a VF's offloads and channels).
+# the restore tests (what DEL puts back of a VF's offloads and channels). The RDMA tests' userspace,
+# which the guests on the newer kernels run (they see this machine's root):
+# the verbs providers (rxe's libibverbs driver), ibv_rc_pingpong, perftest's
+# ib_write_bw and rdmacm-utils; iproute2 brings the rdma tool, and strace
+# records what that tool sends (tests/kernel/test_rdma.py).  Not Debian's
+# rdma-core package: it pulls in a systemd upgrade and nothing the tests use.
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
            iputils-ping ca-certificates python3-pip podman containerd runc
-           gcc libc6-dev make time mmdebstrap catatonit ethtool)
+           gcc libc6-dev make time mmdebstrap catatonit ethtool
+           ibverbs-providers ibverbs-utils perftest rdmacm-utils strace)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \

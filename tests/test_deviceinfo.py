@@ -18,7 +18,6 @@ import pytest
 
 from sriov_cni import deviceinfo
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.kernel import sysfs
 from tests.support.nodetree import Tree
 
 # The spec's section 4.3 and 6.1.2 examples.
@@ -62,12 +61,18 @@ def test_facts_of_a_vf_are_the_spec_layout(igb: Tree) -> None:
     assert set(deviceinfo.facts(igb.sys, "0000:01:10.0", "0000:01:00.0")["pci"]) == set(SPEC_PCI["pci"])
 
 
-def test_rdma_device_is_read_from_the_vfs_infiniband_directory(igb: Tree) -> None:
-    assert sysfs.rdma_device(igb.sys, "0000:01:10.1") is None
+def test_rdma_device_is_the_one_the_vf_lists_or_the_one_its_pod_holds(igb: Tree) -> None:
+    def told(held: str | None = None) -> object:
+        return deviceinfo.facts(igb.sys, "0000:01:10.1", "0000:01:00.0", held)["pci"].get("rdma-device")
+
+    assert told() is None
     igb.rdma("0000:01:10.1", "mlx5_3")
-    assert sysfs.rdma_device(igb.sys, "0000:01:10.1") == "mlx5_3"
-    assert deviceinfo.facts(igb.sys, "0000:01:10.1", "0000:01:00.0")["pci"]["rdma-device"] == "mlx5_3"
-    assert sysfs.rdma_device(igb.sys, "0000:99:00.0") is None
+    assert told() == "mlx5_3"
+    # A Soft-RoCE device made in the pod has no PCI parent: the record names it.
+    assert told("rxe_0000_01_10_1") == "rxe_0000_01_10_1"
+    # Two listed: which one the pod uses cannot be told, so neither is named.
+    igb.rdma("0000:01:10.1", "mlx5_4")
+    assert told() is None
 
 
 def _file(tmp_path: Path, content: Any) -> str:

@@ -130,6 +130,8 @@ def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_a
         "in_pod",
         "device_info_file",
         "unrestored",
+        "rdma_device",
+        "rdma_soft",
     ]
     assert raw["applied"] == {"vlan": [100, 0, 0x8100], "rate": [0, 500], "trust": True}
     # trust is None in the snapshot (a driver that does not report it): absent, as in applied.
@@ -318,3 +320,10 @@ def test_ids_read_no_record(files: FileStore) -> None:
     files.put(allocation(PCI_A))
     (files.vfs_dir / f"{PCI_A}.json").write_text("{not json")
     assert set(files.ids()) == {PCI_A}
+
+
+def test_a_records_rdma_device_survives_the_store() -> None:
+    alloc = allocation(original=original())
+    alloc.rdma_device = "mlx5_3"
+    back = Allocation.from_json(alloc.to_json())
+    assert (back.rdma_device, back.rdma_soft) == ("mlx5_3", False)

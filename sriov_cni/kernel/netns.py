@@ -131,8 +131,8 @@ def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: Path 
         raise NamespaceError(f"in network namespace {path}: {reason or os.strerror(code)}", code)
 
 
-def netlink_socket_in(path: str) -> socket.socket:
-    """A netlink socket created inside the namespace at ``path``.
+def netlink_socket_in(path: str, protocol: int = _NETLINK_ROUTE) -> socket.socket:
+    """A netlink socket of ``protocol`` (rtnetlink unless told) created inside the namespace at ``path``.
 
     A socket stays in the namespace it was created in, so this thread steps
     in, creates it and steps straight back: a few system calls, where
@@ -146,7 +146,7 @@ def netlink_socket_in(path: str) -> socket.socket:
         except OSError as exc:
             raise NetnsNotFound(f"cannot enter network namespace {path}: {exc.strerror}", exc.errno or 0) from exc
         try:
-            return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_ROUTE)
+            return socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, protocol)
         finally:
             # Staying in the pod's namespace would misdirect every later
             # host-side operation of this process; there is no safe way on.

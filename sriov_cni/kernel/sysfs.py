@@ -173,20 +173,6 @@ def netdev_link(root: Path, name: str) -> tuple[int, bool]:
     return mtu, bool(flags & 0x1)  # IFF_UP
 
 
-def rdma_device(root: Path, pci: str) -> str | None:
-    """The RDMA device of a PCI function (``mlx5_3``), or None when it has none.
-
-    A function with RDMA lists its device under ``infiniband/``: mlx5 and
-    irdma VFs do, igbvf and ixgbevf never; one with several names is not a
-    layout any driver has, and the first is taken.
-    """
-    try:
-        names = sorted(os.listdir(pci_dir(root, pci) / "infiniband"))
-    except OSError:
-        return None
-    return names[0] if names else None
-
-
 def carrier(root: Path, name: str) -> bool | None:
     """Whether host netdev ``name`` has carrier; None when sysfs does not say (a netdev that is down, or none)."""
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sriov_cni import deviceinfo
-from sriov_cni.kernel import cpulist, irqs, netlink, sysfs
+from sriov_cni.kernel import cpulist, irqs, netlink, rdma, sysfs
 from sriov_cni.node import irqbalance
 from sriov_cni.paths import Paths
 from sriov_cni.vfstate import VfState, vf_state
@@ -55,7 +55,7 @@ def _vf(
         "netdev": names[0] if names else None,
         "state": state.value,
         # What an attachment's device-info file says of the VF (see deviceinfo).
-        "deviceInfo": deviceinfo.facts(paths.sys, pci, pf_pci),
+        "deviceInfo": deviceinfo.facts(paths.sys, pci, pf_pci, alloc.rdma_device if alloc else None),
         "allocation": None
         if alloc is None
         else {
@@ -69,7 +69,16 @@ def _vf(
             "unrestored": alloc.unrestored,
         },
         "irqs": _irq_pins(paths, pci),
+        "rdmaDevice": _rdma_device(paths, pci, alloc),
     }
+
+
+def _rdma_device(paths: Paths, pci: str, alloc: Allocation | None) -> str | None:
+    """The VF's RDMA device: the one its pod holds (moved there, or a Soft-RoCE one made there), else sysfs' one."""
+    if alloc is not None and alloc.rdma_device is not None:
+        return alloc.rdma_device
+    found = rdma.vf_rdma_devices(paths.sys, pci)
+    return ", ".join(found) if found else None
 
 
 def gather(paths: Paths, data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any]]:
@@ -155,7 +164,7 @@ def table(pfs: list[dict[str, Any]]) -> list[str]:
                     vf["pci"],
                     vf["driver"] or "-",
                     vf["netdev"] or "-",
-                    vf["deviceInfo"]["pci"].get("rdma-device", "-"),
+                    vf["rdmaDevice"] or "-",
                     state,
                     owner,
                     _pins(vf["irqs"]),

@@ -35,7 +35,7 @@ from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
-from sriov_cni.plugin import allocate, bind, carrier, config, delegate, deviceinfo, log, pool, tuning
+from sriov_cni.plugin import allocate, bind, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation, FileStore, Store
@@ -123,12 +123,13 @@ def _candidates(conf: NetConf, sys_root: Path) -> allocate.Candidates:
             return allocate.Candidates([sysfs.resolve_vf(sys_root, conf.device_id)], named=True)
         except sysfs.SysfsError as exc:
             raise CNIError(Code.INVALID_CONFIG, f"deviceID {conf.device_id}: {exc}") from exc
-    return allocate.Candidates(pool.pool_vfs(sys_root, conf.pool))
+    return allocate.Candidates(rdma.pool_filter(pool.pool_vfs(sys_root, conf.pool), conf.rdma, sys_root))
 
 
 def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, deps: Deps) -> None:
     """Put back a VF whose container died without DEL, and free its address."""
     logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
+    rdma.give_back(stale, deps.paths.sys)
     bind.restore(vfc, stale, deps.mac_retry_delay, deps.paths.sys)
     try:
         deviceinfo.withdraw(stale)
@@ -261,7 +262,11 @@ def _set_up(
         _reclaim_stale(cmd, conf, vfc, lease.stale, ipam, deps)
     _record_changes(vfc, host, lease, conf.pf_settings, deps.paths.sys)
     bind.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
+    rdma_device = rdma.move_in(lease, conf.rdma, deps.paths.sys)
     iface, index = _plug(conf, lease, deps)
+    rdma_device = rdma.make_soft(lease, conf.rdma) or rdma_device
+    if rdma_device is not None:
+        logger.info("the pod's RDMA device: %s", rdma_device)
     ipam_result = _address(lease.alloc, index, ipam)
     deviceinfo.publish(conf.device_info_file, lease, deps.paths.sys)
     return _result(conf, iface, ipam_result)
@@ -356,6 +361,8 @@ def _roll_back(vfc: netlink.VfControl, lease: Lease, deps: Deps) -> None:
 
 def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
     """The VF as it was found, tuning included; raises CNIError when not fully restored."""
+    # Before the netdev leaves the pod (see plugin/rdma.py).
+    rdma.give_back(alloc, deps.paths.sys)
     if not alloc.dpdk:
         # Before the move out of the pod: the move closes the VF, and igbvf
         # frees its vectors then, after which affinity writes are ignored.
@@ -470,6 +477,7 @@ def cmd_check(cmd: CmdArgs, deps: Deps) -> None:
     if not alloc.dpdk:
         pod_link, problems = _pod_problems(cmd, prev, index)
     problems += _pf_problems(deps, alloc, pod_link)
+    problems += rdma.check(alloc)
     if problems:
         raise CNIError(Code.DEVICE, f"{cmd.ifname} in {cmd.netns} does not match", "; ".join(problems))
     if conf.ipam_type:

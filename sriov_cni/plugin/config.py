@@ -32,6 +32,7 @@ LINK_STATES = {
     "disable": vfsettings.LINK_STATE_DISABLE,
 }
 LOG_LEVELS = ("panic", "error", "warning", "info", "debug")
+RDMA_MODES = ("auto", "required", "off", "soft")
 
 # Besides ASCII case, Go's encoding/json folds the Kelvin sign onto "k" and
 # the long s onto "s" when it matches keys.
@@ -108,6 +109,8 @@ class NetConf:
     # runtimeConfig.CNIDeviceInfoFile: where the pod's device information is
     # read and written (see sriov_cni.deviceinfo); None when not passed.
     device_info_file: str | None = None
+    # What happens to the VF's RDMA device: plugin/rdma.py.
+    rdma: str = "auto"
 
 
 def _invalid(msg: str, details: str = "") -> CNIError:
@@ -314,6 +317,15 @@ def _rate(conf: Keys) -> Rate | None:
     return Rate(min_rate or 0, max_rate or 0)
 
 
+def _rdma(conf: Keys) -> str:
+    mode = _str(conf, "rdma")
+    if mode is None:
+        return "auto"
+    if mode not in RDMA_MODES:
+        raise _invalid(f'rdma must be "auto", "required", "off" or "soft", got {mode!r}')
+    return mode
+
+
 def _prev_result(cmd: CmdArgs) -> Result | None:
     if cmd.conf.get("prevResult") is None:
         return None
@@ -330,6 +342,7 @@ def load(cmd: CmdArgs) -> NetConf:
     vlan = _vlan(conf)
     link_state = _link_state(conf)
     rate = _rate(conf)
+    rdma = _rdma(conf)
     prev = _prev_result(cmd)
     settings = PfSettings(
         vlan=vlan,
@@ -353,4 +366,5 @@ def load(cmd: CmdArgs) -> NetConf:
         prev_result=prev,
         notes=tuple(conf.notes.entries),
         device_info_file=_device_info_file(conf),
+        rdma=rdma,
     )

@@ -25,7 +25,7 @@ def publish(path: str | None, lease: Lease, sys_root: Path) -> None:
         return
     alloc = lease.alloc
     found = deviceinfo.read(path)
-    info = deviceinfo.merged(path, found, deviceinfo.facts(sys_root, alloc.vf_pci, alloc.pf_pci))
+    info = deviceinfo.merged(path, found, deviceinfo.facts(sys_root, alloc.vf_pci, alloc.pf_pci, alloc.rdma_device))
     if found is None:
         alloc.device_info_file = path
         lease.save()

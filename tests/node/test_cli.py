@@ -193,3 +193,20 @@ def test_bin_script_runs_from_anywhere(tmp_path: Path) -> None:
         [sys.executable, str(REPO / "bin" / "sriov-cni"), "--help"], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0 and "setup" in done.stdout and "status" in done.stdout
+
+
+def test_status_names_each_vfs_rdma_device(node: Tree, tmp_path: Path) -> None:
+    """A free mlx5-like VF shows its device from sysfs; an allocated one the device its record says the pod holds."""
+    node.rdma("0000:01:10.0", "mlx5_2")
+    store = FileStore(tmp_path / "data")
+    alloc = store.get("0000:01:10.1")
+    assert alloc is not None
+    alloc.rdma_device = "rxe_0000_01_10_1"
+    alloc.rdma_soft = True
+    store.put(alloc)
+    _code, out = invoke(node, "status", "--json", "--data-dir", str(tmp_path / "data"))
+    vfs = json.loads(out)["pfs"][0]["vfs"]
+    assert [v["rdmaDevice"] for v in vfs] == ["mlx5_2", "rxe_0000_01_10_1", None]
+    _code, table = invoke(node, "status", "--data-dir", str(tmp_path / "data"))
+    rows = [line.split() for line in table.splitlines() if line.startswith("  ")]
+    assert [row[4] for row in rows[:4]] == ["RDMA", "mlx5_2", "rxe_0000_01_10_1", "-"]

@@ -118,8 +118,10 @@ class Tree:
             self.netdev(pci, netdev)
 
     def rdma(self, pci: str, name: str) -> None:
-        """An RDMA device of function ``pci``, as an RDMA-capable driver (mlx5) lists it; no emulated NIC has one."""
-        (self.devices / pci / "infiniband" / name).mkdir(parents=True)
+        """An RDMA device of a PCI function (mlx5, irdma, bnxt_re): <function>/infiniband/<name>."""
+        d = self.devices / pci / "infiniband" / name
+        d.mkdir(parents=True)
+        _write(d / "node_type", "1: CA\n")
 
     def affinity(self, irq: int) -> str:
         return (self.proc / "irq" / str(irq) / "smp_affinity_list").read_text().strip()

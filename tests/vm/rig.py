@@ -2,7 +2,8 @@
 """Run one command as root inside a QEMU guest that has emulated igb SR-IOV NICs.
 
 The guest boots Debian's current bookworm kernel (the one ``linux-image-amd64``
-depends on) with a busybox initramfs, sees the host's root filesystem
+depends on), or with ``--kernel sid|experimental`` one of the newer kernels
+pinned in NEWER_KERNELS, with a busybox initramfs, sees the host's root filesystem
 read-only over 9p with a tmpfs overlay on top, and runs the command in a
 chroot of it from the same working directory, with the host's Python
 interpreter first on PATH and ``SRIOV_CNI_VM=1`` set.  Each PF is a QEMU
@@ -10,7 +11,7 @@ interpreter first on PATH and ``SRIOV_CNI_VM=1`` set.  Each PF is a QEMU
 
 Usage::
 
-    python3 tests/vm/rig.py [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] -- COMMAND ...
+    python3 tests/vm/rig.py [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] -- COMMAND ...
 
 The serial console (boot progress and the command's output) is streamed to
 stdout; the exit status is the command's.  Anything that cannot be prepared
@@ -30,7 +31,10 @@ stalls, each test's outcome and time).
 The kernel, busybox and the initramfs are cached under ``$SRIOV_CNI_VM_CACHE``
 (default ``/var/cache/sriov-cni-vm`` for root, ``~/.cache/sriov-cni-vm``
 otherwise); the initramfs is rebuilt whenever the kernel version, the init
-script, the module list or INITRAMFS_FORMAT changes.
+script, the module list or INITRAMFS_FORMAT changes.  The newer kernels come
+from sid and experimental through an apt list of the rig's own under the
+cache (``apt-newer/``): the machine's apt sources and lists are never
+touched.
 """
 
 from __future__ import annotations
@@ -76,6 +80,42 @@ MODULES = (
     "vfio_pci",
     "vfio_iommu_type1",
 )
+
+# Loaded in addition on the newer kernels, for the RDMA tests: the verbs core,
+# its character devices (/dev/infiniband/uverbsN) and Soft-RoCE.  Debian 12's
+# 6.1 has rxe too, but its rxe has no sockets inside a netns, so nothing on
+# the bookworm guest uses RDMA.
+RDMA_MODULES = ("ib_core", "ib_uverbs", "rdma_rxe")
+
+
+@dataclass(frozen=True)
+class NewerKernel:
+    """A Debian kernel newer than bookworm's, pinned so every run boots the same one.
+
+    Since Linux 7.x Debian splits the kernel into linux-binary (vmlinuz),
+    linux-modules (the .ko.xz files) and linux-base (modules.builtin,
+    modules.order); linux-image only depends on the three.  A pin the
+    archive has dropped (sid and experimental move on) fails the download
+    with the pinned version named: move the pin to what the suite has now.
+    """
+
+    suite: str
+    version: str  # the source package's version, e.g. 7.2.13-1
+    release: str  # uname -r, e.g. 7.2.13+deb14-amd64
+
+    def packages(self) -> tuple[str, ...]:
+        return tuple(f"linux-{part}-{self.release}" for part in ("binary", "modules", "base"))
+
+
+# Linux 7.2 runs an rxe device created inside a pod on its VF (shared mode);
+# 7.3 is the first whose rxe can move between network namespaces
+# (exclusive mode).
+NEWER_KERNELS = {
+    "sid": NewerKernel("sid", "7.2.13-1", "7.2.13+deb14-amd64"),
+    "experimental": NewerKernel("experimental", "7.3~rc7-1~exp1", "7.3-amd64"),
+}
+KERNEL_CHOICES = ("bookworm", *NEWER_KERNELS)
+DEBIAN_ARCHIVE = "http://deb.debian.org/debian"
 
 # Host environment passed through to the guest command.
 PASS_ENV = ("CI", "PYTEST_ADDOPTS", "PYTHONPATH")
@@ -168,34 +208,79 @@ def kernel_package() -> str:
     return m.group(1)
 
 
-def _fetch(package: str, debs: Path) -> Path:
-    """apt-get download ``package`` into ``debs`` unless already there."""
+def _fetch(package: str, debs: Path, version: str = "*", apt_options: tuple[str, ...] = ()) -> Path:
+    """apt-get download ``package`` (at ``version``, if pinned) into ``debs`` unless already there."""
     debs.mkdir(parents=True, exist_ok=True)
-    existing = sorted(debs.glob(f"{package}_*.deb"))
+    # dpkg names the file with the epoch's colon escaped.
+    pattern = f"{package}_{version.replace(':', '%3a')}_*.deb"
+    existing = sorted(debs.glob(pattern))
     if existing:
         return existing[-1]
     print(f"rig: downloading {package}", file=sys.stderr, flush=True)
+    wanted = package if version == "*" else f"{package}={version}"
     # apt's sandbox user cannot write into a root-owned cache directory.
     _run(
-        ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", package],
-        f"downloading {package}",
+        ["apt-get", *apt_options, "download", "-q", "-o", "APT::Sandbox::User=root", wanted],
+        f"downloading {wanted}",
         cwd=debs,
     )
-    found = sorted(debs.glob(f"{package}_*.deb"))
+    found = sorted(debs.glob(pattern))
     if not found:
-        raise RigError(f"downloading {package}: apt-get download produced no .deb")
+        raise RigError(f"downloading {wanted}: apt-get download produced no .deb")
     return found[-1]
 
 
-def _unpack(deb: Path, dest: Path) -> Path:
-    """dpkg-deb -x into ``dest`` once; a marker file makes it atomic enough."""
+def _unpack(debs: list[Path], dest: Path) -> Path:
+    """dpkg-deb -x each of ``debs`` into ``dest`` once; a marker file makes it atomic enough."""
     marker = dest / ".unpacked"
     if not marker.exists():
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
-        _run(["dpkg-deb", "-x", str(deb), str(dest)], f"unpacking {deb.name}")
-        marker.write_text(deb.name)
+        for deb in debs:
+            _run(["dpkg-deb", "-x", str(deb), str(dest)], f"unpacking {deb.name}")
+        marker.write_text("".join(f"{deb.name}\n" for deb in debs))
     return dest
+
+
+def _newer_apt(cache: Path) -> tuple[str, ...]:
+    """apt-get options that read sid and experimental, and nothing else, from a list of the rig's own.
+
+    Its package lists live beside it (read once; again only when a pin is
+    not found in them), so the machine's apt state never sees these suites.
+    """
+    root = cache / "apt-newer"
+    lists = root / "lists"
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    source_list = root / "sources.list"
+    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    suites = sorted({k.suite for k in NEWER_KERNELS.values()})
+    source_list.write_text("".join(f"deb [signed-by={keyring}] {DEBIAN_ARCHIVE} {s} main\n" for s in suites))
+    return (
+        "-o",
+        f"Dir::Etc::SourceList={source_list}",
+        # Not the machine's sources.list.d either.
+        "-o",
+        f"Dir::Etc::SourceParts={root / 'parts.d'}",
+        "-o",
+        f"Dir::State::Lists={lists}",
+    )
+
+
+def _fetch_newer(kernel: NewerKernel, cache: Path, debs: Path) -> list[Path]:
+    """The pinned kernel's three packages, downloaded once."""
+    pattern = kernel.version.replace(":", "%3a")
+    if all(sorted(debs.glob(f"{p}_{pattern}_*.deb")) for p in kernel.packages()):
+        return [_fetch(p, debs, kernel.version) for p in kernel.packages()]
+    options = _newer_apt(cache)
+    lists = cache / "apt-newer" / "lists"
+    if not any(lists.glob("*_Packages*")):
+        print(
+            f"rig: reading {', '.join(sorted({k.suite for k in NEWER_KERNELS.values()}))} package lists",
+            file=sys.stderr,
+            flush=True,
+        )
+        _run(["apt-get", *options, "update", "-q"], "reading the newer kernels' package lists")
+    return [_fetch(p, debs, kernel.version, options) for p in kernel.packages()]
 
 
 def _module_deps(modroot: Path) -> dict[str, list[str]]:
@@ -212,7 +297,17 @@ def _module_name(path: str) -> str:
     return re.sub(r"\.ko(\.xz|\.zst|\.gz)?$", "", base).replace("-", "_")
 
 
-def _load_order(deps: dict[str, list[str]], wanted: tuple[str, ...]) -> list[str]:
+def _builtin(modroot: Path) -> set[str]:
+    """The modules built into the kernel (virtio_pci since Debian's 7.x kernels), by name."""
+    try:
+        return {_module_name(line) for line in (modroot / "modules.builtin").read_text().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def _load_order(
+    deps: dict[str, list[str]], wanted: tuple[str, ...], builtin: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
     by_name = {_module_name(p): p for p in deps}
     order: list[str] = []
 
@@ -226,6 +321,8 @@ def _load_order(deps: dict[str, list[str]], wanted: tuple[str, ...]) -> list[str
         order.append(path)
 
     for name in wanted:
+        if name in builtin and name not in by_name:
+            continue
         if name not in by_name:
             raise RigError(f"kernel has no module {name}")
         visit(by_name[name])
@@ -243,20 +340,20 @@ def _decompress(src: Path) -> bytes:
     return data
 
 
-def _initramfs_key(kver: str, busybox_deb: str) -> str:
+def _initramfs_key(kver: str, busybox_deb: str, modules: tuple[str, ...]) -> str:
     h = hashlib.sha256()
-    for part in (kver, busybox_deb, ",".join(MODULES)):
+    for part in (kver, busybox_deb, ",".join(modules)):
         h.update(part.encode() + b"\0")
     h.update(INIT_SCRIPT.read_bytes())
     h.update(INITRAMFS_FORMAT.encode())
     return h.hexdigest()[:16]
 
 
-def _build_initramfs(kroot: Path, kver: str, bbroot: Path, out: Path) -> None:
+def _build_initramfs(kroot: Path, kver: str, bbroot: Path, out: Path, modules: tuple[str, ...]) -> None:
     modroot = kroot / "lib/modules" / kver
     if not (modroot / "modules.dep").exists():
         _run(["depmod", "-b", str(kroot), kver], "running depmod on the guest kernel")
-    order = _load_order(_module_deps(modroot), MODULES)
+    order = _load_order(_module_deps(modroot), modules, _builtin(modroot))
 
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         stage = Path(tmp) / "root"
@@ -294,27 +391,40 @@ def _build_initramfs(kroot: Path, kver: str, bbroot: Path, out: Path) -> None:
         partial.rename(out)
 
 
-def prepare() -> Artifacts:
+def prepare(kernel_choice: str = "bookworm") -> Artifacts:
     """Kernel and initramfs for the guest, fetched/built on first use."""
     check_qemu()
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    kpkg = kernel_package()
-    kver = kpkg.removeprefix("linux-image-")
     debs = cache / "debs"
-    kroot = _unpack(_fetch(kpkg, debs), cache / kpkg)
+    newer = NEWER_KERNELS.get(kernel_choice)
+    if newer is None:
+        kpkg = kernel_package()
+        kver = kpkg.removeprefix("linux-image-")
+        kroot = _unpack([_fetch(kpkg, debs)], cache / kpkg)
+        kernel = kroot / "boot" / f"vmlinuz-{kver}"
+        modules: tuple[str, ...] = MODULES
+    else:
+        kver = newer.release
+        kroot = _unpack(_fetch_newer(newer, cache, debs), cache / f"linux-{kver}_{newer.version}")
+        # The split packages install under /usr/lib/modules only; depmod -b
+        # (and the initramfs build) read <root>/lib/modules.
+        if not (kroot / "lib").exists():
+            (kroot / "lib").symlink_to("usr/lib")
+        kernel = kroot / "usr/lib/modules" / kver / "vmlinuz"
+        kpkg = newer.packages()[0]
+        modules = MODULES + RDMA_MODULES
     bb_deb = _fetch("busybox-static", debs)
-    bbroot = _unpack(bb_deb, cache / bb_deb.stem)
+    bbroot = _unpack([bb_deb], cache / bb_deb.stem)
 
-    kernel = kroot / "boot" / f"vmlinuz-{kver}"
     if not kernel.exists():
         raise RigError(f"{kpkg} contains no {kernel.name}")
-    initramfs = cache / f"initramfs-{kver}-{_initramfs_key(kver, bb_deb.name)}.cpio.gz"
+    initramfs = cache / f"initramfs-{kver}-{_initramfs_key(kver, bb_deb.name, modules)}.cpio.gz"
     if not initramfs.exists():
         print(f"rig: building {initramfs.name}", file=sys.stderr, flush=True)
         for old in cache.glob(f"initramfs-{kver}-*.cpio.gz"):
             old.unlink()
-        _build_initramfs(kroot, kver, bbroot, initramfs)
+        _build_initramfs(kroot, kver, bbroot, initramfs, modules)
     return Artifacts(kernel=kernel, initramfs=initramfs, kernel_version=kver)
 
 
@@ -413,8 +523,12 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
         str(art.initramfs),
         # pci=realloc: SeaBIOS sizes the root ports' windows for the PF BARs
         # only; the kernel must grow them for the VF BARs or sriov_numvfs fails.
+        # no_timer_check: the kernel's early check that the timer ticks
+        # through the IO-APIC counts ticks against a busy loop, which a
+        # loaded host's TCG loses; 7.3 then panicked at boot ("IO-APIC +
+        # timer doesn't work").
         "-append",
-        "console=ttyS0 quiet loglevel=4 panic=-1 pci=realloc mitigations=off intel_iommu=on iommu=pt",
+        "console=ttyS0 quiet loglevel=4 panic=-1 pci=realloc mitigations=off intel_iommu=on iommu=pt no_timer_check",
         "-fsdev",
         "local,id=hostroot,path=/,security_model=passthrough,readonly=on,multidevs=remap",
         "-device",
@@ -683,6 +797,7 @@ def run_in_vm(
     memory_mb: int = DEFAULT_MEMORY_MB,
     cwd: str | None = None,
     console: IO[str] | None = None,
+    kernel: str = "bookworm",
 ) -> VmRun:
     """Boot the guest, run ``command`` as root in it, power it off.
 
@@ -694,7 +809,7 @@ def run_in_vm(
     """
     if not command:
         raise RigError("no command given")
-    art = prepare()
+    art = prepare(kernel)
     with tempfile.TemporaryDirectory(prefix="sriov-cni-vm-") as tmp:
         results = Path(tmp)
         return run_boots(
@@ -752,7 +867,13 @@ def summary(run: VmRun, seconds: float) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run a command as root in a QEMU guest with emulated igb SR-IOV NICs.",
-        usage="%(prog)s [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] -- COMMAND ...",
+        usage="%(prog)s [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] -- COMMAND ...",
+    )
+    parser.add_argument(
+        "--kernel",
+        choices=KERNEL_CHOICES,
+        default="bookworm",
+        help="the guest kernel: bookworm's current one, or the newer one pinned for sid or experimental",
     )
     parser.add_argument("--pfs", type=int, default=DEFAULT_PFS, help="number of igb PFs")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for the whole run")
@@ -779,6 +900,7 @@ def main(argv: list[str] | None = None) -> int:
             quiet_limit=args.quiet_limit,
             memory_mb=args.memory,
             console=sys.stdout,
+            kernel=args.kernel,
         )
     except RigError as exc:
         print(f"rig: {exc}", file=sys.stderr)

@@ -1,0 +1,368 @@
+"""RDMA devices through the kernel's RDMA netlink (NETLINK_RDMA, its "nldev" client), and a VF's in sysfs.
+
+pyroute2 has no RDMA netlink, so this module writes the requests itself: a
+netlink header whose type is ``(RDMA_NL_NLDEV << 10) + command``, no family
+header, then attributes, as include/uapi/rdma/rdma_netlink.h lays them out.
+What the module does:
+
+* the netns mode: *shared* (every RDMA device visible in every network
+  namespace) or *exclusive* (a device lives in one namespace, and verbs
+  from any other get EPERM); it can only change while no namespace but the
+  host's exists;
+* the devices a namespace sees, with their index and (through the port
+  dump) their netdev;
+* moving a device into a namespace by an open fd of it: the request must be
+  sent from inside the namespace the device is in, else the kernel does not
+  find it (ENODEV); :func:`move_out` sends it from there;
+* creating and removing a link (a Soft-RoCE ``rxe`` device on a netdev).
+
+Failures raise the kernel layer's exceptions (:mod:`sriov_cni.kernel.nlerrors`):
+:class:`Busy` (EBUSY), :class:`LinkExists` (a name clash: EEXIST with the
+kernel's extended-ack text on a move, ENFILE on a new link), :class:`NotSupported` (EOPNOTSUPP: a driver
+that cannot move its device, or no such link type) and :class:`LinkNotFound`
+(ENODEV: no such device in this namespace).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sriov_cni.kernel.netns import netlink_socket_in, open_netns, run_in_netns
+from sriov_cni.kernel.nlerrors import BY_ERRNO, LinkExists, NetlinkError, NotSupported, for_errno
+from sriov_cni.kernel.sysfs import pci_dir
+
+NETLINK_RDMA = 20
+RDMA_NL_NLDEV = 5
+
+CMD_GET = 1
+CMD_SET = 2
+CMD_NEWLINK = 3
+CMD_DELLINK = 4
+CMD_PORT_GET = 5
+CMD_SYS_GET = 6
+CMD_SYS_SET = 7
+
+ATTR_DEV_INDEX = 1
+ATTR_DEV_NAME = 2
+ATTR_PORT_INDEX = 3
+ATTR_NDEV_INDEX = 50
+ATTR_NDEV_NAME = 51
+ATTR_LINK_TYPE = 65
+ATTR_NETNS_MODE = 66
+ATTR_NET_NS_FD = 68
+
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
+NLM_F_DUMP = 0x300
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+# In an error answer's flags: the echoed request is only its header
+# (NETLINK_CAP_ACK), and attributes follow it (NETLINK_EXT_ACK).
+NLM_F_CAPPED = 0x100
+NLM_F_ACK_TLVS = 0x200
+NLMSGERR_ATTR_MSG = 1
+SOL_NETLINK = 270
+NETLINK_EXT_ACK = 11
+NETLINK_CAP_ACK = 10
+
+# The kernel's values of the netns mode attribute.
+EXCLUSIVE, SHARED = 0, 1
+
+_HEADER = struct.Struct("=IHHII")
+_ATTR = struct.Struct("=HH")
+
+
+def _align(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def attr(kind: int, payload: bytes) -> bytes:
+    """One netlink attribute, padded to four bytes."""
+    raw = _ATTR.pack(_ATTR.size + len(payload), kind) + payload
+    return raw + b"\0" * (_align(len(raw)) - len(raw))
+
+
+def attr_u32(kind: int, value: int) -> bytes:
+    return attr(kind, struct.pack("=I", value))
+
+
+def attr_u8(kind: int, value: int) -> bytes:
+    return attr(kind, struct.pack("=B", value))
+
+
+def attr_str(kind: int, value: str) -> bytes:
+    return attr(kind, value.encode() + b"\0")
+
+
+def message(command: int, seq: int, attrs: bytes = b"", flags: int = NLM_F_REQUEST | NLM_F_ACK) -> bytes:
+    """An nldev request: header, then ``attrs``; the port id is left to the kernel (0)."""
+    kind = (RDMA_NL_NLDEV << 10) + command
+    return _HEADER.pack(_HEADER.size + len(attrs), kind, flags, seq, 0) + attrs
+
+
+# The requests, as bytes, so the tests compare them with what iproute2's
+# rdma tool sends for the same operation.
+
+
+def sys_get_request(seq: int) -> bytes:
+    return message(CMD_SYS_GET, seq)
+
+
+def sys_set_request(seq: int, mode: int) -> bytes:
+    return message(CMD_SYS_SET, seq, attr_u8(ATTR_NETNS_MODE, mode))
+
+
+def dev_dump_request(seq: int) -> bytes:
+    return message(CMD_GET, seq, flags=NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP)
+
+
+def port_dump_request(seq: int, dev_index: int) -> bytes:
+    return message(CMD_PORT_GET, seq, attr_u32(ATTR_DEV_INDEX, dev_index), NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP)
+
+
+def move_request(seq: int, dev_index: int, netns_fd: int) -> bytes:
+    return message(CMD_SET, seq, attr_u32(ATTR_DEV_INDEX, dev_index) + attr_u32(ATTR_NET_NS_FD, netns_fd))
+
+
+def newlink_request(seq: int, name: str, link_type: str, netdev: str) -> bytes:
+    attrs = attr_str(ATTR_DEV_NAME, name) + attr_str(ATTR_LINK_TYPE, link_type) + attr_str(ATTR_NDEV_NAME, netdev)
+    return message(CMD_NEWLINK, seq, attrs)
+
+
+def dellink_request(seq: int, dev_index: int) -> bytes:
+    return message(CMD_DELLINK, seq, attr_u32(ATTR_DEV_INDEX, dev_index))
+
+
+def parse_attrs(data: bytes) -> dict[int, bytes]:
+    """Top-level attributes by type (the nested flag bits cleared); the last one of a type wins."""
+    out: dict[int, bytes] = {}
+    at = 0
+    while at + _ATTR.size <= len(data):
+        length, kind = _ATTR.unpack_from(data, at)
+        if length < _ATTR.size:
+            break
+        out[kind & 0x3FFF] = data[at + _ATTR.size : at + length]
+        at += _align(length)
+    return out
+
+
+def _u32(raw: bytes) -> int:
+    return int(struct.unpack_from("=I", raw)[0])
+
+
+def _str(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    """An RDMA device as one namespace sees it; ``netdev`` is None when its netdev lives elsewhere (or it has none)."""
+
+    index: int
+    name: str
+    netdev: str | None = None
+    netdev_index: int | None = None
+
+
+class Rdma:
+    """An RDMA netlink socket in one network namespace (``netns`` None: this process's).
+
+    Requests name devices as that namespace sees them: in exclusive mode,
+    only the devices that live there.
+    """
+
+    def __init__(self, netns: str | None = None) -> None:
+        self.netns = netns
+        try:
+            if netns is None:
+                self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_RDMA)
+            else:
+                self._sock = netlink_socket_in(netns, NETLINK_RDMA)
+        except OSError as exc:
+            # EPROTONOSUPPORT: no ib_core in this kernel.
+            raise NotSupported(f"the kernel has no RDMA netlink: {exc.strerror}", exc.errno or 0) from exc
+        self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+        self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+        self._sock.bind((0, 0))
+        self._seq = 0
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Rdma:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _answers(self, request: bytes, what: str) -> Iterator[tuple[int, bytes]]:
+        """Send ``request``; yield each answer's (type, payload) until its ack or the dump's end."""
+        seq = _HEADER.unpack_from(request)[3]
+        self._sock.send(request)
+        while True:
+            data = self._sock.recv(65536)
+            at = 0
+            while at + _HEADER.size <= len(data):
+                length, kind, flags, got_seq, _ = _HEADER.unpack_from(data, at)
+                payload = data[at + _HEADER.size : at + length]
+                at += _align(length)
+                if got_seq != seq:
+                    continue
+                if kind == NLMSG_DONE:
+                    return
+                if kind == NLMSG_ERROR:
+                    code = -int(struct.unpack_from("=i", payload)[0])
+                    if code == 0:
+                        return
+                    raise _error(what, code, payload, flags)
+                yield kind, payload
+
+    def _do(self, request: bytes, what: str) -> None:
+        for _ in self._answers(request, what):
+            pass
+
+    def netns_mode(self) -> str:
+        """``"shared"`` or ``"exclusive"``."""
+        for _, payload in self._answers(sys_get_request(self._next_seq()), "reading the RDMA netns mode"):
+            raw = parse_attrs(payload).get(ATTR_NETNS_MODE)
+            if raw:
+                return "shared" if raw[0] == SHARED else "exclusive"
+        raise NetlinkError("reading the RDMA netns mode: the kernel's answer has no mode", errno.EPROTO)
+
+    def set_netns_mode(self, mode: str) -> None:
+        """Switch to ``"shared"`` or ``"exclusive"``; :class:`Busy` while other namespaces exist."""
+        value = {"shared": SHARED, "exclusive": EXCLUSIVE}[mode]
+        self._do(sys_set_request(self._next_seq(), value), f"setting the RDMA netns mode to {mode}")
+
+    def devices(self) -> list[RdmaDevice]:
+        """Every RDMA device this namespace sees, with its first port's netdev (if in this namespace)."""
+        found: list[tuple[int, str]] = []
+        for _, payload in self._answers(dev_dump_request(self._next_seq()), "listing RDMA devices"):
+            attrs = parse_attrs(payload)
+            if ATTR_DEV_INDEX in attrs and ATTR_DEV_NAME in attrs:
+                found.append((_u32(attrs[ATTR_DEV_INDEX]), _str(attrs[ATTR_DEV_NAME])))
+        out = []
+        for index, name in found:
+            netdev: str | None = None
+            netdev_index: int | None = None
+            try:
+                ports = list(self._answers(port_dump_request(self._next_seq(), index), f"listing {name}'s ports"))
+            except NetlinkError as exc:
+                # Removed between the two dumps: it is not there any more.
+                if exc.errno == errno.ENODEV:
+                    continue
+                raise
+            for _, payload in ports:
+                attrs = parse_attrs(payload)
+                if ATTR_NDEV_NAME in attrs:
+                    netdev = _str(attrs[ATTR_NDEV_NAME])
+                    netdev_index = _u32(attrs[ATTR_NDEV_INDEX]) if ATTR_NDEV_INDEX in attrs else None
+                    break
+            out.append(RdmaDevice(index, name, netdev, netdev_index))
+        return out
+
+    def device(self, name: str) -> RdmaDevice:
+        """The device called ``name`` here; :class:`LinkNotFound` if this namespace has none."""
+        for dev in self.devices():
+            if dev.name == name:
+                return dev
+        raise for_errno(f"RDMA device {name}", errno.ENODEV)
+
+    def move(self, name: str, netns: str) -> None:
+        """Move device ``name`` (as this namespace sees it) into the namespace at ``netns``.
+
+        Only from the host's namespace: out of any other, see :func:`move_out`.
+        """
+        fd = open_netns(netns)
+        try:
+            self.move_by_fd(name, fd, f"moving RDMA device {name} to {netns}")
+        finally:
+            os.close(fd)
+
+    def move_by_fd(self, name: str, netns_fd: int, what: str) -> None:
+        index = self.device(name).index
+        self._do(move_request(self._next_seq(), index, netns_fd), what)
+
+    def add_link(self, name: str, link_type: str, netdev: str) -> None:
+        """``rdma link add NAME type LINK_TYPE netdev NETDEV``: a software RDMA device on a netdev."""
+        self._do(
+            newlink_request(self._next_seq(), name, link_type, netdev),
+            f"adding {link_type} device {name} on {netdev}",
+        )
+
+    def delete_link(self, name: str) -> None:
+        """Remove a software RDMA device (rxe, siw)."""
+        index = self.device(name).index
+        self._do(dellink_request(self._next_seq(), index), f"removing RDMA device {name}")
+
+
+def move_out(netns: str, name: str, target: str) -> None:
+    """Move device ``name`` out of the namespace at ``netns`` into ``target``.
+
+    The kernel checks the namespace of the *thread* that sends the request,
+    not only its socket's: from outside, the device is not found (ENODEV).
+    So a short-lived child enters ``netns`` and sends it, with ``target``
+    opened here first (inside, this process's namespace path would name the
+    pod's).
+    """
+    fd = open_netns(target)
+    what = f"moving RDMA device {name} from {netns} to {target}"
+
+    def inside() -> None:
+        try:
+            with Rdma() as handle:
+                handle.move_by_fd(name, fd, what)
+        except NetlinkError as exc:
+            # Carried to the parent as an errno and a text (run_in_netns).
+            raise OSError(exc.errno, str(exc)) from exc
+
+    try:
+        run_in_netns(netns, inside)
+    except NetlinkError as exc:
+        raise BY_ERRNO.get(exc.errno, NetlinkError)(str(exc), exc.errno) from exc
+    finally:
+        os.close(fd)
+
+
+def _error(what: str, code: int, payload: bytes, flags: int) -> NetlinkError:
+    """The exception for an error answer, with the kernel's extended-ack text when it sent one."""
+    text = ""
+    if flags & NLM_F_ACK_TLVS:
+        # After the error code, the echoed request: its header only when capped.
+        echoed = _HEADER.size if flags & NLM_F_CAPPED else _HEADER.unpack_from(payload, 4)[0]
+        raw = parse_attrs(payload[4 + _align(echoed) :]).get(NLMSGERR_ATTR_MSG)
+        if raw:
+            text = _str(raw)
+    exc = for_errno(what, code)
+    if code == errno.ENFILE:
+        # The RDMA core answers a device name already taken with ENFILE
+        # (seen for rxe's newlink), not EEXIST.
+        exc = LinkExists(f"{what}: the name is taken", code)
+    if text:
+        exc.args = (f"{exc.args[0]} ({text})",)
+    return exc
+
+
+def vf_rdma_devices(root: Path, pci: str) -> list[str]:
+    """The RDMA devices of a PCI function, as sysfs names them (``<function>/infiniband/<name>``).
+
+    None for most NICs; one for an mlx5, irdma or bnxt_re VF; a function
+    can have two (mlx5 with a second RDMA personality), which the caller
+    must refuse to guess between.  sysfs shows the names the host's
+    namespace would use: a device moved into a pod is still listed here
+    (it stays a child of its PCI function) under the name it has now.
+    """
+    try:
+        return sorted(os.listdir(pci_dir(root, pci) / "infiniband"))
+    except OSError:
+        return []

@@ -1,0 +1,229 @@
+"""The VF's RDMA device and the pod: ADD's steps, their undo, CHECK's look.
+
+The network's ``rdma`` key says what happens:
+
+``auto`` (the default)
+    A VF with an RDMA device (``<VF>/infiniband/<name>``: mlx5, irdma,
+    bnxt_re...) has it moved into the pod when the node's RDMA netns mode is
+    exclusive; in shared mode nothing moves (every namespace sees every
+    device) and the log says the pod is not isolated.  A VF without one is
+    attached as any other.
+``required``
+    As ``auto``, but a VF without exactly one RDMA device is refused.
+``off``
+    The RDMA device, if any, is left where it is.
+``soft``
+    A Soft-RoCE (rxe) device is made on the pod's VF netdev, inside the
+    pod, and removed on DEL: the verbs API on a NIC without RDMA hardware.
+
+Order: in ADD the RDMA device moves *before* the netdev, so a driver that
+cannot move it (EOPNOTSUPP: efa, siw, rxe before Linux 7.3) is refused with
+nothing moved; DEL moves it back first too, from inside the pod (the kernel
+only finds a device from a socket in its namespace), before the netdev
+leaves.  The two moves do not depend on each other in the kernel; the
+teardown order is the one RDMA users found needed, and ADD's rollback uses
+DEL's code.  A soft device is made once the netdev is in the pod, on it.
+
+The record (``rdma_device``, ``rdma_soft``) is saved before each change, so
+a DEL or a GC after a crash knows what to undo.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from sriov_cni.cni import CNIError, Code
+from sriov_cni.cni import log as logger
+from sriov_cni.kernel import netns, nlerrors, rdma, sysfs
+from sriov_cni.plugin.lease import Lease
+from sriov_cni.vfstore import Allocation
+
+# A dead pod's RDMA devices come back to the host from the kernel's
+# namespace cleanup work, within about a second; DEL waits this long for it
+# before answering "try again".
+RETURN_WAIT = 10.0
+
+
+def soft_name(vf_pci: str) -> str:
+    """The rxe device's name for a VF: from its PCI address, so that in shared mode (one name space for all pods) no two clash."""
+    return "rxe_" + re.sub(r"[:.]", "_", vf_pci)
+
+
+def _device_error(msg: str, details: str = "") -> CNIError:
+    return CNIError(Code.DEVICE, msg, details)
+
+
+def pool_filter(vfs: list[sysfs.VF], mode: str, sys_root: Path) -> list[sysfs.VF]:
+    """Self-allocation under ``required`` takes only VFs with an RDMA device (the device plugin's isRdma)."""
+    if mode != "required":
+        return vfs
+    return [vf for vf in vfs if rdma.vf_rdma_devices(sys_root, vf.pci)]
+
+
+def _vf_device(alloc: Allocation, mode: str, sys_root: Path) -> str | None:
+    found = rdma.vf_rdma_devices(sys_root, alloc.vf_pci)
+    if len(found) > 1:
+        raise _device_error(
+            f"VF {alloc.vf_pci} has {len(found)} RDMA devices ({', '.join(found)}); which one the pod gets is ambiguous",
+            'set "rdma": "off" for this network, or give the VF one RDMA device',
+        )
+    if not found:
+        if mode == "required":
+            raise _device_error(f"VF {alloc.vf_pci} has no RDMA device, and the network requires one")
+        return None
+    return found[0]
+
+
+def move_in(lease: Lease, mode: str, sys_root: Path) -> str | None:
+    """ADD, before the netdev moves: the VF's RDMA device into the pod (exclusive mode); its name, if it has one."""
+    alloc = lease.alloc
+    if mode in ("off", "soft"):
+        return None
+    if alloc.dpdk:
+        if mode == "required":
+            raise _device_error(f"VF {alloc.vf_pci} is on a DPDK driver: it has no RDMA device to give the pod")
+        return None
+    name = _vf_device(alloc, mode, sys_root)
+    if name is None:
+        return None
+    try:
+        with rdma.Rdma() as host:
+            if host.netns_mode() == "shared":
+                logger.warning(
+                    "RDMA netns mode is shared: %s stays visible to every pod on this node; the pod is not isolated",
+                    name,
+                )
+                return name
+            # Recorded first: a DEL or GC after a crash mid-move looks for it.
+            alloc.rdma_device = name
+            lease.save()
+            host.move(name, alloc.netns)
+    except nlerrors.NotSupported as exc:
+        alloc.rdma_device = None
+        lease.save()
+        raise _device_error(
+            f"RDMA device {name} of VF {alloc.vf_pci} cannot move into the pod's network namespace: {exc}",
+            'its driver cannot move it; set "rdma": "off" for this network, or switch the node to shared mode',
+        ) from exc
+    except nlerrors.NetlinkError as exc:
+        raise _device_error(f"moving RDMA device {name} into {alloc.netns}: {exc}") from exc
+    logger.info("moved RDMA device %s into %s", name, alloc.netns)
+    return name
+
+
+def make_soft(lease: Lease, mode: str) -> str | None:
+    """ADD, after the netdev is in the pod: for ``soft``, an rxe device on it, living in the pod; its name."""
+    alloc = lease.alloc
+    if mode != "soft":
+        return None
+    if alloc.dpdk:
+        raise _device_error(f"VF {alloc.vf_pci} is on a DPDK driver: Soft-RoCE needs its netdev")
+    name = soft_name(alloc.vf_pci)
+    alloc.rdma_device = name
+    alloc.rdma_soft = True
+    lease.save()
+    try:
+        with rdma.Rdma(alloc.netns) as pod:
+            pod.add_link(name, "rxe", alloc.ifname)
+    except nlerrors.NetlinkError as exc:
+        # Nothing was made: the rollback has no device to look for.
+        alloc.rdma_device = None
+        alloc.rdma_soft = False
+        lease.save()
+        # EINVAL: no driver registers the rxe link type (rdma_rxe not loaded).
+        if isinstance(exc, (nlerrors.NotSupported, nlerrors.InvalidArgument)):
+            raise _device_error(
+                f"cannot make a Soft-RoCE device on {alloc.ifname}: {exc}",
+                "the node's kernel needs rdma_rxe (Linux 7.2 or later for rxe inside a pod; 7.3 in exclusive mode)",
+            ) from exc
+        raise _device_error(f"making Soft-RoCE device {name} on {alloc.ifname}: {exc}") from exc
+    try:
+        with rdma.Rdma(alloc.netns) as pod:
+            elsewhere = pod.netns_mode() == "exclusive" and name not in {d.name for d in pod.devices()}
+        if elsewhere:
+            # Made in the host's namespace: moved where its netdev is.
+            with rdma.Rdma() as host:
+                host.move(name, alloc.netns)
+    except nlerrors.NetlinkError as exc:
+        raise _device_error(f"moving Soft-RoCE device {name} into {alloc.netns}: {exc}") from exc
+    logger.info("made Soft-RoCE device %s on %s in %s", name, alloc.ifname, alloc.netns)
+    return name
+
+
+def _in(netns_path: str | None, name: str) -> bool:
+    try:
+        with rdma.Rdma(netns_path) as handle:
+            return any(d.name == name for d in handle.devices())
+    except nlerrors.NetnsNotFound:
+        return False
+
+
+def give_back(alloc: Allocation, sys_root: Path) -> None:
+    """DEL, GC, rollback and stale reclaim, before the netdev leaves the pod; tolerates anything already gone.
+
+    Raises CNIError when the device is neither back nor to be found.
+    """
+    name = alloc.rdma_device
+    if name is None:
+        return
+    try:
+        if alloc.rdma_soft:
+            _remove_soft(alloc, name)
+        else:
+            _move_back(alloc, name, sys_root)
+    except nlerrors.NetlinkError as exc:
+        raise _device_error(f"RDMA device {name} of VF {alloc.vf_pci}: {exc}") from exc
+
+
+def _remove_soft(alloc: Allocation, name: str) -> None:
+    # An rxe device dies with its netdev's move out of the namespace, so
+    # after a pod's death it is gone already; the host looks too (shared
+    # mode shows it everywhere; a move back in exclusive mode too).
+    for where in (alloc.netns if alloc.in_pod else None, None):
+        try:
+            with rdma.Rdma(where) as handle:
+                handle.delete_link(name)
+            logger.info("removed Soft-RoCE device %s", name)
+            return
+        except (nlerrors.LinkNotFound, nlerrors.NetnsNotFound, nlerrors.NotSupported):
+            # NotSupported: a kernel without RDMA netlink has no such device.
+            continue
+
+
+def _move_back(alloc: Allocation, name: str, sys_root: Path) -> None:
+    host_path = netns.own_netns_path()
+    if netns.netns_inode(alloc.netns) == alloc.netns_inode and _in(alloc.netns, name):
+        rdma.move_out(alloc.netns, name, host_path)
+        logger.info("moved RDMA device %s back from %s", name, alloc.netns)
+        return
+    # The pod's namespace is gone (or no longer holds it): the kernel hands
+    # its devices back to the host, renamed on a name clash, so it is
+    # looked for by its VF.
+    deadline = time.monotonic() + RETURN_WAIT
+    while True:
+        current = rdma.vf_rdma_devices(sys_root, alloc.vf_pci)
+        if current and all(_in(None, c) for c in current):
+            if current != [name]:
+                logger.info("RDMA device %s came back to the host as %s", name, ", ".join(current))
+            return
+        if time.monotonic() > deadline:
+            raise CNIError(
+                Code.TRY_AGAIN,
+                f"RDMA device {name} of VF {alloc.vf_pci} has not come back to the host within {RETURN_WAIT:g} s",
+            )
+        time.sleep(0.1)
+
+
+def check(alloc: Allocation) -> list[str]:
+    """CHECK: where the recorded device should be and is not."""
+    name = alloc.rdma_device
+    if name is None:
+        return []
+    try:
+        if _in(alloc.netns, name):
+            return []
+    except nlerrors.NetlinkError as exc:
+        return [f"RDMA device {name}: {exc}"]
+    return [f"RDMA device {name} is not in {alloc.netns}"]

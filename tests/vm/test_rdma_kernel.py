@@ -1,0 +1,241 @@
+"""sriov_cni.kernel.rdma against the guest kernel's own RDMA core, on Soft-RoCE devices over igb VFs.
+
+Real: Linux 7.2 or 7.3 (rig.py --kernel sid|experimental), its ib_core,
+rdma_rxe and nldev, igbvf VFs of the emulated 82576.  The oracle is
+iproute2's ``rdma -j`` tool.  No fixture stands in for the kernel; the rxe
+devices stand in for a VF's hardware RDMA function (which no emulated NIC
+has): unlike an mlx5 VF's, they have no PCI parent, so sysfs lists none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sriov_cni.kernel.netns import own_netns_path
+from sriov_cni.kernel.nlerrors import Busy, InvalidArgument, LinkExists, LinkNotFound, NotSupported
+from sriov_cni.kernel.rdma import Rdma, move_out, vf_rdma_devices
+from tests.vm.vmlib import Sriov
+
+SYS = Path("/sys")
+# The kernel hands a dead namespace's RDMA devices back to the host from a
+# work item; seen within about a second.  Only a fault takes this long.
+RETURN_BOUND = 60.0
+
+
+def rdma_json(*args: str, netns: str | None = None) -> list[dict[str, object]]:
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    out = subprocess.run([*prefix, "rdma", "-j", *args], check=True, capture_output=True, text=True).stdout
+    return list(json.loads(out or "[]"))
+
+
+def names(netns: str | None = None) -> set[str]:
+    return {str(d["ifname"]) for d in rdma_json("dev", netns=netns)}
+
+
+def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + RETURN_BOUND
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {RETURN_BOUND:.0f} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def vfs(sriov: Sriov, igb_pfs: list[str]) -> list[str]:
+    vfs = sriov.enable(igb_pfs[0], 2)
+    for vf in vfs:
+        subprocess.run(["ip", "link", "set", vf, "up"], check=True)
+    return vfs
+
+
+@pytest.fixture
+def rxe(vfs: list[str]) -> Iterator[Callable[[str, str], None]]:
+    """``rxe(name, netdev)`` adds an rxe device with the rdma tool; every rxe is removed at teardown."""
+
+    def add(name: str, netdev: str) -> None:
+        subprocess.run(["rdma", "link", "add", name, "type", "rxe", "netdev", netdev], check=True)
+
+    yield add
+    for dev in rdma_json("dev"):
+        subprocess.run(["rdma", "link", "delete", str(dev["ifname"])], check=False)
+
+
+@pytest.fixture
+def exclusive() -> Iterator[Callable[[], str]]:
+    """Exclusive mode (set while no other namespace exists); ``pod()`` then makes a namespace.
+
+    At teardown the namespaces go, their devices come back, and the mode is
+    shared again.
+    """
+    made: list[str] = []
+    with Rdma() as host:
+        host.set_netns_mode("exclusive")
+
+    def pod() -> str:
+        name = f"rdpod{len(made)}"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        made.append(name)
+        return name
+
+    yield pod
+    for name in made:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    with Rdma() as host:
+        # The namespaces' teardown finishes in the kernel's cleanup work:
+        # until then the mode cannot change.
+        deadline = time.monotonic() + RETURN_BOUND
+        while True:
+            try:
+                host.set_netns_mode("shared")
+                break
+            except Busy:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+@pytest.mark.rdma_vm("7.2")
+def test_listing_matches_the_rdma_tool_72(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
+    _listing(vfs, rxe)
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_listing_matches_the_rdma_tool_73(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
+    _listing(vfs, rxe)
+
+
+def _listing(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
+    rxe("rxa", vfs[0])
+    rxe("rxb", vfs[1])
+    with Rdma() as host:
+        mine = {(d.index, d.name, d.netdev, d.netdev_index) for d in host.devices()}
+    links = rdma_json("link")
+    devs = {str(d["ifname"]): int(str(d["ifindex"])) for d in rdma_json("dev")}
+    tools = {(devs[str(p["ifname"])], str(p["ifname"]), p["netdev"], p["netdev_index"]) for p in links}
+    assert mine == tools
+    assert {m[2] for m in mine} == set(vfs)
+    # rxe hangs off no PCI function: the VF's sysfs lists no RDMA device.
+    for vf in vfs:
+        pci = os.path.basename(os.readlink(f"/sys/class/net/{vf}/device"))
+        assert vf_rdma_devices(SYS, pci) == []
+
+
+@pytest.mark.rdma_vm("7.2")
+def test_add_and_delete_an_rxe_link_72(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
+    _add_and_delete(vfs)
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_add_and_delete_an_rxe_link_73(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
+    _add_and_delete(vfs)
+
+
+def _add_and_delete(vfs: list[str]) -> None:
+    with Rdma() as host:
+        host.add_link("rxmine", "rxe", vfs[0])
+        assert "rxmine" in names()
+        with pytest.raises(LinkExists):
+            host.add_link("rxmine", "rxe", vfs[1])
+        # No driver registers that link type (nor a module named for it).
+        with pytest.raises(InvalidArgument):
+            host.add_link("rxbad", "nosuchtype", vfs[1])
+        host.delete_link("rxmine")
+        assert "rxmine" not in names()
+        with pytest.raises(LinkNotFound):
+            host.delete_link("rxmine")
+
+
+@pytest.mark.rdma_vm("7.2")
+def test_the_netns_mode_72(exclusive: Callable[[], str]) -> None:
+    _netns_mode(exclusive)
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_the_netns_mode_73(exclusive: Callable[[], str]) -> None:
+    _netns_mode(exclusive)
+
+
+def _netns_mode(exclusive: Callable[[], str]) -> None:
+    with Rdma() as host:
+        assert host.netns_mode() == "exclusive"
+        assert subprocess.run(["rdma", "system"], check=True, capture_output=True, text=True).stdout.startswith(
+            "netns exclusive"
+        )
+        exclusive()
+        # Another namespace exists now: the kernel refuses the change.
+        with pytest.raises(Busy):
+            host.set_netns_mode("shared")
+        assert host.netns_mode() == "exclusive"
+
+
+@pytest.mark.rdma_vm("7.2")
+def test_rxe_cannot_move_on_72(vfs: list[str], rxe: Callable[[str, str], None], exclusive: Callable[[], str]) -> None:
+    """7.2's rxe has no disassociate support: the kernel refuses the move, and the device stays."""
+    pod = exclusive()
+    rxe("rxstay", vfs[0])
+    with Rdma() as host, pytest.raises(NotSupported):
+        host.move("rxstay", f"/run/netns/{pod}")
+    assert "rxstay" in names()
+    assert "rxstay" not in names(pod)
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_moves_in_and_out_of_a_pod_73(
+    vfs: list[str], rxe: Callable[[str, str], None], exclusive: Callable[[], str]
+) -> None:
+    pod = exclusive()
+    rxe("rxmove", vfs[0])
+    with Rdma() as host:
+        host.move("rxmove", f"/run/netns/{pod}")
+        assert "rxmove" not in names()
+        assert "rxmove" in names(pod)
+        # The host no longer sees it: only a request from inside the pod can move it back.
+        with pytest.raises(LinkNotFound):
+            host.move("rxmove", own_netns_path())
+    with Rdma(f"/run/netns/{pod}") as inside:
+        assert [d.name for d in inside.devices()] == ["rxmove"]
+    move_out(f"/run/netns/{pod}", "rxmove", own_netns_path())
+    assert "rxmove" in names()
+    assert "rxmove" not in names(pod)
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_a_name_clash_on_the_way_back_73(
+    vfs: list[str], rxe: Callable[[str, str], None], exclusive: Callable[[], str]
+) -> None:
+    pod = exclusive()
+    rxe("rxsame", vfs[0])
+    with Rdma() as host:
+        host.move("rxsame", f"/run/netns/{pod}")
+    # The host gets a device of the same name meanwhile.
+    rxe("rxsame", vfs[1])
+    with pytest.raises(LinkExists) as clash:
+        move_out(f"/run/netns/{pod}", "rxsame", own_netns_path())
+    print(f"name clash: {clash.value}")
+    assert "rxsame" in names(pod)
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_a_dead_pods_device_comes_back_renamed_on_a_clash_73(
+    vfs: list[str], rxe: Callable[[str, str], None], exclusive: Callable[[], str]
+) -> None:
+    pod = exclusive()
+    rxe("rxdie", vfs[0])
+    with Rdma() as host:
+        host.move("rxdie", f"/run/netns/{pod}")
+    rxe("rxdie", vfs[1])
+    before = names()
+    subprocess.run(["ip", "netns", "del", pod], check=True)
+    wait_for(lambda: len(names()) == len(before) + 1, "the dead pod's device back on the host")
+    back = names() - before
+    print(f"returned as {back}")
+    with Rdma() as host:
+        [returned] = [d for d in host.devices() if d.name in back]
+    assert returned.name != "rxdie"

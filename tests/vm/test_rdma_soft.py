@@ -1,0 +1,196 @@
+"""``"rdma": "soft"``: two pods on two igb VFs get a Soft-RoCE device each and move RDMA traffic between them.
+
+Real: Linux 7.2 (rig.py --kernel sid) in shared RDMA netns mode, and 7.3
+(--kernel experimental) in exclusive mode, where each pod sees only its own
+device; igb and
+igbvf on the emulated 82576 (which switches the two VFs' traffic), rdma_rxe,
+the plugin in process with its real dependencies, sriov-ipam, and the verbs
+tools of rdma-core and perftest run inside the pods.  No fixture: the rxe
+devices are the plugin's, made inside each pod on its VF.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sriov_cni.kernel.nlerrors import Busy
+from sriov_cni.kernel.rdma import Rdma
+from sriov_cni.plugin.rdma import soft_name
+from tests.vm.plugincalls import cni, ns_path, records
+from tests.vm.vmlib import Sriov, vf_pci_dirs
+
+# Only a fault makes a server miss its port this long, or a transfer of a few
+# hundred messages (under TCG, on a loaded host) take this long.
+BOUND = 240.0
+IB_WRITE_BW_PORT = 18515
+PINGPONG_PORT = 18516
+
+
+def rdma_devs() -> list[str]:
+    out = subprocess.run(["rdma", "-j", "dev"], check=True, capture_output=True, text=True).stdout
+    return [str(d["ifname"]) for d in json.loads(out or "[]")]
+
+
+# One process for the whole table: rxe's has 1024 entries, and a process
+# per entry costs minutes under TCG.  An empty entry's type cannot be read.
+GID_SCRIPT = 'cd "/sys/class/infiniband/$1/ports/1" && grep -H . gids/* gid_attrs/types/* 2>/dev/null; true'
+
+
+def roce_v2_gid_index(pod: str, device: str, address: str) -> int:
+    """The GID table index of ``address`` as a RoCE v2 GID (what NCCL_IB_GID_INDEX and perftest's -x take).
+
+    Read inside the pod, as a job would (in exclusive mode only the pod's
+    sysfs shows its device).
+    """
+    octets = [int(o) for o in address.split(".")]
+    wanted = "0000:0000:0000:0000:0000:ffff:" + f"{octets[0]:02x}{octets[1]:02x}:{octets[2]:02x}{octets[3]:02x}"
+    table = subprocess.run(
+        ["ip", "netns", "exec", pod, "sh", "-c", GID_SCRIPT, "gids", device], check=True, capture_output=True, text=True
+    ).stdout
+    gids: dict[str, str] = {}
+    types: dict[str, str] = {}
+    for line in table.splitlines():
+        path, _, value = line.partition(":")
+        where, _, n = path.rpartition("/")
+        (gids if where == "gids" else types)[n] = value
+    for n, gid in gids.items():
+        if gid == wanted and types.get(n) == "RoCE v2":
+            return int(n)
+    raise AssertionError(f"{device} has no RoCE v2 GID for {address}:\n{table}")
+
+
+def wait_listening(pod: str, port: int, server: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + BOUND
+    while True:
+        out = subprocess.run(["ip", "netns", "exec", pod, "ss", "-Hltn"], capture_output=True, text=True).stdout
+        if f":{port} " in out:
+            return
+        if server.poll() is not None:
+            pytest.fail(f"the server in {pod} ended before listening: {server.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"nothing listens on {port} in {pod} within {BOUND:.0f} s")
+        time.sleep(0.2)
+
+
+def run_pair(pods: list[str], server: list[str], client: list[str], port: int) -> tuple[str, str]:
+    """``server`` in pods[0], then ``client`` in pods[1] once the server listens; both outputs."""
+    srv = subprocess.Popen(
+        ["ip", "netns", "exec", pods[0], *server], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_listening(pods[0], port, srv)
+        cli = subprocess.run(["ip", "netns", "exec", pods[1], *client], capture_output=True, text=True, timeout=BOUND)
+        srv_out, _ = srv.communicate(timeout=BOUND)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert srv.returncode == 0, srv_out
+    return srv_out, cli.stdout
+
+
+@pytest.mark.rdma_vm("7.2")
+def test_two_pods_move_rdma_traffic_both_ways_72(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    _traffic(igb_pfs, sriov, netns, tmp_path, exclusive=False)
+
+
+@pytest.fixture
+def exclusive_mode() -> Iterator[None]:
+    """Exclusive mode for the test; requested before ``netns``, so it is torn down after the pods are gone."""
+    with Rdma() as host:
+        host.set_netns_mode("exclusive")
+    yield
+    deadline = time.monotonic() + BOUND
+    with Rdma() as host:
+        while True:
+            try:
+                host.set_netns_mode("shared")
+                return
+            except Busy:
+                # Namespaces are torn down by the kernel's cleanup work.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_two_pods_move_rdma_traffic_both_ways_exclusive_73(
+    exclusive_mode: None, igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    _traffic(igb_pfs, sriov, netns, tmp_path, exclusive=True)
+
+
+def rdma_devs_in(pod: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "exec", pod, "rdma", "-j", "dev"], check=True, capture_output=True, text=True)
+    return [str(d["ifname"]) for d in json.loads(out.stdout or "[]")]
+
+
+def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path, *, exclusive: bool) -> None:
+    pf = igb_pfs[0]
+    sriov.enable(pf, 2)
+    vf_pcis = [d.name for d in vf_pci_dirs(pf)]
+    pods = [netns(), netns()]
+    ipam = {"type": "sriov-ipam", "dataDir": str(tmp_path / "ipam"), "ranges": [[{"subnet": "10.81.0.0/24"}]]}
+    conf: dict[str, Any] = {
+        "cniVersion": "1.0.0",
+        "name": "rdmanet",
+        "type": "sriov",
+        "pfNames": [pf],
+        "dataDir": str(tmp_path),
+        "rdma": "soft",
+        "ipam": ipam,
+    }
+    addresses = []
+    for i, pod in enumerate(pods):
+        rc, res = cni("ADD", conf, container=f"rdma{i}", netns=ns_path(pod))
+        assert rc == 0, res
+        addresses.append(res["ips"][0]["address"].split("/")[0])
+    for pod in pods:
+        sriov.wait_carrier("net1", pod)
+    devices = [soft_name(p) for p in vf_pcis]
+    if exclusive:
+        # Each pod sees its own device, and the host neither.
+        assert [rdma_devs_in(pod) for pod in pods] == [[d] for d in devices]
+        assert rdma_devs() == []
+    else:
+        assert sorted(rdma_devs()) == sorted(devices)
+    gids = [roce_v2_gid_index(p, d, a) for p, d, a in zip(pods, devices, addresses, strict=True)]
+    print(f"devices {devices}, addresses {addresses}, RoCE v2 GID indexes {gids}")
+
+    for order in (pods, pods[::-1]):
+        first = 0 if order == pods else 1
+        a, b = first, 1 - first
+        bw = ["ib_write_bw", "-F", "-n", "200", "--report_gbits"]
+        srv_out, cli_out = run_pair(
+            order,
+            [*bw, "-d", devices[a], "-x", str(gids[a])],
+            [*bw, "-d", devices[b], "-x", str(gids[b]), addresses[a]],
+            IB_WRITE_BW_PORT,
+        )
+        print(f"ib_write_bw, server {pods[a]}, client {pods[b]}:\n{cli_out}")
+        assert "BW average" in cli_out
+        pp = ["ibv_rc_pingpong", "-n", "100", "-p", str(PINGPONG_PORT)]
+        srv_out, cli_out = run_pair(
+            order,
+            [*pp, "-d", devices[a], "-g", str(gids[a])],
+            [*pp, "-d", devices[b], "-g", str(gids[b]), addresses[a]],
+            PINGPONG_PORT,
+        )
+        print(f"ibv_rc_pingpong, server {pods[a]}, client {pods[b]}:\n{cli_out}")
+        assert "100 iters" in cli_out and "100 iters" in srv_out
+
+    for i, pod in enumerate(pods):
+        rc, res = cni("DEL", conf, container=f"rdma{i}", netns=ns_path(pod))
+        assert rc == 0, res
+    assert rdma_devs() == []
+    assert records(tmp_path) == []
