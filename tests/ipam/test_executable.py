@@ -7,6 +7,7 @@ import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from sriov_cni.cni import Code
 from tests.ipam.ipamtypes import Invoke, MakeConf, Spawn, Stored, Wait
@@ -60,15 +61,34 @@ def test_version_and_about(exe_path: Path) -> None:
     assert about.stdout == b"" and b"sriov-ipam" in about.stderr
 
 
+def run_all(spawn: Spawn, wait: Wait, command: str, conf: dict[str, Any], cids: list[str]) -> list[tuple[int, Any]]:
+    """One call per container at once; a call answered "try again" is run again, as a runtime does.
+
+    Under load the last of 230 callers can wait longer than the store's
+    lock timeout, and that answer is the right one then; what the test
+    checks is what the calls end with.  Ten rounds only a lock that is
+    never released exhausts.
+    """
+    results: list[tuple[int, Any]] = [(-1, None)] * len(cids)
+    pending = list(range(len(cids)))
+    for _ in range(10):
+        with ThreadPoolExecutor(max_workers=len(pending)) as pool:
+            procs = [spawn(command, conf, cids[i]) for i in pending]
+            for i, result in zip(pending, pool.map(wait, procs), strict=True):
+                results[i] = result
+        pending = [i for i in pending if results[i][0] != 0 and (results[i][1] or {}).get("code") == Code.TRY_AGAIN]
+        if not pending:
+            return results
+    raise AssertionError(f"{len(pending)} {command}s still answered try again: {results[pending[0]]}")
+
+
 def test_parallel_adds_hand_out_distinct_addresses_and_parallel_dels_free_them(
     netconf: MakeConf, net_dir: Path, spawn: Spawn, wait: Wait
 ) -> None:
     # 200 addresses (.10-.209), 230 clients: exactly 200 must win.
     conf = netconf([[{"subnet": "10.4.0.0/24", "rangeStart": "10.4.0.10", "rangeEnd": "10.4.0.209"}]])
     cids = [f"pod-{i}" for i in range(230)]
-    with ThreadPoolExecutor(max_workers=230) as pool:
-        procs = [spawn("ADD", conf, cid) for cid in cids]
-        results = list(pool.map(wait, procs))
+    results = run_all(spawn, wait, "ADD", conf, cids)
     won = [out["ips"][0]["address"] for rc, out in results if rc == 0 and out]
     lost = [out for rc, out in results if rc != 0]
     assert len(won) == 200 and len(set(won)) == 200
@@ -83,7 +103,5 @@ def test_parallel_adds_hand_out_distinct_addresses_and_parallel_dels_free_them(
     }
     assert files == {ip: f"{cid}\r\neth0" for ip, cid in winners.items()}
 
-    with ThreadPoolExecutor(max_workers=230) as pool:
-        procs = [spawn("DEL", conf, cid) for cid in cids]
-        assert [rc for rc, _ in pool.map(wait, procs)] == [0] * 230
+    assert [rc for rc, _ in run_all(spawn, wait, "DEL", conf, cids)] == [0] * 230
     assert sorted(p.name for p in net_dir.iterdir()) == ["last_reserved_ip.0", "lock"]
