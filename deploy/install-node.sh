@@ -18,11 +18,6 @@ python3 -m venv "$PREFIX/venv"
 "$PREFIX/venv/bin/sriov-cni" install-cni --dest "$CNI_BIN"
 install -d -m 0755 /etc/sriov-cni
 install -m 0644 "$src/deploy/node-config.example.yaml" /etc/sriov-cni/node.yaml.example
-# The daemon's unit was called sriov-cni-helper before the shim existed.
-if [ -f /etc/systemd/system/sriov-cni-helper.service ]; then
-    systemctl disable --now sriov-cni-helper.service || true
-    rm -f /etc/systemd/system/sriov-cni-helper.service
-fi
 install -m 0644 "$src/deploy/sriov-cni-setup.service" "$src/deploy/sriov-cni-daemon.service" /etc/systemd/system/
 systemctl daemon-reload
 units=(sriov-cni-daemon.service)

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
