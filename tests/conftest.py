@@ -9,8 +9,9 @@ The guest collects only ``GUEST_DIRS`` (collecting the ~800 host tests under
 TCG costs it about a minute), so a ``sriov_vm`` test anywhere else would
 silently never run: collecting one there is an error.
 
-Tests marked ``rdma_vm("7.2")`` (or another kernel series) need a guest on
-that newer kernel (``rig.py --kernel sid|experimental``).  Outside a guest
+Tests marked ``rdma_vm("7.2")`` (or another kernel series) are ``sriov_vm``
+tests that need a guest on that newer kernel (``rig.py --kernel
+sid|experimental``).  Outside a guest
 they fail like ``sriov_vm`` tests; in a guest on another kernel they are
 deselected (reported as such, never as passed), so one command line serves
 each kernel's boot.

@@ -23,6 +23,9 @@ from sriov_cni.kernel.nlerrors import Busy, InvalidArgument, LinkExists, LinkNot
 from sriov_cni.kernel.rdma import Rdma, move_out, vf_rdma_devices
 from tests.vm.vmlib import Sriov
 
+# Driver tests like every other here; rdma_vm names the kernel they need.
+pytestmark = pytest.mark.sriov_vm
+
 SYS = Path("/sys")
 # The kernel hands a dead namespace's RDMA devices back to the host from a
 # work item; seen within about a second.  Only a fault takes this long.

@@ -26,6 +26,9 @@ from sriov_cni.plugin.rdma import soft_name
 from tests.vm.plugincalls import cni, ns_path, records
 from tests.vm.vmlib import Sriov, vf_pci_dirs
 
+# Driver tests like every other here; rdma_vm names the kernel they need.
+pytestmark = pytest.mark.sriov_vm
+
 # Only a fault makes a server miss its port this long, or a transfer of a few
 # hundred messages (under TCG, on a loaded host) take this long.
 BOUND = 240.0
