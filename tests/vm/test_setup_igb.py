@@ -170,6 +170,14 @@ def test_status_json_shows_an_allocation_then_the_vf_free(
         "containerID": "cafe01",
         "ifname": name,
         "netns": f"/run/netns/{ns}",
+        "deviceInfoFile": None,
+        "unrestored": [],
+    }
+    # What a pod on this VF is told of it (igb: no RDMA device).
+    assert vf["deviceInfo"] == {
+        "type": "pci",
+        "version": "1.1.0",
+        "pci": {"pci-address": vf_pci, "pf-pci-address": (SYS_NET / pf / "device").resolve().name},
     }
 
     subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", name, "netns", "1"], check=True)
