@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -120,14 +121,11 @@ def test_parallel_adds_exhaustion_and_status(
             )
             for i in range(7)
         ]
-        # Every stdin written and ended before any answer is read: the daemon
-        # gives a call the request timeout to end its stdin, and one written
-        # only once the call before it answered would wait on that call.
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write(stdin)
-            p.stdin.close()
-        outs = [p.communicate(timeout=240) for p in procs]
+        # Each caller fed and read in a thread of its own: the daemon gives a
+        # call the request timeout to end its stdin, and a stdin written only
+        # once the call before it answered would wait on that call.
+        with ThreadPoolExecutor(len(procs)) as callers:
+            outs = list(callers.map(lambda p: p.communicate(stdin, timeout=240), procs))
     finally:
         daemon.stop()
     assert [p.returncode for p in procs] == [0] * 7, [o[0] for o in outs]
