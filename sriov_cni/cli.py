@@ -40,7 +40,19 @@ irqbalance key says what setup does about it, before it pins anything:
   stop           stop irqbalance (systemctl disable --now under systemd,
                  SIGTERM otherwise)
   leave          pin anyway and print what to do
+
+\b
+rdmaNetnsMode (exclusive or shared) writes the ib_core boot option to
+<modprobe.d>/sriov-cni-rdma.conf (exclusive: netns_mode=0; shared: the file
+removed) and switches the running kernel, which it allows only while no
+network namespace but the host's exists. When it does not, setup says so,
+the mode applies at the next boot, and setup exits with status 3: the
+node is not yet as asked.
 """
+
+# setup's exit status when every step ran but the node is not yet as asked
+# (the RDMA netns mode waits for the next boot).
+DEFERRED = 3
 
 
 class CommandError(click.ClickException):
@@ -95,20 +107,28 @@ def _node_paths() -> Paths:
     type=click.Path(dir_okay=False, path_type=Path),
     help=f"Where to record what was applied [default: {nodestate.STATE_FILE}].",
 )
-def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None) -> None:
+@click.option(
+    "--modprobe-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help=f"Where to write the ib_core option for rdmaNetnsMode [default: {Paths.modprobe_dir}].",
+)
+def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None, modprobe_dir: Path | None) -> None:
     from sriov_cni.node import config as node_config
     from sriov_cni.node import setup as node_setup
 
     try:
         config = node_config.load(config_path)
         paths = _node_paths() if state_file is None else replace(_node_paths(), state_file=state_file)
+        paths = paths if modprobe_dir is None else replace(paths, modprobe_dir=modprobe_dir)
         plan = node_setup.plan(config, paths, data_dir, node_setup.NetlinkLinks())
         if dry_run:
             node_setup.show(plan, paths, click.echo)
-        else:
-            node_setup.execute(plan, paths, click.echo)
+            return
+        as_asked = node_setup.execute(plan, paths, click.echo)
     except _expected() as exc:
         raise CommandError(str(exc)) from exc
+    if not as_asked:
+        raise SystemExit(DEFERRED)
 
 
 @main.command()
@@ -121,17 +141,19 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
     help="The CNI plugin's store.",
 )
 def status(as_json: bool, data_dir: Path) -> None:
-    """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins, irqbalance."""
+    """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins, irqbalance, RDMA."""
     from sriov_cni.node import status as node_status
 
     try:
         pfs = node_status.current(_node_paths(), data_dir)
     except _expected() as exc:
         raise CommandError(str(exc)) from exc
+    # None: the kernel has no RDMA core loaded.
+    rdma_mode = node_status.rdma_view().mode
     if as_json:
-        click.echo(json.dumps({"pfs": pfs}, indent=1))
+        click.echo(json.dumps({"rdmaNetnsMode": rdma_mode, "pfs": pfs}, indent=1))
     else:
-        for line in node_status.table(pfs):
+        for line in node_status.table(pfs, rdma_mode):
             click.echo(line)
 
 

@@ -27,3 +27,5 @@ class Paths:
     # The host's /proc/irq: elsewhere in a container that is not privileged,
     # whose runtime makes /proc/irq read-only (``sriov-cni daemon --proc-irq``).
     proc_irq: Path = Path("/proc/irq")
+    # Where setup writes the ib_core option for the node's RDMA netns mode.
+    modprobe_dir: Path = Path("/etc/modprobe.d")

@@ -304,6 +304,7 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     readable = GaugeMetricFamily("sriov_cni_pool_up", "Whether the pool could be read for this scrape")
     try:
         pfs = status.current(paths, data_dir)
+        rdma_mode = status.rdma_view().mode
     except Exception as exc:  # a scrape shows the failure; the exporter serves the next one
         sys.stderr.write(f"sriov-cni daemon: metrics: cannot read the VF pool: {exc}\n")
         readable.add_metric([], 0)
@@ -324,6 +325,19 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     allocations = GaugeMetricFamily(
         "sriov_cni_allocations", "The PF's allocated and stale VFs by network", labels=[*pf_labels, "network", "state"]
     )
+    # One series per mode, 1 for the running one (none without ib_core).
+    rdma_modes = GaugeMetricFamily(
+        "sriov_cni_rdma_netns_mode", "The node's RDMA netns mode (1: the running one)", labels=["mode"]
+    )
+    if rdma_mode is not None:
+        for mode in ("exclusive", "shared"):
+            rdma_modes.add_metric([mode], int(mode == rdma_mode))
+    rdma_devices = GaugeMetricFamily(
+        "sriov_cni_rdma_devices",
+        "The RDMA devices of the PF's VFs by where they are: host, pod (an attachment's), shared "
+        "(shared mode: every namespace sees them), elsewhere (a namespace no attachment of ours has)",
+        labels=[*pf_labels, "where"],
+    )
     for pf in pfs:
         labels = [pf["netdev"] or "", pf["pci"]]
         if pf["numVfs"] is not None:
@@ -342,7 +356,10 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
         dpdk.add_metric(labels, sum(vf["driver"] in sysfs.DPDK_DRIVERS for vf in pf["vfs"]))
         for (network, state), count in sorted(by_network.items()):
             allocations.add_metric([*labels, network, state], count)
-    yield from (numvfs, totalvfs, states, dpdk, allocations)
+        wheres = [vf["rdmaWhere"] for vf in pf["vfs"] if vf["rdmaWhere"] is not None]
+        for where in sorted(set(wheres)):
+            rdma_devices.add_metric([*labels, where], wheres.count(where))
+    yield from (numvfs, totalvfs, states, dpdk, allocations, rdma_modes, rdma_devices)
 
 
 def _exporter(daemon: socket.socket, alive: int, launch: _Launch) -> None:  # pragma: no cover - runs in the exporter

@@ -3,6 +3,7 @@
 Example (every key but ``pfs``, ``pf`` and ``numVfs`` optional)::
 
     irqbalance: ban           # ban (default), stop or leave: see IRQBALANCE_MODES
+    rdmaNetnsMode: exclusive  # exclusive or shared (absent: the node's mode is left alone)
     pfs:
       - pf: ens1f0            # netdev name or PCI address
         numVfs: 7
@@ -35,6 +36,8 @@ VF_DRIVERS = ("kernel", "vfio-pci", "uio_pci_generic")
 # ban keeps it running but off the tuned PFs' and their VFs' IRQs (through
 # its policy script), stop stops it, leave only warns.
 IRQBALANCE_MODES = ("ban", "stop", "leave")
+# The kernel's RDMA netns modes (see node.rdmamode).
+RDMA_NETNS_MODES = ("exclusive", "shared")
 
 
 class NodeConfigError(Exception):
@@ -64,6 +67,7 @@ class PfSpec:
 class NodeConfig:
     pfs: list[PfSpec]
     irqbalance: str = "ban"
+    rdma_netns_mode: str | None = None  # None: setup leaves the node's mode and boot option alone
 
 
 def _keys(raw: Any, where: str, allowed: set[str], required: set[str]) -> dict[str, Any]:
@@ -154,10 +158,13 @@ def parse(text: str) -> NodeConfig:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise NodeConfigError(f"not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
-    raw = _keys(raw, "config", {"pfs", "irqbalance"}, {"pfs"})
+    raw = _keys(raw, "config", {"pfs", "irqbalance", "rdmaNetnsMode"}, {"pfs"})
     irqbalance = raw.get("irqbalance", "ban")
     if irqbalance not in IRQBALANCE_MODES:
         raise NodeConfigError(f"irqbalance: must be one of {', '.join(IRQBALANCE_MODES)}, got {irqbalance!r}")
+    rdma_mode = raw.get("rdmaNetnsMode")
+    if rdma_mode is not None and rdma_mode not in RDMA_NETNS_MODES:
+        raise NodeConfigError(f"rdmaNetnsMode: must be one of {', '.join(RDMA_NETNS_MODES)}, got {rdma_mode!r}")
     pfs = raw["pfs"]
     if not isinstance(pfs, list) or not pfs:
         raise NodeConfigError("pfs: must be a non-empty list")
@@ -167,7 +174,7 @@ def parse(text: str) -> NodeConfig:
         if spec.pf in seen:
             raise NodeConfigError(f"pfs[{i}].pf: {spec.pf} is already configured in pfs[{seen[spec.pf]}]")
         seen[spec.pf] = i
-    return NodeConfig(pfs=specs, irqbalance=irqbalance)
+    return NodeConfig(pfs=specs, irqbalance=irqbalance, rdma_netns_mode=rdma_mode)
 
 
 def load(path: Path) -> NodeConfig:

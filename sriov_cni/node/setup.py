@@ -11,13 +11,13 @@ from __future__ import annotations
 import errno
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from sriov_cni import nodestate
-from sriov_cni.kernel import cpulist, irqs, netlink, queues, sysfs
-from sriov_cni.node import cpus, firstopen, irqbalance, vfs
+from sriov_cni.kernel import cpulist, irqs, netlink, nlerrors, queues, sysfs
+from sriov_cni.node import cpus, firstopen, irqbalance, rdmamode, vfs
 from sriov_cni.node.config import NodeConfig, PfSpec, TuningSpec
 from sriov_cni.nodestate import Policy, TuningError
 from sriov_cni.paths import Paths
@@ -76,6 +76,9 @@ class Plan:
     state: dict[str, Any]  # what the state file will say after the run
     tuned: list[sysfs.PF]  # PFs with a tuning policy, whose IRQs irqbalance must leave alone
     irqbalance: str  # the node config's irqbalance mode
+    # What the run could not make so now, and when it will be: the node is
+    # not yet as asked (setup's exit status says so).
+    deferred: list[str] = field(default_factory=list)
 
 
 def _policy(paths: Paths, pf: sysfs.PF, spec: TuningSpec) -> Policy:
@@ -294,7 +297,58 @@ def _pf_steps(
     return steps, record
 
 
-def plan(config: NodeConfig, paths: Paths, data_dir: Path, links: Links) -> Plan:
+def _rdma_steps(mode: str, paths: Paths, modes: rdmamode.RdmaModes, deferred: list[str]) -> list[Step]:
+    """The ib_core boot option for ``mode``, then the running kernel switched when it lets setup."""
+    path = rdmamode.option_path(paths.modprobe_dir)
+    what = f"RDMA netns mode {mode} at boot ({path})"
+    if rdmamode.boot_option_ok(paths.modprobe_dir, mode):
+        steps = [Step("host", what)]
+    else:
+        steps = [Step("host", what, functools.partial(_boot_option, paths.modprobe_dir, mode))]
+    current = modes.get()
+    if current is None:
+        # Nothing to switch: ib_core reads the option when it loads.
+        steps.append(Step("host", f"RDMA netns mode {mode} when ib_core loads (not loaded now)"))
+    elif current == mode:
+        steps.append(Step("host", f"RDMA netns mode {mode}"))
+    else:
+        switch = functools.partial(_switch_rdma_mode, modes, current, mode, deferred)
+        steps.append(Step("host", f"RDMA netns mode {current} -> {mode}", switch))
+    return steps
+
+
+def _boot_option(modprobe_dir: Path, mode: str) -> str:
+    try:
+        return rdmamode.write_boot_option(modprobe_dir, mode)
+    except OSError as exc:
+        raise SetupError(f"RDMA netns mode: {exc.strerror or exc}: {exc.filename}") from exc
+
+
+def _switch_rdma_mode(modes: rdmamode.RdmaModes, current: str, mode: str, deferred: list[str]) -> str:
+    try:
+        modes.set(mode)
+    except nlerrors.Busy:
+        # Not an error: a node with pods has their namespaces; the boot
+        # option written above applies at the next boot.
+        note = (
+            f"the running kernel stays {current}: other network namespaces exist (pods), and the kernel "
+            f"switches only while none does; {mode} applies at the next boot (or ib_core reload)"
+        )
+        deferred.append(f"RDMA netns mode: {note}")
+        return f"deferred: {note}"
+    except nlerrors.NetlinkError as exc:
+        raise SetupError(f"RDMA netns mode {current} -> {mode}: {exc}") from exc
+    return "done"
+
+
+def plan(
+    config: NodeConfig,
+    paths: Paths,
+    data_dir: Path,
+    links: Links,
+    modes: rdmamode.RdmaModes | None = None,
+) -> Plan:
+    """The steps for ``config``; ``modes`` is the running kernel's RDMA netns mode (the kernel's if None)."""
     allocations = read_allocations(data_dir)
     steps: list[Step] = []
     pfs: dict[str, Any] = {}
@@ -322,7 +376,11 @@ def plan(config: NodeConfig, paths: Paths, data_dir: Path, links: Links) -> Plan
         else:
             raise_entries = functools.partial(_flow_entries, paths, rfs)
             steps.append(Step("host", f"rps_sock_flow_entries {current} -> {want}", raise_entries))
-    return Plan(steps=steps, state={"pfs": pfs}, tuned=tuned, irqbalance=config.irqbalance)
+    result = Plan(steps=steps, state={"pfs": pfs}, tuned=tuned, irqbalance=config.irqbalance)
+    if config.rdma_netns_mode is not None:
+        modes = rdmamode.KernelRdmaModes() if modes is None else modes
+        result.steps += _rdma_steps(config.rdma_netns_mode, paths, modes, result.deferred)
+    return result
 
 
 def _flow_entries(paths: Paths, entries: int) -> str:
@@ -346,8 +404,11 @@ def _irqbalance(plan_: Plan, paths: Paths) -> list[str]:
     return []
 
 
-def execute(plan_: Plan, paths: Paths, echo: Callable[[str], None]) -> None:
-    """Run every step, one progress line each, then record what was applied in ``paths.state_file``."""
+def execute(plan_: Plan, paths: Paths, echo: Callable[[str], None]) -> bool:
+    """Run every step, one progress line each, then record what was applied in ``paths.state_file``.
+
+    False when the node is not yet as asked (``plan_.deferred`` says what and when).
+    """
     state_file = paths.state_file
     for line in _irqbalance(plan_, paths):
         echo(line)
@@ -371,6 +432,9 @@ def execute(plan_: Plan, paths: Paths, echo: Callable[[str], None]) -> None:
     if running:
         irqs = sorted(int(irq) for record in plan_.state["pfs"].values() for irq in record["pins"])
         echo(f"warning: {irqbalance.advice(running, irqs)}")
+    for note in plan_.deferred:
+        echo(f"not yet as asked: {note}")
+    return not plan_.deferred
 
 
 def show(plan_: Plan, paths: Paths, echo: Callable[[str], None]) -> None:

@@ -1,15 +1,24 @@
-"""``sriov-cni status``: every SR-IOV PF on the node, its VFs, who holds them, IRQ pins and irqbalance."""
+"""``sriov-cni status``: every SR-IOV PF on the node, its VFs, who holds them, IRQ pins and irqbalance.
+
+And the RDMA view: the node's RDMA netns mode, and per VF its RDMA device
+and where it is (``rdmaWhere``): ``host``; ``pod`` (the VF's allocation's
+pod: moved there in exclusive mode, or a Soft-RoCE device made there);
+``shared`` (shared mode: every namespace sees it, nothing moves); or
+``elsewhere`` (exclusive mode, absent from the host, and no allocation of
+ours holds it).
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sriov_cni import deviceinfo
-from sriov_cni.kernel import cpulist, irqs, netlink, rdma, sysfs
-from sriov_cni.node import irqbalance
+from sriov_cni.kernel import cpulist, irqs, netlink, nlerrors, rdma, sysfs
+from sriov_cni.node import irqbalance, rdmamode
 from sriov_cni.paths import Paths
 from sriov_cni.vfstate import VfState, vf_state
 from sriov_cni.vfstore import Allocation, read_allocations
@@ -43,11 +52,37 @@ def _count(read: Callable[[Path, str], int], paths: Paths, pci: str) -> int | No
         return None
 
 
+@dataclass(frozen=True)
+class RdmaView:
+    """The host's RDMA netns mode and the RDMA devices its namespace sees; None for both without ib_core."""
+
+    mode: str | None = None
+    host_devices: frozenset[str] | None = None
+
+
+def rdma_view() -> RdmaView:
+    mode = rdmamode.KernelRdmaModes().get()
+    if mode is None:
+        return RdmaView()
+    try:
+        with rdma.Rdma() as host:
+            return RdmaView(mode, frozenset(d.name for d in host.devices()))
+    except nlerrors.NetlinkError:
+        return RdmaView(mode)
+
+
 def _vf(
-    paths: Paths, pf_pci: str, index: int, pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]
+    paths: Paths,
+    pf_pci: str,
+    index: int,
+    pci: str,
+    alloc: Allocation | None,
+    in_host: Callable[[str], bool],
+    view: RdmaView,
 ) -> dict[str, Any]:
     names = sysfs.netdevs(paths.sys, pci)
     state = vf_state(paths.sys, pci, alloc, in_host)
+    device = _rdma_device(paths, pci, alloc)
     return {
         "index": index,
         "pci": pci,
@@ -69,8 +104,26 @@ def _vf(
             "unrestored": alloc.unrestored,
         },
         "irqs": _irq_pins(paths, pci),
-        "rdmaDevice": _rdma_device(paths, pci, alloc),
+        "rdmaDevice": device,
+        "rdmaWhere": None if device is None else _rdma_where(device, alloc, view),
     }
+
+
+def _rdma_where(device: str, alloc: Allocation | None, view: RdmaView) -> str:
+    held = alloc is not None and alloc.rdma_device is not None
+    if held and alloc is not None and alloc.rdma_soft:
+        # Made in the pod on its netdev; in shared mode every namespace
+        # sees it, but it dies with the netdev's move: it is the pod's.
+        return "pod"
+    if view.mode == "shared":
+        return "shared"
+    if view.host_devices is not None and device in view.host_devices:
+        return "host"
+    if held:
+        return "pod"
+    # Without ib_core no namespace holds it; with it, exclusive mode put it
+    # in a namespace that is not an attachment of ours.
+    return "host" if view.host_devices is None else "elsewhere"
 
 
 def _rdma_device(paths: Paths, pci: str, alloc: Allocation | None) -> str | None:
@@ -81,8 +134,11 @@ def _rdma_device(paths: Paths, pci: str, alloc: Allocation | None) -> str | None
     return ", ".join(found) if found else None
 
 
-def gather(paths: Paths, data_dir: Path, in_host: Callable[[str], bool]) -> list[dict[str, Any]]:
+def gather(
+    paths: Paths, data_dir: Path, in_host: Callable[[str], bool], view: RdmaView | None = None
+) -> list[dict[str, Any]]:
     """One record per PF (anything with ``sriov_totalvfs``), VFs in index order."""
+    view = RdmaView() if view is None else view
     allocs = {a.vf_pci: a for a in read_allocations(data_dir)}
     try:
         devices = sorted(os.listdir(paths.sys / "bus" / "pci" / "devices"))
@@ -96,7 +152,7 @@ def gather(paths: Paths, data_dir: Path, in_host: Callable[[str], bool]) -> list
         names = sysfs.netdevs(paths.sys, pci)
         netdev = names[0] if names else None
         mtu, link = _link(paths, netdev)
-        vfs = [_vf(paths, pci, i, vf, allocs.get(vf), in_host) for i, vf in sysfs.vf_pcis(paths.sys, pci).items()]
+        vfs = [_vf(paths, pci, i, vf, allocs.get(vf), in_host, view) for i, vf in sysfs.vf_pcis(paths.sys, pci).items()]
         out.append(
             {
                 "pci": pci,
@@ -122,8 +178,9 @@ def gather(paths: Paths, data_dir: Path, in_host: Callable[[str], bool]) -> list
 
 def current(paths: Paths, data_dir: Path) -> list[dict[str, Any]]:
     """:func:`gather`, with the host's network namespace saying which VF netdevs are in it."""
+    view = rdma_view()
     with netlink.namespace() as host:
-        return gather(paths, data_dir, lambda name: host.find(name) is not None)
+        return gather(paths, data_dir, lambda name: host.find(name) is not None, view)
 
 
 def _pins(irqs: list[dict[str, Any]]) -> str:
@@ -136,11 +193,11 @@ def _irqbalance(state: dict[str, Any]) -> str:
     return f"on (pid {', '.join(map(str, state['pids']))}), IRQs {'banned' if state['banned'] else 'NOT banned'}"
 
 
-def table(pfs: list[dict[str, Any]]) -> list[str]:
-    """Human-readable lines: one per PF, then one per VF."""
+def table(pfs: list[dict[str, Any]], rdma_mode: str | None = None) -> list[str]:
+    """Human-readable lines: the RDMA netns mode (if the kernel has RDMA), then one per PF, then one per VF."""
+    lines: list[str] = [] if rdma_mode is None else [f"RDMA netns mode {rdma_mode}"]
     if not pfs:
-        return ["no SR-IOV PF on this node"]
-    lines: list[str] = []
+        return [*lines, "no SR-IOV PF on this node"]
     for pf in pfs:
         lines.append(
             f"PF {pf['netdev'] or '-'} {pf['pci']}  driver {pf['driver'] or '-'}  "
@@ -164,7 +221,7 @@ def table(pfs: list[dict[str, Any]]) -> list[str]:
                     vf["pci"],
                     vf["driver"] or "-",
                     vf["netdev"] or "-",
-                    vf["rdmaDevice"] or "-",
+                    f"{vf['rdmaDevice']}({vf['rdmaWhere']})" if vf["rdmaDevice"] else "-",
                     state,
                     owner,
                     _pins(vf["irqs"]),

@@ -34,7 +34,15 @@ from tests.support.daemonlib import REPO, SHIM, Daemon, command_line, exporter_o
 from tests.support.hostnode import HostNode
 
 RULES = REPO / "deploy" / "prometheus-rules.yaml"
-POOL = {"sriov_cni_pf_vfs", "sriov_cni_pf_vfs_max", "sriov_cni_vfs", "sriov_cni_vfs_dpdk", "sriov_cni_allocations"}
+POOL = {
+    "sriov_cni_pf_vfs",
+    "sriov_cni_pf_vfs_max",
+    "sriov_cni_vfs",
+    "sriov_cni_vfs_dpdk",
+    "sriov_cni_allocations",
+    "sriov_cni_rdma_netns_mode",
+    "sriov_cni_rdma_devices",
+}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -114,17 +122,21 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     r.close()
 
 
-def status_json(rig: Rig) -> list[dict[str, Any]]:
+def status_json(rig: Rig) -> dict[str, Any]:
     """``sriov-cni status --json`` here, on the rig's sysfs tree, as the rig's daemon sees it."""
     result = CliRunner().invoke(cli.main, ["status", "--json", "--data-dir", str(rig.state)], obj=rig.node.node.paths)
     assert result.exit_code == 0, result.output
-    pfs: list[dict[str, Any]] = json.loads(result.output)["pfs"]
-    return pfs
+    status: dict[str, Any] = json.loads(result.output)
+    return status
 
 
-def expected_pool(pfs: list[dict[str, Any]]) -> Samples:
+def expected_pool(status: dict[str, Any]) -> Samples:
     """The pool series status' records call for, counted here."""
     out: Samples = {}
+    pfs: list[dict[str, Any]] = status["pfs"]
+    if status["rdmaNetnsMode"] is not None:
+        for mode in ("exclusive", "shared"):
+            out[key("sriov_cni_rdma_netns_mode", mode=mode)] = float(mode == status["rdmaNetnsMode"])
     for pf in pfs:
         labels = {"pf": pf["netdev"], "pci": pf["pci"]}
         out[key("sriov_cni_pf_vfs", **labels)] = pf["numVfs"]
@@ -136,6 +148,9 @@ def expected_pool(pfs: list[dict[str, Any]]) -> Samples:
         owners = Counter((vf["allocation"]["network"], vf["state"]) for vf in pf["vfs"] if vf["allocation"])
         for (network, state), count in owners.items():
             out[key("sriov_cni_allocations", **labels, network=network, state=state)] = count
+        wheres = Counter(vf["rdmaWhere"] for vf in pf["vfs"] if vf["rdmaWhere"] is not None)
+        for where, count in wheres.items():
+            out[key("sriov_cni_rdma_devices", **labels, where=where)] = count
     return out
 
 
@@ -235,9 +250,15 @@ def test_the_pool_gauges_equal_status_json_before_and_after_adds_and_dels(rig: R
         assert pool_of(rig.scrape()) == expected
         return expected
 
-    start = check()
     pf0 = {"pf": rig.pfs[0].name, "pci": rig.pfs[0].pci}
     pf1 = {"pf": rig.pfs[1].name, "pci": rig.pfs[1].pci}
+    # Fixture: an mlx5-like RDMA device on each of pf1's VFs (the tree's
+    # sysfs); the host's kernel has no RDMA core, so no mode series and
+    # every device counted in the host.
+    for vf in rig.pfs[1].vfs:
+        (rig.node.node.sys / "bus" / "pci" / "devices" / vf.pci / "infiniband" / f"mlx5_{vf.index}").mkdir(parents=True)
+    start = check()
+    assert start[key("sriov_cni_rdma_devices", **pf1, where="host")] == 2
     assert start[key("sriov_cni_vfs", **pf0, state="free")] == 3
     assert start[key("sriov_cni_vfs_dpdk", **pf1)] == 1 and start[key("sriov_cni_pf_vfs_max", **pf1)] == 4
     for pod, network in ((0, "net-a"), (1, "net-b"), (2, "net-b")):

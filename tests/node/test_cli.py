@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from sriov_cni.cli import main
 from sriov_cni.node import setup as node_setup
+from sriov_cni.node import status as node_status
 from sriov_cni.vfstore import Allocation, FileStore
 from tests.support.nodetree import Tree
 
@@ -168,7 +169,7 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
         "0000:01:10.1",
         "igbvf",
         "eth0v1",
-        "mlx5_1",
+        "mlx5_1(host)",
         "allocated",
         "net-a",
         "0123456789ab",
@@ -207,6 +208,39 @@ def test_status_names_each_vfs_rdma_device(node: Tree, tmp_path: Path) -> None:
     _code, out = invoke(node, "status", "--json", "--data-dir", str(tmp_path / "data"))
     vfs = json.loads(out)["pfs"][0]["vfs"]
     assert [v["rdmaDevice"] for v in vfs] == ["mlx5_2", "rxe_0000_01_10_1", None]
+    # This host's kernel has no RDMA core: no mode, and no namespace holds the free VF's device.
+    assert json.loads(out)["rdmaNetnsMode"] is None
+    assert [v["rdmaWhere"] for v in vfs] == ["host", "pod", None]
     _code, table = invoke(node, "status", "--data-dir", str(tmp_path / "data"))
     rows = [line.split() for line in table.splitlines() if line.startswith("  ")]
-    assert [row[4] for row in rows[:4]] == ["RDMA", "mlx5_2", "rxe_0000_01_10_1", "-"]
+    assert [row[4] for row in rows[:4]] == ["RDMA", "mlx5_2(host)", "rxe_0000_01_10_1(pod)", "-"]
+
+
+@pytest.mark.parametrize(
+    ("view", "where"),
+    [
+        # Exclusive: the free VF's device in the host, the allocated one's moved out of it.
+        (node_status.RdmaView("exclusive", frozenset({"mlx5_0"})), ["host", "pod", "elsewhere"]),
+        # Exclusive, every device still in the host (a move not made yet, or undone).
+        (node_status.RdmaView("exclusive", frozenset({"mlx5_0", "mlx5_1", "mlx5_2"})), ["host", "host", "host"]),
+        # Shared: nothing moves, every namespace sees each device.
+        (node_status.RdmaView("shared", frozenset({"mlx5_0", "mlx5_1", "mlx5_2"})), ["shared", "shared", "shared"]),
+    ],
+)
+def test_status_says_where_each_rdma_device_is(
+    node: Tree, tmp_path: Path, view: node_status.RdmaView, where: list[str]
+) -> None:
+    """Fixture: the kernel's view (mode, devices the host sees), which this host's kernel cannot give."""
+    # The fixture's allocated VF 1 has mlx5_1 already.
+    for index in (0, 2):
+        node.rdma(f"0000:01:10.{index}", f"mlx5_{index}")
+    store = FileStore(tmp_path / "data")
+    alloc = store.get("0000:01:10.1")
+    assert alloc is not None
+    alloc.rdma_device = "mlx5_1"
+    store.put(alloc)
+    pfs = node_status.gather(node.paths(tmp_path / "state.json"), tmp_path / "data", lambda _name: True, view)
+    assert [(v["rdmaDevice"], v["rdmaWhere"]) for v in pfs[0]["vfs"]] == list(
+        zip(["mlx5_0", "mlx5_1", "mlx5_2"], where, strict=True)
+    )
+    assert node_status.table(pfs, view.mode)[0] == f"RDMA netns mode {view.mode}"

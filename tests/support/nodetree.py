@@ -33,7 +33,12 @@ class Tree:
     def paths(self, state_file: Path, systemd_run: Path = Paths.systemd_run) -> Paths:
         """The node paths of this tree, with setup's state in ``state_file``."""
         return Paths(
-            state_file=state_file, systemd_run=systemd_run, sys=self.sys, proc=self.proc, proc_irq=self.proc / "irq"
+            state_file=state_file,
+            systemd_run=systemd_run,
+            sys=self.sys,
+            proc=self.proc,
+            proc_irq=self.proc / "irq",
+            modprobe_dir=self.sys.parent / "etc" / "modprobe.d",
         )
 
     def cpus(self, online: str, isolated: str = "", nohz_full: str = "") -> None:

@@ -21,6 +21,8 @@ import pytest
 from sriov_cni.kernel.netns import own_netns_path
 from sriov_cni.kernel.nlerrors import Busy, InvalidArgument, LinkExists, LinkNotFound, NotSupported
 from sriov_cni.kernel.rdma import Rdma, move_out, vf_rdma_devices
+from sriov_cni.node.rdmamode import EXCLUSIVE_OPTION, OPTION_FILE
+from tests.vm.nodecommand import Node
 from tests.vm.vmlib import Sriov
 
 # Driver tests like every other here; rdma_vm names the kernel they need.
@@ -88,7 +90,12 @@ def exclusive() -> Iterator[Callable[[], str]]:
         return name
 
     yield pod
-    for name in made:
+    back_to_shared(made)
+
+
+def back_to_shared(namespaces: list[str]) -> None:
+    """Delete ``namespaces``, then switch to shared mode once the kernel lets it."""
+    for name in namespaces:
         subprocess.run(["ip", "netns", "del", name], check=False)
     with Rdma() as host:
         # The namespaces' teardown finishes in the kernel's cleanup work:
@@ -242,3 +249,53 @@ def test_a_dead_pods_device_comes_back_renamed_on_a_clash_73(
     with Rdma() as host:
         [returned] = [d for d in host.devices() if d.name in back]
     assert returned.name != "rxdie"
+
+
+def system_mode() -> str:
+    """The mode as iproute2's ``rdma system`` prints it (the oracle)."""
+    out = subprocess.run(["rdma", "system"], check=True, capture_output=True, text=True).stdout
+    return out.split()[1]
+
+
+@pytest.fixture
+def pods_then_shared() -> Iterator[list[str]]:
+    """Namespaces the test adds to the list; at teardown they go and the node is shared again."""
+    made: list[str] = []
+    yield made
+    back_to_shared(made)
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_setup_switches_a_fresh_boot_and_defers_while_a_pod_exists_73(
+    node: Node, igb_pfs: list[str], tmp_path: Path, pods_then_shared: list[str]
+) -> None:
+    """``sriov-cni setup`` with rdmaNetnsMode, as a node runs it: the running kernel read back with ``rdma system``."""
+    # The guest booted without the option: the kernel's default.
+    assert system_mode() == "shared"
+    modprobe = tmp_path / "modprobe.d"
+
+    def setup(mode: str) -> subprocess.CompletedProcess[str]:
+        node.config.write_text(f"rdmaNetnsMode: {mode}\npfs: [{{pf: {igb_pfs[0]}, numVfs: 0}}]\n")
+        args = ["--state-file", str(node.state), "--data-dir", str(node.data), "--modprobe-dir", str(modprobe)]
+        return node.run("setup", "--config", str(node.config), *args)
+
+    first = setup("exclusive")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert system_mode() == "exclusive"
+    assert (modprobe / OPTION_FILE).read_text() == EXCLUSIVE_OPTION
+    again = setup("exclusive")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [line for line in again.stdout.splitlines() if "RDMA" in line and not line.endswith(": unchanged")] == []
+    status = node.run("status", "--json", "--data-dir", str(node.data))
+    assert json.loads(status.stdout)["rdmaNetnsMode"] == "exclusive"
+
+    # A pod exists: the kernel refuses the switch, setup defers it to the next boot.
+    subprocess.run(["ip", "netns", "add", "rdsetup"], check=True)
+    pods_then_shared.append("rdsetup")
+    deferred = setup("shared")
+    print(deferred.stdout)
+    assert deferred.returncode == 3, deferred.stdout + deferred.stderr
+    assert "not yet as asked: RDMA netns mode: the running kernel stays exclusive" in deferred.stdout
+    assert "Traceback" not in deferred.stderr and deferred.stderr == ""
+    assert system_mode() == "exclusive"
+    assert not (modprobe / OPTION_FILE).exists()
