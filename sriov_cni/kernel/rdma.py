@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sriov_cni.kernel.netns import netlink_socket_in, open_netns, run_in_netns
+from sriov_cni.kernel.netns import NamespaceError, netlink_socket_in, open_netns, run_in_netns
 from sriov_cni.kernel.nlerrors import BY_ERRNO, LinkExists, NetlinkError, NotSupported, for_errno
 from sriov_cni.kernel.sysfs import pci_dir
 
@@ -328,7 +328,9 @@ def move_out(netns: str, name: str, target: str) -> None:
 
     try:
         run_in_netns(netns, inside)
-    except NetlinkError as exc:
+    except NamespaceError as exc:
+        # The child's errno, back as the exception callers act on (a name
+        # clash: LinkExists).
         raise BY_ERRNO.get(exc.errno, NetlinkError)(str(exc), exc.errno) from exc
     finally:
         os.close(fd)

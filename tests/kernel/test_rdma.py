@@ -15,6 +15,7 @@ the guest tests run the same functions against the kernel's own RDMA.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -27,7 +28,8 @@ from collections.abc import Iterator
 import pytest
 
 from sriov_cni.kernel import rdma
-from sriov_cni.kernel.nlerrors import Busy, LinkExists, LinkNotFound, NotSupported
+from sriov_cni.kernel.netns import own_netns_path
+from sriov_cni.kernel.nlerrors import Busy, LinkExists, LinkNotFound, NetlinkError, NotSupported
 from tests.support.nodetree import Tree
 
 NETLINK_USERSOCK = 2
@@ -179,6 +181,29 @@ def test_without_rdma_netlink_the_kernel_layer_says_so() -> None:
         probe.close()
         with rdma.Rdma() as handle:
             assert handle.netns_mode() in ("shared", "exclusive")
+
+
+def test_a_failure_inside_the_pod_comes_back_as_the_kernel_layers_exception(netns: str) -> None:
+    """Real: a throwaway namespace and this host's kernel, whose refusal (no RDMA netlink) the child meets there.
+
+    What fails in the child comes back by errno as the exception callers act
+    on (the guest's name clash: LinkExists), not as a namespace failure
+    nobody above the kernel layer catches.
+    """
+    if _host_has_rdma():
+        pytest.fail("this host's kernel has RDMA netlink; the guest covers a refusal from inside the pod there")
+    with pytest.raises(NetlinkError) as caught:
+        rdma.move_out(f"/run/netns/{netns}", "rxe0", own_netns_path())
+    assert caught.value.errno == errno.EPROTONOSUPPORT
+    assert "no RDMA netlink" in str(caught.value)
+
+
+def _host_has_rdma() -> bool:
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, rdma.NETLINK_RDMA).close()
+    except OSError:
+        return False
+    return True
 
 
 # Sysfs: mlx5 VFs as the kernel lays them out (fixture tree).
