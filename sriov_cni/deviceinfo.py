@@ -28,6 +28,14 @@ from sriov_cni.kernel import rdma
 
 VERSION = "1.1.0"
 TYPE = "pci"
+# Not a field of the spec: the RoCE v2 GID index of the pod's address on its
+# ``rdma-device`` (what NCCL_IB_GID_INDEX and perftest's -x take), an integer
+# beside the device it qualifies.  The spec's fields keep their meaning, and
+# its readers tolerate the extra key: Multus and the DRA drivers decode the
+# file into Go structs, which skip unknown keys (so Multus' network-status
+# annotation, rebuilt from those structs, does not carry it); readers of the
+# file itself, a DRA driver publishing it in its claim's status, get it.
+GID_INDEX_KEY = "rdma-gid-index"
 # Far above a real file (a few hundred bytes); a larger one is not a device-info file.
 MAX_FILE = 64 * 1024
 # Multus and the workloads that read these files may not run as root.

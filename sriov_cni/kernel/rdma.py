@@ -14,7 +14,9 @@ What the module does:
 * moving a device into a namespace by an open fd of it: the request must be
   sent from inside the namespace the device is in, else the kernel does not
   find it (ENODEV); :func:`move_out` sends it from there;
-* creating and removing a link (a Soft-RoCE ``rxe`` device on a netdev).
+* creating and removing a link (a Soft-RoCE ``rxe`` device on a netdev);
+* finding an address's RoCE v2 GID index in a device's GID table (sysfs:
+  no netlink request lists GIDs).
 
 Failures raise the kernel layer's exceptions (:mod:`sriov_cni.kernel.nlerrors`):
 :class:`Busy` (EBUSY), :class:`LinkExists` (a name clash: EEXIST with the
@@ -26,10 +28,12 @@ that cannot move its device, or no such link type) and :class:`LinkNotFound`
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -368,3 +372,103 @@ def vf_rdma_devices(root: Path, pci: str) -> list[str]:
         return sorted(os.listdir(pci_dir(root, pci) / "infiniband"))
     except OSError:
         return []
+
+
+# How often the GID table is read again while the address's entry is awaited.
+GID_POLL = 0.05
+
+
+def gid_text(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """An address as sysfs prints a GID: an IPv4 address as its IPv4-mapped IPv6 form, eight groups of four digits."""
+    if address.version == 4:
+        address = ipaddress.IPv6Address(f"::ffff:{address}")
+    return address.exploded
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        # An unused entry's type and netdev cannot be read (EINVAL), and an
+        # entry can be emptied while it is read.
+        return None
+
+
+def _find_gid(device_dir: Path, netdev: str, wanted: list[str]) -> int | str | None:
+    """One pass over the device's GID tables: the index of the first of ``wanted`` found as RoCE v2 on ``netdev``.
+
+    A text when it can never be there (no port on Ethernet: an InfiniBand
+    device, whose GIDs are not IP addresses); None when it is not there yet.
+    """
+    ports = sorted((device_dir / "ports").iterdir()) if (device_dir / "ports").is_dir() else []
+    found: dict[str, int] = {}
+    ethernet = False
+    for port in ports:
+        if _read(port / "link_layer") != "Ethernet":
+            continue
+        ethernet = True
+        gids = port / "gids"
+        for name in os.listdir(gids):
+            gid = _read(gids / name)
+            if gid not in wanted or gid in found:
+                continue
+            attrs = port / "gid_attrs"
+            if _read(attrs / "types" / name) != "RoCE v2":
+                continue
+            # The same address on another netdev of the device is not this one.
+            if _read(attrs / "ndevs" / name) not in (netdev, None):
+                continue
+            found[gid] = int(name)
+    if not ethernet:
+        return f"{device_dir.name} has no Ethernet port: it is not RoCE, and its GIDs are not IP addresses"
+    for gid in wanted:
+        if gid in found:
+            return found[gid]
+    return None
+
+
+def roce_v2_gid_index(
+    netns: str,
+    sys_root: Path,
+    device: str,
+    netdev: str,
+    addresses: Sequence[ipaddress.IPv4Address | ipaddress.IPv6Address],
+    wait: float,
+) -> int | str:
+    """The GID table index of the first of ``addresses`` as a RoCE v2 GID of ``device`` on ``netdev``, in ``netns``.
+
+    Else a text saying why there is none.  The kernel adds an address's
+    GIDs from a work item after the address is set (roce_gid_mgmt), so the
+    entry is awaited, up to ``wait`` seconds.  Read in the namespace, from
+    a sysfs mounted there: in exclusive mode only that one shows the device.
+    """
+    wanted = [gid_text(a) for a in addresses]
+    read_end, write_end = os.pipe()
+
+    def inside() -> None:
+        device_dir = sys_root / "class" / "infiniband" / device
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                found = _find_gid(device_dir, netdev, wanted)
+            except OSError as exc:
+                found = f"cannot read {device}'s GID table: {exc.strerror or exc}"
+            if found is None and time.monotonic() > deadline:
+                found = f"no RoCE v2 GID of {', '.join(map(str, addresses))} on {device} within {wait:g} s"
+            if found is not None:
+                os.write(write_end, str(found).encode())
+                return
+            time.sleep(GID_POLL)
+
+    try:
+        run_in_netns(netns, inside, own_sysfs=sys_root)
+        os.close(write_end)
+        write_end = -1
+        with os.fdopen(read_end, "rb") as r:
+            read_end = -1
+            answer = r.read().decode()
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    return int(answer) if answer.isdigit() else answer

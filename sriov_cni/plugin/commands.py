@@ -268,7 +268,7 @@ def _set_up(
     if rdma_device is not None:
         logger.info("the pod's RDMA device: %s", rdma_device)
     ipam_result = _address(lease.alloc, index, ipam)
-    deviceinfo.publish(conf.device_info_file, lease, deps.paths.sys)
+    deviceinfo.publish(conf.device_info_file, lease, deps.paths.sys, ipam_result)
     return _result(conf, iface, ipam_result)
 
 

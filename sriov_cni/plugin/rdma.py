@@ -26,15 +26,19 @@ DEL's code.  A soft device is made once the netdev is in the pod, on it.
 
 The record (``rdma_device``, ``rdma_soft``) is saved before each change, so
 a DEL or a GC after a crash knows what to undo.
+
+The pod is told its device's RoCE v2 GID index for its address (see
+:func:`gid_index`): what ``NCCL_IB_GID_INDEX`` and perftest's ``-x`` take.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from sriov_cni.cni import CNIError, Code
+from sriov_cni.cni import CNIError, Code, IPAddress
 from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netns, nlerrors, rdma, sysfs
 from sriov_cni.plugin.lease import Lease
@@ -44,6 +48,9 @@ from sriov_cni.vfstore import Allocation
 # namespace cleanup work, within about a second; DEL waits this long for it
 # before answering "try again".
 RETURN_WAIT = 10.0
+# The kernel adds an address's GIDs from a work item, within milliseconds of
+# the address; only a fault (or no RoCE on the netdev) keeps it this long.
+GID_WAIT = 10.0
 
 
 def soft_name(vf_pci: str) -> str:
@@ -227,3 +234,30 @@ def check(alloc: Allocation) -> list[str]:
     except nlerrors.NetlinkError as exc:
         return [f"RDMA device {name}: {exc}"]
     return [f"RDMA device {name} is not in {alloc.netns}"]
+
+
+def gid_index(alloc: Allocation, device: str, addresses: Sequence[IPAddress], sys_root: Path) -> int | None:
+    """The RoCE v2 GID index of the pod's address on ``device``, read in the pod; None (and why, in the log) if none.
+
+    IPv4 first: NCCL picks IPv4 GIDs unless told otherwise.  No index is
+    not an error: the pod has its device; only the hint is missing.  That
+    happens without an address (no IPAM, or one that gave none), on an
+    InfiniBand device (its GIDs are not IP addresses), or when the entry
+    does not come within :data:`GID_WAIT`.
+    """
+    if alloc.dpdk:
+        return None
+    ordered = sorted((a for a in addresses if not a.is_link_local), key=lambda a: a.version)
+    if not ordered:
+        logger.info("no RoCE v2 GID index for %s: the pod's %s has no IP address", device, alloc.ifname)
+        return None
+    try:
+        found = rdma.roce_v2_gid_index(alloc.netns, sys_root, device, alloc.ifname, ordered, GID_WAIT)
+    except netns.NamespaceError as exc:
+        logger.warning("no RoCE v2 GID index for %s: %s", device, exc)
+        return None
+    if isinstance(found, str):
+        logger.warning("no RoCE v2 GID index for the pod: %s", found)
+        return None
+    logger.info("RoCE v2 GID index of the pod's address on %s: %d", device, found)
+    return found

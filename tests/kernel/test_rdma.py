@@ -16,6 +16,7 @@ the guest tests run the same functions against the kernel's own RDMA.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ import struct
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -240,3 +242,66 @@ def test_two_devices_on_one_vf_are_both_reported(tree: Tree) -> None:
 
 def test_a_missing_function_has_none(tree: Tree) -> None:
     assert rdma.vf_rdma_devices(tree.sys, "0000:99:00.1") == []
+
+
+def _gid_entry(device: Path, port: int, index: int, gid: str, kind: str | None, netdev: str | None) -> None:
+    """One GID table entry laid out as sysfs shows it (fixture); an unused entry has no readable type or netdev."""
+    base = device / "ports" / str(port)
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "link_layer").write_text("Ethernet\n")
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    (base / "gids" / str(index)).write_text(gid + "\n")
+    # A directory reads as EISDIR: an unreadable attribute, like an unused entry's.
+    for sub, value in (("types", kind), ("ndevs", netdev)):
+        path = base / "gid_attrs" / sub / str(index)
+        if value is None:
+            path.mkdir()
+        else:
+            path.write_text(value + "\n")
+
+
+LINK_LOCAL = "fe80:0000:0000:0000:5054:00ff:fe12:3456"
+V4 = rdma.gid_text(ipaddress.IPv4Address("10.81.0.2"))
+V6 = rdma.gid_text(ipaddress.IPv6Address("fd00::2"))
+
+
+def test_gid_text_is_sysfs_form() -> None:
+    assert V4 == "0000:0000:0000:0000:0000:ffff:0a51:0002"
+    assert V6 == "fd00:0000:0000:0000:0000:0000:0000:0002"
+
+
+def test_the_roce_v2_entry_of_the_address_on_the_netdev_is_found(tmp_path: Path) -> None:
+    """A RoCE device's table as the kernel fills it: v1 and v2 entries per address, link-local first."""
+    dev = tmp_path / "rxe0"
+    _gid_entry(dev, 1, 0, LINK_LOCAL, "IB/RoCE v1", "net1")
+    _gid_entry(dev, 1, 1, LINK_LOCAL, "RoCE v2", "net1")
+    _gid_entry(dev, 1, 2, V4, "IB/RoCE v1", "net1")
+    _gid_entry(dev, 1, 3, V6, "RoCE v2", "net1")
+    _gid_entry(dev, 1, 5, V4, "RoCE v2", "net1")
+    _gid_entry(dev, 1, 4, "0000:0000:0000:0000:0000:0000:0000:0000", None, None)
+    assert rdma._find_gid(dev, "net1", [V4, V6]) == 5
+    # The order asked is the order preferred.
+    assert rdma._find_gid(dev, "net1", [V6, V4]) == 3
+
+
+def test_the_same_address_on_another_netdev_is_not_the_pods(tmp_path: Path) -> None:
+    dev = tmp_path / "mlx5_0"
+    _gid_entry(dev, 1, 2, V4, "RoCE v2", "eth9")
+    assert rdma._find_gid(dev, "net1", [V4]) is None
+    _gid_entry(dev, 1, 3, V4, "RoCE v2", "net1")
+    assert rdma._find_gid(dev, "net1", [V4]) == 3
+
+
+def test_an_address_not_in_the_table_yet_is_awaited(tmp_path: Path) -> None:
+    dev = tmp_path / "rxe0"
+    _gid_entry(dev, 1, 0, LINK_LOCAL, "RoCE v2", "net1")
+    assert rdma._find_gid(dev, "net1", [V4]) is None
+
+
+def test_an_infiniband_device_has_no_ip_gids(tmp_path: Path) -> None:
+    dev = tmp_path / "mlx5_ib0"
+    _gid_entry(dev, 1, 0, LINK_LOCAL, "IB/RoCE v1", None)
+    (dev / "ports" / "1" / "link_layer").write_text("InfiniBand\n")
+    found = rdma._find_gid(dev, "net1", [V4])
+    assert isinstance(found, str) and "not RoCE" in found

@@ -10,13 +10,16 @@ RDMA core in the guests (tests/vm/test_rdma_*.py).
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from pathlib import Path
 
 import pytest
 
+from sriov_cni.cni import IPAddress
 from sriov_cni.kernel import rdma as krdma
 from sriov_cni.plugin import rdma
+from sriov_cni.vfstore import Allocation
 from tests.plugin.test_plugin_errors import refused
 from tests.support.pluginlib import Ready
 
@@ -109,3 +112,10 @@ def test_soft_without_rdma_netlink_is_refused_and_rolled_back(ready: Ready) -> N
 def test_soft_names_are_unique_per_vf() -> None:
     assert rdma.soft_name("0000:01:10.0") == "rxe_0000_01_10_0"
     assert rdma.soft_name("0000:01:10.0") != rdma.soft_name("0000:01:10.2")
+
+
+@pytest.mark.parametrize("addresses", [[], [ipaddress.ip_address("fe80::1")]])
+def test_no_gid_index_without_an_address(tmp_path: Path, addresses: list[IPAddress]) -> None:
+    """IPAM gave no address (or only a link-local one): no index, and no namespace entered (it does not exist)."""
+    alloc = Allocation("0000:01:10.0", "0000:01:00.0", "eth0", 0, "n", "c", "net1", str(tmp_path / "no-netns"), None)
+    assert rdma.gid_index(alloc, "mlx5_0", addresses, tmp_path) is None

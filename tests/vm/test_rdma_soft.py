@@ -6,7 +6,8 @@ device; igb and
 igbvf on the emulated 82576 (which switches the two VFs' traffic), rdma_rxe,
 the plugin in process with its real dependencies, sriov-ipam, and the verbs
 tools of rdma-core and perftest run inside the pods.  No fixture: the rxe
-devices are the plugin's, made inside each pod on its VF.
+devices are the plugin's, made inside each pod on its VF, and the GID index
+each pod is told (its device-info file) is the one its traffic runs with.
 """
 
 from __future__ import annotations
@@ -154,8 +155,10 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
         "ipam": ipam,
     }
     addresses = []
+    infos = [tmp_path / f"devinfo-{i}.json" for i in range(len(pods))]
+    confs = [dict(conf, runtimeConfig={"CNIDeviceInfoFile": str(info)}) for info in infos]
     for i, pod in enumerate(pods):
-        rc, res = cni("ADD", conf, container=f"rdma{i}", netns=ns_path(pod))
+        rc, res = cni("ADD", confs[i], container=f"rdma{i}", netns=ns_path(pod))
         assert rc == 0, res
         addresses.append(res["ips"][0]["address"].split("/")[0])
     for pod in pods:
@@ -167,8 +170,14 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
         assert rdma_devs() == []
     else:
         assert sorted(rdma_devs()) == sorted(devices)
-    gids = [roce_v2_gid_index(p, d, a) for p, d, a in zip(pods, devices, addresses, strict=True)]
-    print(f"devices {devices}, addresses {addresses}, RoCE v2 GID indexes {gids}")
+    # What each pod is told (its device-info file), checked against the GID
+    # table read in the pod by the shell; the traffic below runs with it.
+    told = [json.loads(info.read_text())["pci"] for info in infos]
+    assert [t["rdma-device"] for t in told] == devices
+    gids = [int(t["rdma-gid-index"]) for t in told]
+    oracle = [roce_v2_gid_index(p, d, a) for p, d, a in zip(pods, devices, addresses, strict=True)]
+    assert gids == oracle
+    print(f"devices {devices}, addresses {addresses}, RoCE v2 GID indexes told {gids}")
 
     for order in (pods, pods[::-1]):
         first = 0 if order == pods else 1
@@ -193,7 +202,8 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
         assert "100 iters" in cli_out and "100 iters" in srv_out
 
     for i, pod in enumerate(pods):
-        rc, res = cni("DEL", conf, container=f"rdma{i}", netns=ns_path(pod))
+        rc, res = cni("DEL", confs[i], container=f"rdma{i}", netns=ns_path(pod))
         assert rc == 0, res
     assert rdma_devs() == []
+    assert not any(info.exists() for info in infos)
     assert records(tmp_path) == []
