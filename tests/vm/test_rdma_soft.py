@@ -30,9 +30,14 @@ from tests.vm.vmlib import Sriov, vf_pci_dirs
 # Driver tests like every other here; rdma_vm names the kernel they need.
 pytestmark = pytest.mark.sriov_vm
 
-# Only a fault makes a server miss its port this long, or a transfer of a few
-# hundred messages (under TCG, on a loaded host) take this long.
+# Only a fault makes a server miss its port this long, or a tool take this
+# long to end once its traffic is done.
 BOUND = 240.0
+# A transfer's length follows the machine's speed (under TCG on a host at load
+# ~170, a 100-message ibv_rc_pingpong once outlasted a 240 s bound), so it is
+# not bounded: it is watched, and only no RDMA packet moving on either device
+# for this long, a stuck queue pair, fails it.
+STALL = 120.0
 IB_WRITE_BW_PORT = 18515
 PINGPONG_PORT = 18516
 
@@ -83,22 +88,55 @@ def wait_listening(pod: str, port: int, server: subprocess.Popen[str]) -> None:
         time.sleep(0.2)
 
 
-def run_pair(pods: list[str], server: list[str], client: list[str], port: int) -> tuple[str, str]:
+COUNTERS = "/sys/class/infiniband/{}/ports/1/hw_counters/{}"
+
+
+def packets(pod: str, device: str) -> tuple[int, ...]:
+    """rxe's packet counters of ``device``, read in its pod (in exclusive mode only its sysfs shows it)."""
+    paths = [COUNTERS.format(device, c) for c in ("sent_pkts", "rcvd_pkts")]
+    out = subprocess.run(["ip", "netns", "exec", pod, "cat", *paths], check=True, capture_output=True, text=True)
+    return tuple(int(n) for n in out.stdout.split())
+
+
+def wait_moving(proc: subprocess.Popen[str], ends: list[tuple[str, str]], what: str) -> None:
+    """Until ``proc`` ends, as long as packets move on the (pod, device) ``ends``; fails after STALL without one."""
+    last: tuple[tuple[int, ...], ...] = ()
+    since = time.monotonic()
+    while proc.poll() is None:
+        now = tuple(packets(pod, device) for pod, device in ends)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > STALL:
+            proc.kill()
+            pytest.fail(f"{what}: no RDMA packet moved for {STALL:.0f} s ({last}): {proc.communicate()}")
+        time.sleep(1.0)
+
+
+def run_pair(pods: list[str], devices: list[str], server: list[str], client: list[str], port: int) -> tuple[str, str]:
     """``server`` in pods[0], then ``client`` in pods[1] once the server listens; both outputs."""
     srv = subprocess.Popen(
         ["ip", "netns", "exec", pods[0], *server], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         wait_listening(pods[0], port, srv)
-        cli = subprocess.run(["ip", "netns", "exec", pods[1], *client], capture_output=True, text=True, timeout=BOUND)
+        cli = subprocess.Popen(
+            ["ip", "netns", "exec", pods[1], *client], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            wait_moving(cli, list(zip(pods, devices, strict=True)), client[0])
+            cli_out, _ = cli.communicate(timeout=BOUND)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait()
         srv_out, _ = srv.communicate(timeout=BOUND)
     finally:
         if srv.poll() is None:
             srv.kill()
             srv.wait()
-    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert cli.returncode == 0, cli_out
     assert srv.returncode == 0, srv_out
-    return srv_out, cli.stdout
+    return srv_out, cli_out
 
 
 @pytest.mark.rdma_vm("7.2")
@@ -179,21 +217,29 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
     assert gids == oracle
     print(f"devices {devices}, addresses {addresses}, RoCE v2 GID indexes told {gids}")
 
+    # ibv_rc_pingpong sleeps on completion events (-e) rather than polling:
+    # rxe does its work in the guest kernel, on the vCPUs the tools run on,
+    # and a guest's vCPUs take turns on one host thread, so two polling
+    # tools leave it a third of the time.  ib_write_bw has no event mode:
+    # its server only waits in the kernel; the client alone polls.  The
+    # messages are 4 KiB: traffic is proven by a few hundred of any size.
     for order in (pods, pods[::-1]):
         first = 0 if order == pods else 1
         a, b = first, 1 - first
-        bw = ["ib_write_bw", "-F", "-n", "200", "--report_gbits"]
+        bw = ["ib_write_bw", "-F", "-n", "200", "-s", "4096", "--report_gbits"]
         srv_out, cli_out = run_pair(
             order,
+            [devices[a], devices[b]],
             [*bw, "-d", devices[a], "-x", str(gids[a])],
             [*bw, "-d", devices[b], "-x", str(gids[b]), addresses[a]],
             IB_WRITE_BW_PORT,
         )
         print(f"ib_write_bw, server {pods[a]}, client {pods[b]}:\n{cli_out}")
         assert "BW average" in cli_out
-        pp = ["ibv_rc_pingpong", "-n", "100", "-p", str(PINGPONG_PORT)]
+        pp = ["ibv_rc_pingpong", "-e", "-n", "100", "-p", str(PINGPONG_PORT)]
         srv_out, cli_out = run_pair(
             order,
+            [devices[a], devices[b]],
             [*pp, "-d", devices[a], "-g", str(gids[a])],
             [*pp, "-d", devices[b], "-g", str(gids[b]), addresses[a]],
             PINGPONG_PORT,
