@@ -91,15 +91,20 @@ def wait_listening(pod: str, port: int, server: subprocess.Popen[str]) -> None:
 COUNTERS = "/sys/class/infiniband/{}/ports/1/hw_counters/{}"
 
 
-def packets(pod: str, device: str) -> tuple[int, ...]:
-    """rxe's packet counters of ``device``, read in its pod (in exclusive mode only its sysfs shows it)."""
+def packets(pod: str | None, device: str) -> tuple[int, ...]:
+    """rxe's packet counters of ``device``, read in ``pod`` (None: the host).
+
+    In exclusive mode only the pod's sysfs shows its device; in shared mode
+    a pod's sysfs shows it without counters (seen on 7.2): the host's has them.
+    """
     paths = [COUNTERS.format(device, c) for c in ("sent_pkts", "rcvd_pkts")]
-    out = subprocess.run(["ip", "netns", "exec", pod, "cat", *paths], check=True, capture_output=True, text=True)
+    inside = ["ip", "netns", "exec", pod] if pod is not None else []
+    out = subprocess.run([*inside, "cat", *paths], check=True, capture_output=True, text=True)
     return tuple(int(n) for n in out.stdout.split())
 
 
-def wait_moving(proc: subprocess.Popen[str], ends: list[tuple[str, str]], what: str) -> None:
-    """Until ``proc`` ends, as long as packets move on the (pod, device) ``ends``; fails after STALL without one."""
+def wait_moving(proc: subprocess.Popen[str], ends: list[tuple[str | None, str]], what: str) -> None:
+    """Until ``proc`` ends, as long as packets move on the (pod or host, device) ``ends``; fails after STALL without."""
     last: tuple[tuple[int, ...], ...] = ()
     since = time.monotonic()
     while proc.poll() is None:
@@ -112,8 +117,13 @@ def wait_moving(proc: subprocess.Popen[str], ends: list[tuple[str, str]], what: 
         time.sleep(1.0)
 
 
-def run_pair(pods: list[str], devices: list[str], server: list[str], client: list[str], port: int) -> tuple[str, str]:
-    """``server`` in pods[0], then ``client`` in pods[1] once the server listens; both outputs."""
+def run_pair(
+    pods: list[str], counters: list[tuple[str | None, str]], server: list[str], client: list[str], port: int
+) -> tuple[str, str]:
+    """``server`` in pods[0], then ``client`` in pods[1] once the server listens; both outputs.
+
+    ``counters``: where each pod's device's packet counters are read (see :func:`packets`), and the device.
+    """
     srv = subprocess.Popen(
         ["ip", "netns", "exec", pods[0], *server], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -123,7 +133,7 @@ def run_pair(pods: list[str], devices: list[str], server: list[str], client: lis
             ["ip", "netns", "exec", pods[1], *client], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         try:
-            wait_moving(cli, list(zip(pods, devices, strict=True)), client[0])
+            wait_moving(cli, counters, client[0])
             cli_out, _ = cli.communicate(timeout=BOUND)
         finally:
             if cli.poll() is None:
@@ -226,10 +236,11 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
     for order in (pods, pods[::-1]):
         first = 0 if order == pods else 1
         a, b = first, 1 - first
+        counters = [(order[0] if exclusive else None, devices[a]), (order[1] if exclusive else None, devices[b])]
         bw = ["ib_write_bw", "-F", "-n", "200", "-s", "4096", "--report_gbits"]
         srv_out, cli_out = run_pair(
             order,
-            [devices[a], devices[b]],
+            counters,
             [*bw, "-d", devices[a], "-x", str(gids[a])],
             [*bw, "-d", devices[b], "-x", str(gids[b]), addresses[a]],
             IB_WRITE_BW_PORT,
@@ -239,7 +250,7 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
         pp = ["ibv_rc_pingpong", "-e", "-n", "100", "-p", str(PINGPONG_PORT)]
         srv_out, cli_out = run_pair(
             order,
-            [devices[a], devices[b]],
+            counters,
             [*pp, "-d", devices[a], "-g", str(gids[a])],
             [*pp, "-d", devices[b], "-g", str(gids[b]), addresses[a]],
             PINGPONG_PORT,
