@@ -47,6 +47,8 @@ from tests.vm.crilib import (
 )
 from tests.vm.runtimelib import (
     assert_as_found,
+    assert_pings,
+    assert_pod_carrier,
     cgroup2,
     cni_bin_dir,
     ipv4,
@@ -57,7 +59,6 @@ from tests.vm.runtimelib import (
     render_conflist,
     run,
     vf_picture,
-    wait_pod_carrier,
 )
 from tests.vm.vmlib import Sriov, numvfs, vf_pci_dirs, wait_until
 
@@ -335,7 +336,7 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
     assert records(NODE_DATA) == sorted(vf_pcis)
     assert len(leases(NODE_DATA)) == 2
     for ns in netns.values():
-        wait_pod_carrier(ns)
+        assert_pod_carrier(ns)
     # The daemon, not privileged, exempted itself from the OOM killer.
     assert Path(f"/proc/{daemonset.pid('daemon')}/oom_score_adj").read_text() == "-1000\n"
     # The node config tunes the PF, so the daemon pinned each VF's queue
@@ -344,14 +345,8 @@ def test_daemonset_pod_serves_two_pods_that_ping_and_give_vfs_back(
     for vf_pci in vf_pcis:
         cpus = queue_irq_cpus(vf_pci)
         assert cpus and all(re.fullmatch(r"\d+", c) for c in cpus.values()), (vf_pci, cpus)
-    target = ipv4(eth0["b"]).split("/")[0]
-    ping = subprocess.run(
-        ["nsenter", f"--net={netns['a']}", "ping", "-c", "3", "-W", "5", target],
-        capture_output=True,
-        text=True,
-        timeout=CRI_TIMEOUT,
-    )
-    assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout + ping.stderr
+    assert_pings(netns["a"], ipv4(eth0["b"]))
+    assert_pings(netns["b"], ipv4(eth0["a"]))
 
     remove_pods(node, *pods.values())
 
