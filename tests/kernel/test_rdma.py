@@ -32,6 +32,7 @@ import pytest
 from sriov_cni.kernel import rdma
 from sriov_cni.kernel.netns import own_netns_path
 from sriov_cni.kernel.nlerrors import Busy, LinkExists, LinkNotFound, NetlinkError, NotSupported
+from tests.support.hostkernel import has_rdma_netlink
 from tests.support.nodetree import Tree
 
 NETLINK_USERSOCK = 2
@@ -192,20 +193,12 @@ def test_a_failure_inside_the_pod_comes_back_as_the_kernel_layers_exception(netn
     on (the guest's name clash: LinkExists), not as a namespace failure
     nobody above the kernel layer catches.
     """
-    if _host_has_rdma():
+    if has_rdma_netlink():
         pytest.fail("this host's kernel has RDMA netlink; the guest covers a refusal from inside the pod there")
     with pytest.raises(NetlinkError) as caught:
         rdma.move_out(f"/run/netns/{netns}", "rxe0", own_netns_path())
     assert caught.value.errno == errno.EPROTONOSUPPORT
     assert "no RDMA netlink" in str(caught.value)
-
-
-def _host_has_rdma() -> bool:
-    try:
-        socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, rdma.NETLINK_RDMA).close()
-    except OSError:
-        return False
-    return True
 
 
 # Sysfs: mlx5 VFs as the kernel lays them out (fixture tree).

@@ -12,7 +12,6 @@ in the 7.3 guest (tests/vm/test_rdma_kernel.py).
 from __future__ import annotations
 
 import errno
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,12 @@ from click.testing import CliRunner
 
 from sriov_cni.cli import DEFERRED, main
 from sriov_cni.kernel import nlerrors
-from sriov_cni.kernel import rdma as krdma
 from sriov_cni.node import config as node_config
 from sriov_cni.node import rdmamode
 from sriov_cni.node import setup as node_setup
 from sriov_cni.paths import Paths
 from tests.support.fakes import FakeLinks
+from tests.support.hostkernel import has_rdma_netlink
 from tests.support.nodetree import Tree
 
 
@@ -143,19 +142,11 @@ def test_without_the_key_the_node_is_left_alone(node: Tree, paths: Paths, tmp_pa
     assert as_asked and lines == [] and kernel.sets == [] and option(paths) is None
 
 
-def _host_has_rdma() -> bool:
-    try:
-        socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, krdma.NETLINK_RDMA).close()
-    except OSError:
-        return False
-    return True
-
-
 def test_without_ib_core_the_option_waits_for_its_load(
     node: Tree, paths: Paths, tmp_path: Path, links: FakeLinks
 ) -> None:
     """Real: this host's kernel, which has no RDMA core: the mode applies when ib_core loads, and that is as asked."""
-    if _host_has_rdma():
+    if has_rdma_netlink():
         pytest.fail("this host's kernel has ib_core loaded; the test needs one without (the guest covers one with)")
     as_asked, lines = run("exclusive", paths, tmp_path, links, None)
     assert as_asked and option(paths) == rdmamode.EXCLUSIVE_OPTION

@@ -11,25 +11,16 @@ RDMA core in the guests (tests/vm/test_rdma_*.py).
 from __future__ import annotations
 
 import ipaddress
-import socket
 from pathlib import Path
 
 import pytest
 
 from sriov_cni.cni import IPAddress
-from sriov_cni.kernel import rdma as krdma
 from sriov_cni.plugin import rdma
 from sriov_cni.vfstore import Allocation
 from tests.plugin.test_plugin_errors import refused
+from tests.support.hostkernel import has_rdma_netlink
 from tests.support.pluginlib import Ready
-
-
-def _host_has_rdma() -> bool:
-    try:
-        socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, krdma.NETLINK_RDMA).close()
-    except OSError:
-        return False
-    return True
 
 
 def _rdma_dir(node_sys: Path, pci: str, name: str) -> None:
@@ -87,7 +78,7 @@ def test_two_rdma_devices_are_refused_with_nothing_moved(ready: Ready) -> None:
 
 def test_an_rdma_device_the_kernel_cannot_see_is_refused_with_nothing_moved(ready: Ready) -> None:
     """sysfs names an RDMA device, the kernel has no RDMA netlink: a clear error, the VF back as it was."""
-    if _host_has_rdma():
+    if has_rdma_netlink():
         pytest.fail("this host kernel has RDMA netlink: the case needs a kernel without ib_core")
     node, pod, before = ready
     for vf in node.pfs[0].vfs:
@@ -100,7 +91,7 @@ def test_an_rdma_device_the_kernel_cannot_see_is_refused_with_nothing_moved(read
 
 def test_soft_without_rdma_netlink_is_refused_and_rolled_back(ready: Ready) -> None:
     """The rxe step comes after the netdev's move: its failure takes the netdev back out of the pod."""
-    if _host_has_rdma():
+    if has_rdma_netlink():
         pytest.fail("this host kernel has RDMA netlink: the case needs a kernel without ib_core")
     node, pod, before = ready
     res = node.cni("ADD", node.conf(rdma="soft"), netns=pod)
