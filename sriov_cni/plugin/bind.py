@@ -95,17 +95,16 @@ HOME_POLL = 0.05
 ZERO_MAC = "00:00:00:00:00:00"
 
 
-def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation, sys_root: Path) -> OriginalState:
-    """The VF's state before this allocation touches it."""
+def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation, vf: sysfs.VfDevice) -> OriginalState:
+    """The state of ``alloc``'s VF before the allocation touches it; its netdev is the one ``vf`` names."""
     info = vfc.vfs(alloc.pf_netdev).get(alloc.vf_index)
     if info is None:
         raise CNIError(Code.DEVICE, f"PF {alloc.pf_netdev} reports no VF {alloc.vf_index}")
     state = OriginalState(pf=info)
     if not alloc.dpdk:
-        names = sysfs.netdevs(sys_root, alloc.vf_pci)
-        link = host.find(names[0]) if names else None
+        link = host.find(vf.netdev) if vf.netdev else None
         if link is None:
-            raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} has no netdev in the host network namespace")
+            raise CNIError(Code.DEVICE, f"VF {vf.pci} has no netdev in the host network namespace")
         state.netdev = link.name
         state.mtu = link.mtu
         state.mac = link.mac

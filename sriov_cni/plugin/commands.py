@@ -37,7 +37,7 @@ from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import allocate, bind, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
 from sriov_cni.plugin.config import NetConf
-from sriov_cni.plugin.lease import Lease
+from sriov_cni.plugin.lease import Lease, NewLease
 from sriov_cni.vfstore import Allocation, FileStore, Store
 
 ABOUT = f"sriov CNI plugin {__version__}"
@@ -120,27 +120,37 @@ def _result(conf: NetConf, iface: Interface, ipam_result: Result | None) -> Resu
 def _candidates(conf: NetConf, sys_root: Path) -> allocate.Candidates:
     if conf.device_id is not None:
         try:
-            return allocate.Candidates([sysfs.resolve_vf(sys_root, conf.device_id)], named=True)
+            vf = sysfs.resolve_vf(sys_root, conf.device_id)
         except sysfs.SysfsError as exc:
             raise CNIError(Code.INVALID_CONFIG, f"deviceID {conf.device_id}: {exc}") from exc
+        return allocate.Candidates.of_named(sysfs.describe(sys_root, vf))
     return allocate.Candidates(rdma.pool_filter(pool.pool_vfs(sys_root, conf.pool), conf.rdma, sys_root))
 
 
-def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, deps: Deps) -> None:
+@dataclass(frozen=True)
+class _Add:
+    """One ADD's inputs, as each of its steps reads them."""
+
+    cmd: CmdArgs
+    conf: NetConf
+    deps: Deps
+    # The IPAM ADD running beside the VF's set-up; None without IPAM.
+    ipam: delegate.IpamCall | None
+
+
+def _reclaim(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:
     """Put back a VF whose container died without DEL, and free its address."""
     logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
-    rdma.give_back(stale, deps.paths.sys)
-    bind.restore(vfc, stale, deps.mac_retry_delay, deps.paths.sys)
+    rdma.give_back(stale, add.deps.paths.sys)
+    bind.restore(vfc, stale, add.deps.mac_retry_delay, add.deps.paths.sys)
     try:
         deviceinfo.withdraw(stale)
     except CNIError as exc:
         logger.warning("removing the device-info file of dead container %s: %s", stale.container_id, exc)
-    ipam_type = conf.ipam_type
-    if ipam_type and stale.network == conf.name:
-        env = dict(cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
-        dead = CmdArgs(
-            "DEL", stale.container_id, "", stale.ifname, cmd.args, cmd.path, cmd.stdin, cmd.conf, cmd.cni_version, env
-        )
+    ipam_type = add.conf.ipam_type
+    if ipam_type and stale.network == add.conf.name:
+        env = dict(add.cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
+        dead = replace(add.cmd, command="DEL", container_id=stale.container_id, netns="", ifname=stale.ifname, env=env)
         try:
             delegate.run_ipam("DEL", dead, ipam_type)
         except CNIError as exc:
@@ -190,9 +200,9 @@ def _refuse_recorded(att: allocate.Attachment, store: Store) -> None:
         )
 
 
-def _refuse_taken_name(att: allocate.Attachment, conf: NetConf, sys_root: Path) -> None:
-    """An ADD whose interface name the pod uses already is refused."""
-    if not conf.device_id or sysfs.driver(sys_root, conf.device_id) not in sysfs.DPDK_DRIVERS:
+def _refuse_taken_name(att: allocate.Attachment, candidates: allocate.Candidates) -> None:
+    """An ADD whose interface name the pod uses already is refused (a VF a device plugin chose on a DPDK driver takes no name)."""
+    if candidates.named is None or not candidates.named.dpdk:
         with netlink.namespace(att.netns) as pod:
             if pod.find(att.ifname) is not None:
                 raise CNIError(Code.INVALID_CONFIG, f"interface {att.ifname} already exists in {att.netns}")
@@ -210,99 +220,75 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
     # plugin takes about as long as all of that.  Not before: a failed ADD
     # releases what IPAM holds for this container and interface, which must
     # not be a live attachment's.
-    ipam = delegate.IpamCall("ADD", cmd, conf.ipam_type) if conf.ipam_type else None
+    add = _Add(cmd, conf, deps, delegate.IpamCall("ADD", cmd, conf.ipam_type) if conf.ipam_type else None)
     try:
-        return _add(cmd, deps, conf, att, store, candidates, ipam)
+        return _add(add, att, store, candidates)
     except BaseException:
         # Waits for an IPAM ADD still running, and releases what it reserved.
-        if ipam is not None and ipam.succeeded():
+        if add.ipam is not None and add.ipam.succeeded():
             try:
-                delegate.run_ipam("DEL", cmd, ipam.ipam_type)
+                delegate.run_ipam("DEL", cmd, add.ipam.ipam_type)
             except CNIError as exc:
                 logger.error("rollback: releasing the address: %s", exc)
         raise
 
 
-def _add(
-    cmd: CmdArgs,
-    deps: Deps,
-    conf: NetConf,
-    att: allocate.Attachment,
-    store: Store,
-    candidates: allocate.Candidates,
-    ipam: delegate.IpamCall | None,
-) -> Result:
-    _refuse_taken_name(att, conf, deps.paths.sys)
-    vfc = deps.vf_control()
+def _add(add: _Add, att: allocate.Attachment, store: Store, candidates: allocate.Candidates) -> Result:
+    _refuse_taken_name(att, candidates)
+    vfc = add.deps.vf_control()
     with netlink.namespace() as host:
         # The claim is held until this ADD has returned or rolled back: a DEL
         # or another ADD reclaiming the VF (its pod's netns may vanish
         # meanwhile) waits.
-        with allocate.reserve(store, candidates, att, host, deps.paths.sys) as lease:
+        with allocate.reserve(store, candidates, att, host, add.deps.paths.sys) as lease:
             alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
             try:
-                return _set_up(cmd, deps, conf, vfc, host, lease, ipam)
+                return _set_up(add, vfc, host, lease)
             except BaseException:
-                _roll_back(vfc, lease, deps)
+                _roll_back(vfc, lease, add.deps)
                 raise
 
 
-def _set_up(
-    cmd: CmdArgs,
-    deps: Deps,
-    conf: NetConf,
-    vfc: netlink.VfControl,
-    host: netlink.Namespace,
-    lease: Lease,
-    ipam: delegate.IpamCall | None,
-) -> Result:
+def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: NewLease) -> Result:
     """ADD's phases on the VF it holds, in order; whatever they changed, :func:`_roll_back` undoes from the record."""
+    conf, deps = add.conf, add.deps
     if lease.stale is not None:
-        _reclaim_stale(cmd, conf, vfc, lease.stale, ipam, deps)
-    _record_changes(vfc, host, lease, conf.pf_settings, deps.paths.sys)
+        _reclaim_stale(add, vfc, lease.stale)
+    _record_changes(vfc, host, lease, conf.pf_settings)
     bind.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
     rdma_device = rdma.move_in(lease, conf.rdma, deps.paths.sys)
     iface, index = _plug(conf, lease, deps)
     rdma_device = rdma.make_soft(lease, conf.rdma) or rdma_device
     if rdma_device is not None:
         logger.info("the pod's RDMA device: %s", rdma_device)
-    ipam_result = _address(lease.alloc, index, ipam)
+    ipam_result = _address(lease.alloc, index, add.ipam)
     deviceinfo.publish(conf.device_info_file, lease, deps.paths.sys)
     return _result(conf, iface, ipam_result)
 
 
-def _reclaim_stale(
-    cmd: CmdArgs,
-    conf: NetConf,
-    vfc: netlink.VfControl,
-    stale: Allocation,
-    ipam: delegate.IpamCall | None,
-    deps: Deps,
-) -> None:
+def _reclaim_stale(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:
     """The dead container's VF put back and its address freed, before this ADD changes anything."""
-    _reclaim(cmd, conf, vfc, stale, deps)
-    if ipam is not None and not ipam.succeeded():
+    _reclaim(add, vfc, stale)
+    if add.ipam is not None and not add.ipam.succeeded():
         # It ran before the dead container's address was freed, which a
         # full range needed.
-        ipam.again()
+        add.ipam.again()
 
 
-def _record_changes(
-    vfc: netlink.VfControl, host: netlink.Namespace, lease: Lease, wanted: PfSettings, sys_root: Path
-) -> None:
+def _record_changes(vfc: netlink.VfControl, host: netlink.Namespace, lease: NewLease, wanted: PfSettings) -> None:
     """Record the VF's state and the PF-side settings about to change, before changing either.
 
     After a crash at any later point the record still restores everything.
     """
     alloc = lease.alloc
     if alloc.original is None:
-        alloc.original = bind.snapshot(vfc, host, alloc, sys_root)
+        alloc.original = bind.snapshot(vfc, host, alloc, lease.vf)
     alloc.applied = wanted
     lease.save()
 
 
-def _plug(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int | None]:
+def _plug(conf: NetConf, lease: NewLease, deps: Deps) -> tuple[Interface, int | None]:
     """The pod's interface, and its link's index in the pod (None for a VF on a DPDK driver)."""
     if lease.alloc.dpdk:
         return _dpdk_interface(conf, lease.alloc), None
@@ -317,7 +303,7 @@ def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
     return Interface(name=alloc.ifname, mac=mac, sandbox=alloc.netns, pci_id=alloc.vf_pci)
 
 
-def _attach(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int]:
+def _attach(conf: NetConf, lease: NewLease, deps: Deps) -> tuple[Interface, int]:
     """The VF's netdev into the pod, configured and tuned; with its index there."""
     alloc = lease.alloc
     # Recorded first: only a record that says so lets a restore take an
@@ -327,7 +313,7 @@ def _attach(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int]:
     link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname, deps.mac_retry_delay)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
-    for warning in tuning.apply_vf_tuning(deps.paths, alloc.vf_pci, alloc.netns, alloc.ifname):
+    for warning in tuning.apply_vf_tuning(deps.paths, lease.vf, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
     carrier.await_carrier(deps.paths.sys, alloc, link.index, deps.carrier_wait)
     return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index

@@ -21,7 +21,7 @@ from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import allocate
-from sriov_cni.plugin.lease import Lease
+from sriov_cni.plugin.lease import NewLease
 from sriov_cni.plugin.pool import parse_pool_entry, pool_vfs
 from sriov_cni.vfstore import Allocation, Claim, FileStore, OriginalState, Store
 from tests.support.fakes import FakeHost, MemoryStore
@@ -44,11 +44,17 @@ def take(
     container: str = "ours",
     named: bool = False,
     host: allocate.Host | None = None,
-) -> Lease:
-    """allocate.reserve for ``container``'s attachment, with the host namespace of the tree unless ``host``."""
-    return allocate.reserve(
-        store, allocate.Candidates(candidates, named), attachment(container), host or FakeHost(tree.sys), tree.sys
-    )
+) -> NewLease:
+    """allocate.reserve for ``container``'s attachment, with the host namespace of the tree unless ``host``.
+
+    ``named``: the one VF of ``candidates`` is a device plugin's choice, described as ADD describes it.
+    """
+    if named:
+        [vf] = candidates
+        chosen = allocate.Candidates.of_named(sysfs.describe(tree.sys, vf))
+    else:
+        chosen = allocate.Candidates(candidates)
+    return allocate.reserve(store, chosen, attachment(container), host or FakeHost(tree.sys), tree.sys)
 
 
 class Meanwhile:
@@ -343,7 +349,7 @@ def test_a_named_vf_that_is_not_free_is_named_with_its_owner(tree: Tree, tmp_pat
     assert store.get(candidates[1].pci) is None
 
 
-def reclaim(tree: Tree, store: Store, candidates: list[sysfs.VF]) -> Lease:
+def reclaim(tree: Tree, store: Store, candidates: list[sysfs.VF]) -> NewLease:
     with take(tree, store, candidates) as lease:
         return lease
 
