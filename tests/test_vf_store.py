@@ -1,7 +1,7 @@
 """The VF store: one contract checked on both implementations, then what only the file store does.
 
 The contract tests run against :class:`FileStore` on a temporary directory
-and against :class:`MemoryStore`, the in-memory fake, so the fake cannot
+and against :class:`MemoryVfStore`, the in-memory fake, so the fake cannot
 drift from what the plugin relies on.  The file store's own duties (refusing
 damaged or planted records, claims that other processes hold, atomic 0600
 writes, measuring its claims) are checked on the real filesystem.
@@ -21,7 +21,7 @@ import pytest
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.vfstore import MAX_RECORD, Allocation, FileStore, OriginalState, Store
-from tests.support.fakes import MemoryStore
+from tests.support.fakes import MemoryVfStore
 
 PCI_A = "0000:3b:10.0"
 PCI_B = "0000:3b:10.1"
@@ -63,7 +63,7 @@ def original() -> OriginalState:
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "file":
         return FileStore(tmp_path / "data")
-    return MemoryStore()
+    return MemoryVfStore()
 
 
 # --- the contract ---------------------------------------------------------------

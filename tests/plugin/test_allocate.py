@@ -24,7 +24,7 @@ from sriov_cni.plugin import allocate
 from sriov_cni.plugin.lease import NewLease
 from sriov_cni.plugin.pool import parse_pool_entry, pool_vfs
 from sriov_cni.vfstore import Allocation, Claim, FileStore, OriginalState, Store
-from tests.support.fakes import FakeHost, MemoryStore
+from tests.support.fakes import FakeHost, MemoryVfStore
 from tests.support.nodetree import Tree
 
 
@@ -83,7 +83,7 @@ class RacedFiles(FileStore):
         return super().claim(vf_pci, wait)
 
 
-class RacedMemory(MemoryStore):
+class RacedMemory(MemoryVfStore):
     def __init__(self, meanwhile: Meanwhile) -> None:
         super().__init__()
         self.meanwhile = meanwhile
@@ -99,7 +99,7 @@ def raced(kind: str, tmp_path: Path, vf_pci: str, change: Callable[[Store], None
 
 
 def fresh(kind: str, tmp_path: Path) -> Store:
-    return FileStore(tmp_path / "data") if kind == "file" else MemoryStore()
+    return FileStore(tmp_path / "data") if kind == "file" else MemoryVfStore()
 
 
 def pool(tree: Tree, vfs: int) -> list[sysfs.VF]:

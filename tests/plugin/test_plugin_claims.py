@@ -20,7 +20,7 @@ import pytest
 from sriov_cni.kernel.vfsettings import PfSettings, Vlan
 from sriov_cni.vfstore import Allocation, FileStore, Store
 from tests.plugin.delgc import ok, stale_record
-from tests.support.fakes import MemoryStore
+from tests.support.fakes import MemoryVfStore
 from tests.support.pluginlib import Node
 
 
@@ -189,7 +189,7 @@ def test_del_that_waited_for_its_add_gives_back_what_that_add_recorded(node: Nod
 
 @pytest.fixture(params=["file", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    return FileStore(tmp_path) if request.param == "file" else MemoryStore()
+    return FileStore(tmp_path) if request.param == "file" else MemoryVfStore()
 
 
 def test_a_claim_has_one_holder_until_released(store: Store) -> None:

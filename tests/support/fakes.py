@@ -3,14 +3,14 @@
 - :class:`FakeVfControl` is :class:`sriov_cni.kernel.vfsettings.VfControl`
   (the PF side of SR-IOV, which needs a real NIC); :class:`SharedFakeVfControl`
   keeps one in a file, so forked calls share it.
-- :class:`MemoryStore` is :class:`sriov_cni.vfstore.Store`.
+- :class:`MemoryVfStore` is :class:`sriov_cni.vfstore.Store`.
 - :class:`MemoryReservationStore` is :class:`sriov_cni.ipam.store.ReservationStore`.
 - :class:`FakeLinks` is :class:`sriov_cni.node.setup.Links`, changing the
   fake sysfs tree (tests/support/nodetree.py) as the kernel would.
 - :class:`FakeHost` is :class:`sriov_cni.plugin.allocate.Host`, from the tree.
 
 ``_conforms`` has mypy hold each to its interface; tests/test_vf_store.py
-runs one suite against MemoryStore and FileStore, tests/ipam/test_store.py
+runs one suite against MemoryVfStore and FileStore, tests/ipam/test_store.py
 one against MemoryReservationStore and DiskStore, tests/test_fakes.py
 FakeHost's cases against the kernel's namespace, and
 tests/vm/test_vfcontrol_igb.py FakeVfControl's against igb.
@@ -190,7 +190,7 @@ class SharedFakeVfControl:
 # --- the VF store ---------------------------------------------------------------
 
 
-class MemoryStore:
+class MemoryVfStore:
     """In-memory :class:`Store`, the fake the conformance suite holds to FileStore's contract."""
 
     def __init__(self) -> None:
@@ -345,7 +345,7 @@ class FakeHost:
 
 def _conforms(
     vfc: FakeVfControl,
-    store: MemoryStore,
+    store: MemoryVfStore,
     links: FakeLinks,
     host: FakeHost,
     file_store: FileStore,
