@@ -195,12 +195,12 @@ def _take(store: Store, vf: sysfs.VfDevice, attachment: Attachment, old: Allocat
         if old is None:
             stale = None
             if store.has(vf.pci):
-                claim.release()
+                claim.drop()
                 return "taken by another CNI call meanwhile"
         else:
             stale = store.get(vf.pci)
             if stale is None or not _same_attachment(stale, old) or netns_alive(stale):
-                claim.release()
+                claim.drop()
                 return "given back or reclaimed by another CNI call meanwhile"
         new = _record(vf, attachment)
         if stale is not None:
@@ -211,6 +211,6 @@ def _take(store: Store, vf: sysfs.VfDevice, attachment: Attachment, old: Allocat
             new.original = stale.original
         store.put(new)
     except BaseException:
-        claim.release()
+        claim.drop()
         raise
     return NewLease(store, new, claim, vf, stale)

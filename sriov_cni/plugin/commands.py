@@ -353,13 +353,13 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
         # Before the move out of the pod: the move closes the VF, and igbvf
         # frees its vectors then, after which affinity writes are ignored.
         netns = alloc.netns if alloc.in_pod else None
-        tuning.release_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname)
+        tuning.clear_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname)
     bind.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys)
     deviceinfo.withdraw(alloc)
 
 
-def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
-    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`), waited for ``deps.claim_wait``."""
+def _free_vf(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
+    """DEL's and GC's give-back under the VF's claim (waited for ``deps.claim_wait``): the VF restored, its record gone."""
     claim = store.claim(alloc.vf_pci, wait=deps.claim_wait)
     if claim is None:
         raise CNIError(
@@ -369,7 +369,7 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps
         if not lease.owned():
             # An ADD reclaimed the VF (its pod's netns was gone) while this
             # call waited; it is that ADD's now, already put back.
-            logger.info("VF %s was reclaimed by another container meanwhile; nothing to release", alloc.vf_pci)
+            logger.info("VF %s was reclaimed by another container meanwhile; nothing to give back", alloc.vf_pci)
             return
         # As recorded now: this attachment's ADD may have run on while this
         # call waited for its claim.
@@ -381,7 +381,7 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps
             lease.save()
             raise
         lease.forget()
-    logger.info("released VF %s", alloc.vf_pci)
+    logger.info("gave back VF %s", alloc.vf_pci)
 
 
 def _raise_collected(what: str, errors: list[CNIError]) -> None:
@@ -403,10 +403,10 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
         store = deps.store(common.data_dir)
         alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
         if alloc is None:
-            logger.info("no VF is allocated to this attachment; nothing to release")
+            logger.info("no VF is allocated to this attachment; nothing to give back")
         else:
             try:
-                _release(deps.vf_control(), store, alloc, deps)
+                _free_vf(deps.vf_control(), store, alloc, deps)
             except CNIError as exc:
                 errors.append(exc)
     finally:
@@ -429,7 +429,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
     for alloc in store.all():
         if alloc.network == cmd.conf["name"] and (alloc.container_id, alloc.ifname) not in valid:
             try:
-                _release(vfc, store, alloc, deps)
+                _free_vf(vfc, store, alloc, deps)
             except CNIError as exc:
                 errors.append(exc)
     if common.ipam_type:

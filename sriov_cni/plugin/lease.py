@@ -27,7 +27,7 @@ from sriov_cni.vfstore import Allocation, Claim, Store
 class Lease:
     """``alloc`` under ``claim``.
 
-    Used as a context manager, the claim is released on exit.
+    Used as a context manager, the claim is dropped on exit.
     """
 
     def __init__(self, store: Store, alloc: Allocation, claim: Claim) -> None:
@@ -56,14 +56,11 @@ class Lease:
         """Remove the record."""
         self.store.remove(self.alloc.vf_pci)
 
-    def release(self) -> None:
-        self.claim.release()
-
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        self.claim.drop()
 
 
 class NewLease(Lease):

@@ -4,7 +4,7 @@ Node setup records a policy per PF in the node state file
 (:mod:`sriov_cni.nodestate`).
 A VF's queue IRQs exist only while its netdev is up, and moving it into a
 pod closes it, so the plugin calls :func:`apply_vf_tuning` after bringing
-the VF up in the pod and :func:`release_vf_tuning` before taking it out
+the VF up in the pod and :func:`clear_vf_tuning` before taking it out
 again.
 
 The plugin imports this module on every CNI call: it must stay cheap to
@@ -75,7 +75,7 @@ def apply_vf_tuning(paths: Paths, vf: sysfs.VF, netns: str, ifname: str) -> list
     return warnings
 
 
-def release_vf_tuning(paths: Paths, vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
+def clear_vf_tuning(paths: Paths, vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
     """Leave no tuning on a VF leaving a pod (none to leave when setup wrote no ``paths.state_file``).
 
     Call it while the VF is still up in the pod, passing its ``netns`` and

@@ -414,7 +414,7 @@ def scale(work: Path) -> list[str]:
             t0 = time.perf_counter()
             lease = allocate.reserve(store, allocate.Candidates(candidates), attachment, host, sys_root)
             spent[size].append(time.perf_counter() - t0)
-            lease.release()
+            lease.claim.drop()
 
     try:
         for size in SCALE_POOLS:

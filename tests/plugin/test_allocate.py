@@ -116,7 +116,7 @@ class Nowhere:
 
 def reserve(tree: Tree, store: Store, candidates: list[sysfs.VF]) -> Allocation:
     lease = take(tree, store, candidates)
-    lease.release()
+    lease.claim.drop()
     assert lease.stale is None
     return lease.alloc
 
@@ -149,7 +149,7 @@ def _race(tree: Tree, store: Store, candidates: list[sysfs.VF], adds: int) -> tu
             return
         # Let go at once, the record staying: an ADD that looked at the
         # store before it was written gets the claim of a taken VF.
-        lease.release()
+        lease.claim.drop()
         got[i] = lease.alloc.vf_pci
 
     threads = [threading.Thread(target=add, args=(i,)) for i in range(adds)]

@@ -1,4 +1,4 @@
-"""apply_vf_tuning / release_vf_tuning, the hook the plugin calls around a pod's VF."""
+"""apply_vf_tuning / clear_vf_tuning, the hook the plugin calls around a pod's VF."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_no_state_file_means_nothing_done(
 ) -> None:
     tree.igb(vfs=3)
     assert tuning.apply_vf_tuning(tree.paths(state_file), vf1(tree), "/run/netns/pod", "net1") == []
-    tuning.release_vf_tuning(tree.paths(state_file), VF1)
+    tuning.clear_vf_tuning(tree.paths(state_file), VF1)
     assert writes == [] and fake_netlink == []
 
 
@@ -127,7 +127,7 @@ def test_release_puts_irqs_back_to_the_default_and_clears_queue_maps(
     setup_node(tree, links, tmp_path, state_file, "{irqCpus: 0-3, rps: true, rfsFlowEntries: 4096}")
     (tree.proc / "irq" / "default_smp_affinity").write_text("0000003f\n")
     tuning.apply_vf_tuning(tree.paths(state_file), vf1(tree), "/run/netns/pod", "eth0v1")
-    tuning.release_vf_tuning(tree.paths(state_file), VF1, "/run/netns/pod", "eth0v1")
+    tuning.clear_vf_tuning(tree.paths(state_file), VF1, "/run/netns/pod", "eth0v1")
     assert fake_netlink == ["/run/netns/pod", "/run/netns/pod"]
     assert [(tree.proc / "irq" / str(irq) / "smp_affinity").read_text().strip() for irq in (103, 104)] == [
         "0000003f"

@@ -139,7 +139,7 @@ def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(
 
     # Released while still up in the pod, as the plugin's DEL does: a
     # closed igbvf's vectors ignore affinity writes.
-    tuning.release_vf_tuning(Paths(state_file=node.state), vf_pci, f"/run/netns/{ns}", "net1")
+    tuning.clear_vf_tuning(Paths(state_file=node.state), vf_pci, f"/run/netns/{ns}", "net1")
     assert (affinity(names["net1-rx-0"]), affinity(names["net1-tx-0"])) == (all_cpus, all_cpus)
     assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_cpus") == "0"
     assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_flow_cnt") == "0"
