@@ -33,7 +33,7 @@ def open_once(pf: str, vf: int, netdev: str) -> None:
     vfc = netlink.KernelVfControl()
     try:
         before = vfc.vfs(pf).get(vf)
-        with netlink.namespace() as host:
+        with netlink.open_namespace() as host:
             link = host.find(netdev)
             if link is None:
                 raise FirstOpenError(f"VF {vf} of {pf}: no netdev {netdev}")

@@ -122,7 +122,7 @@ def gather(paths: Paths, data_dir: Path, in_host: Callable[[str], bool]) -> list
 
 def current(paths: Paths, data_dir: Path) -> list[dict[str, Any]]:
     """:func:`gather`, with the host's network namespace saying which VF netdevs are in it."""
-    with netlink.namespace() as host:
+    with netlink.open_namespace() as host:
         return gather(paths, data_dir, lambda name: host.find(name) is not None)
 
 

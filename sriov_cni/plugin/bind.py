@@ -256,7 +256,7 @@ def _move(src: str | None, name: str, dst: str | None, new_name: str, link: Link
     the caller's reading of ``name`` in ``src``, if it just took one.
     """
     own = netlink.own_netns_path()
-    with netlink.namespace(src) as ns:
+    with netlink.open_namespace(src) as ns:
         link = link or ns.find(name)
         if link is None:
             raise netlink.LinkNotFound(f"{name} not found in {src or 'the host network namespace'}")
@@ -267,7 +267,7 @@ def _move(src: str | None, name: str, dst: str | None, new_name: str, link: Link
             # A refused rename can leave the link moved under its old name.
             # Only ours is moved back (the MAC goes along with a move): the
             # destination may have a link of that name of its own.
-            with netlink.namespace(dst) as target:
+            with netlink.open_namespace(dst) as target:
                 stray = target.find(name)
                 if stray is not None and stray.mac == link.mac:
                     target.move(stray.index, src or own)
@@ -284,7 +284,7 @@ def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str, retry: f
     """
     assert alloc.original is not None and alloc.in_pod
     _move(None, alloc.original.netdev, netns, ifname)
-    with netlink.namespace(netns) as pod:
+    with netlink.open_namespace(netns) as pod:
         link = pod.find(ifname)
         if link is None:
             raise CNIError(Code.DEVICE, f"{ifname} vanished from {netns} right after the move")
@@ -411,7 +411,7 @@ def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Pa
     found, pod_alive = _out_of_pod(alloc, orig)
     if found is not None:
         _move(alloc.netns, found.name, None, orig.netdev, found)
-    with netlink.namespace() as host:
+    with netlink.open_namespace() as host:
         link = _home_link(host, alloc, orig, pod_alive, sys_root)
         if link is None:
             log.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
@@ -431,7 +431,7 @@ def _out_of_pod(alloc: Allocation, orig: OriginalState) -> tuple[LinkInfo | None
     if not alloc.in_pod:
         return None, False
     try:
-        with netlink.namespace(alloc.netns) as pod:
+        with netlink.open_namespace(alloc.netns) as pod:
             found = _find_in_pod(pod, alloc, orig)
             if found is not None:
                 pod.set_up(found.index, False)

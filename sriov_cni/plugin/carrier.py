@@ -41,7 +41,7 @@ def _expected(sys_root: Path, alloc: Allocation) -> bool:
 def await_carrier(sys_root: Path, alloc: Allocation, index: int, bound: float) -> None:
     """Return once link ``index`` (the VF in the pod) has carrier, or its PF has none; raise after ``bound`` s."""
     started = time.monotonic()
-    with netlink.namespace(alloc.netns) as pod:
+    with netlink.open_namespace(alloc.netns) as pod:
         while not pod.get(index).carrier:
             if not _expected(sys_root, alloc):
                 return

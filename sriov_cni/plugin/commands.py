@@ -81,7 +81,7 @@ def _configure_ips(netns: str, ifname: str, index: int, result: Result) -> None:
     meanwhile does not get the VF's addresses, and a vanished one fails the
     request (LinkNotFound).
     """
-    with netlink.namespace(netns) as pod:
+    with netlink.open_namespace(netns) as pod:
         if any(ip.address.version == 6 for ip in result.ips):
             pod.set_sysctl(f"ipv6/conf/{ifname}/disable_ipv6", "0")
         gateways: dict[int, IPAddress] = {}
@@ -203,7 +203,7 @@ def _refuse_recorded(att: allocate.Attachment, store: Store) -> None:
 def _refuse_taken_name(att: allocate.Attachment, candidates: allocate.Candidates) -> None:
     """An ADD whose interface name the pod uses already is refused (a VF a device plugin chose on a DPDK driver takes no name)."""
     if candidates.named is None or not candidates.named.dpdk:
-        with netlink.namespace(att.netns) as pod:
+        with netlink.open_namespace(att.netns) as pod:
             if pod.find(att.ifname) is not None:
                 raise CNIError(Code.INVALID_CONFIG, f"interface {att.ifname} already exists in {att.netns}")
 
@@ -236,7 +236,7 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
 def _add(add: _Add, att: allocate.Attachment, store: Store, candidates: allocate.Candidates) -> Result:
     _refuse_taken_name(att, candidates)
     vfc = add.deps.vf_control()
-    with netlink.namespace() as host:
+    with netlink.open_namespace() as host:
         # The claim is held until this ADD has returned or rolled back: a DEL
         # or another ADD reclaiming the VF (its pod's netns may vanish
         # meanwhile) waits.
@@ -474,7 +474,7 @@ def _pod_problems(cmd: CmdArgs, prev: Result, index: int) -> tuple[netlink.LinkI
     """The pod's interface ``index`` of ``prev`` as the pod has it now, and where it differs."""
     expected = prev.interfaces[index]
     problems: list[str] = []
-    with netlink.namespace(cmd.netns) as pod:
+    with netlink.open_namespace(cmd.netns) as pod:
         link = pod.find(cmd.ifname)
         if link is None:
             raise CNIError(Code.DEVICE, f"{cmd.ifname} is missing from {cmd.netns}")
@@ -548,7 +548,7 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
         except CNIError as exc:
             raise CNIError(Code.NOT_AVAILABLE, "the VF pool is unusable", exc.msg) from exc
         store = deps.store(conf.data_dir)
-        with netlink.namespace() as host:
+        with netlink.open_namespace() as host:
             states = [
                 vfstate.vf_state(deps.paths.sys, vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None)
                 for vf in vfs

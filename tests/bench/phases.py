@@ -41,7 +41,7 @@ PHASES: dict[tuple[str, str], str] = {
     ("commands.py", "_result"): "result",
     ("cni.py", "_emit"): "result",
     ("handles.py", "session"): "netlink sockets + netns entry",
-    ("handles.py", "namespace"): "netlink sockets + netns entry",
+    ("handles.py", "open_namespace"): "netlink sockets + netns entry",
     ("commands.py", "cmd_add"): "netns checks, look-ups",
     ("commands.py", "cmd_del"): "netns checks, look-ups",
     ("commands.py", "_pod_netns"): "netns checks, look-ups",

@@ -63,7 +63,7 @@ def test_a_kernel_ebusy_answer_is_busy(node: Node) -> None:
     sh("ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d0peer")
     sh("ip", "-n", ns, "link", "add", "v0", "link", "d0", "type", "macvlan")
     sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
-    with netlink.namespace(pod) as inside:
+    with netlink.open_namespace(pod) as inside:
         port, bridge = inside.find("d0"), inside.find("br0")
         assert port is not None and bridge is not None
         # The macvlan holds d0's receive hook, so the bridge cannot take
