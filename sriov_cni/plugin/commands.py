@@ -1,6 +1,6 @@
 """The ``sriov`` CNI plugin: ADD, DEL, CHECK, GC and STATUS.
 
-Data flows stdin → :mod:`config` → :mod:`allocate` → :mod:`bind` → result.
+Data flows stdin → :mod:`config` → :mod:`allocate` → :mod:`attach` → result.
 :func:`run` is the injectable entry (environment, stdin, stdout and the
 device/store dependencies as arguments); :func:`main` wires it to the
 process.
@@ -35,7 +35,7 @@ from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
-from sriov_cni.plugin import allocate, bind, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
+from sriov_cni.plugin import allocate, attach, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease, NewLease
 from sriov_cni.vfstore import Allocation, FileStore, Store
@@ -54,8 +54,8 @@ class Deps:
     # longer than any ADD should take; a holder stuck longer is a bug, and the
     # runtime retries.
     claim_wait: float = 30.0
-    # Between attempts at a VF's MAC (see bind).
-    mac_retry_delay: float = bind.MAC_RETRY_DELAY
+    # Between attempts at a VF's MAC (see attach).
+    mac_retry_delay: float = attach.MAC_RETRY_DELAY
     # How long ADD waits for the VF's carrier while its PF has carrier (see carrier).
     carrier_wait: float = carrier.CARRIER_WAIT
     paths: Paths = field(default_factory=Paths)
@@ -142,7 +142,7 @@ def _reclaim(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:
     """Put back a VF whose container died without DEL, and free its address."""
     logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
     rdma.give_back(stale, add.deps.paths.sys)
-    bind.restore(vfc, stale, add.deps.mac_retry_delay, add.deps.paths.sys)
+    attach.restore(vfc, stale, add.deps.mac_retry_delay, add.deps.paths.sys)
     try:
         deviceinfo.withdraw(stale)
     except CNIError as exc:
@@ -256,7 +256,7 @@ def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: N
     if lease.stale is not None:
         _reclaim_stale(add, vfc, lease.stale)
     _record_changes(vfc, host, lease, conf.pf_settings)
-    bind.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
+    attach.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
     rdma_device = rdma.move_in(lease, conf.rdma, deps.paths.sys)
     iface, index = _plug(conf, lease, deps)
     rdma_device = rdma.make_soft(lease, conf.rdma) or rdma_device
@@ -283,7 +283,7 @@ def _record_changes(vfc: netlink.VfControl, host: netlink.Namespace, lease: NewL
     """
     alloc = lease.alloc
     if alloc.original is None:
-        alloc.original = bind.snapshot(vfc, host, alloc, lease.vf)
+        alloc.original = attach.snapshot(vfc, host, alloc, lease.vf)
     alloc.applied = wanted
     lease.save()
 
@@ -299,7 +299,7 @@ def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
     """A VF on a DPDK driver has no netdev: the pod gets its PCI address."""
     assert alloc.original is not None
     admin = alloc.original.pf.mac
-    mac = conf.pf_settings.mac or (admin if admin and admin != bind.ZERO_MAC else "")
+    mac = conf.pf_settings.mac or (admin if admin and admin != attach.ZERO_MAC else "")
     return Interface(name=alloc.ifname, mac=mac, sandbox=alloc.netns, pci_id=alloc.vf_pci)
 
 
@@ -310,7 +310,7 @@ def _attach(conf: NetConf, lease: NewLease, deps: Deps) -> tuple[Interface, int]
     # interface out of the pod's namespace.
     alloc.in_pod = True
     lease.save()
-    link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname, deps.mac_retry_delay)
+    link = attach.into_pod(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname, deps.mac_retry_delay)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
     for warning in tuning.apply_vf_tuning(deps.paths, lease.vf, alloc.netns, alloc.ifname):
@@ -354,7 +354,7 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
         # frees its vectors then, after which affinity writes are ignored.
         netns = alloc.netns if alloc.in_pod else None
         tuning.clear_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname)
-    bind.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys)
+    attach.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys)
     deviceinfo.withdraw(alloc)
 
 
@@ -522,14 +522,14 @@ def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.Li
 
     With a ``mac`` the reading is compared with it like every applied
     setting; without one, it should be the MAC the VF programmed (see
-    :mod:`sriov_cni.plugin.bind`).  A zero reading says so only on PF
+    :mod:`sriov_cni.plugin.attach`).  A zero reading says so only on PF
     drivers that report the VF's own MAC in it, and only once the VF has
     carrier: a new igbvf VF gets its MAC to the PF only when it first
     resets, seconds after it is opened, and reports carrier after that.
     """
     if not reading or reading == pod_link.mac:
         return []
-    if reading == bind.ZERO_MAC and (
+    if reading == attach.ZERO_MAC and (
         not pod_link.carrier or sysfs.driver(sys_root, alloc.pf_pci) not in vfsettings.OWN_MAC_IN_READING
     ):
         return []

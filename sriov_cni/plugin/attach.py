@@ -277,7 +277,7 @@ def _move(src: str | None, name: str, dst: str | None, new_name: str, link: Link
             raise
 
 
-def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str, retry: float) -> LinkInfo:
+def into_pod(alloc: Allocation, mac: str | None, netns: str, ifname: str, retry: float) -> LinkInfo:
     """Move the VF netdev into the pod as ``ifname``, give it ``mac`` (None: its own), bring it up.
 
     On failure the netdev may be in the pod; :func:`restore` brings it back.
