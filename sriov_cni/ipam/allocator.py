@@ -21,7 +21,7 @@ from sriov_cni.cni import CNIError, Code, IPAddress
 from .config import IPAMConfig, Range, RangeSet, Requested
 from .store import Owner, ReservationStore
 
-log = logging.getLogger("sriov_cni.ipam")
+logger = logging.getLogger(__name__)
 
 # A failed probe costs ~7 us and listing a 65k-entry directory ~50 ms, so
 # after this many misses the listing is at most about as costly again as the
@@ -163,7 +163,7 @@ def allocate(
                 try:
                     store.release(ip)
                 except OSError as exc:
-                    log.error("cannot roll back the reservation of %s: %s", ip, exc)
+                    logger.error("cannot roll back the reservation of %s: %s", ip, exc)
             raise
     return out
 

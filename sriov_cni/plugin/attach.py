@@ -69,16 +69,19 @@ processes exit.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sriov_cni.cni import CNIError, Code, log
+from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import ethtool, netlink, sysfs
 from sriov_cni.kernel.netlink import LinkInfo, Namespace, VfControl
 from sriov_cni.vfstore import Allocation, OriginalState
+
+logger = logging.getLogger(__name__)
 
 # Some drivers (i40e/iavf) apply VF MACs asynchronously and answer EBUSY
 # meanwhile, so MAC changes are read back and retried for up to 2 s; the
@@ -238,7 +241,9 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation, retry: float) -> list[s
             return [f"mac: {exc}"]
         # A driver that cannot clear an admin MAC (bnxt) keeps the last one;
         # the next pod's MAC replaces it, and failing DEL would not help.
-        log.warning("PF %s keeps MAC %s for VF %d: it refuses to clear it", alloc.pf_netdev, info.mac, alloc.vf_index)
+        logger.warning(
+            "PF %s keeps MAC %s for VF %d: it refuses to clear it", alloc.pf_netdev, info.mac, alloc.vf_index
+        )
     except (netlink.NetlinkError, CNIError) as exc:
         return [f"mac: {exc}"]
     return []
@@ -317,7 +322,7 @@ def _program_own_mac(ns: Namespace, link: LinkInfo) -> str:
     except netlink.NetlinkError as exc:
         # A VF driver that refuses even the MAC it has: the pod gets the VF
         # as it is, and CHECK tells where the PF shows the MAC missing.
-        log.warning("VF netdev %s did not take its own MAC %s again: %s", link.name, link.mac, exc)
+        logger.warning("VF netdev %s did not take its own MAC %s again: %s", link.name, link.mac, exc)
     return link.mac
 
 
@@ -343,9 +348,9 @@ def _set_effective_mac(ns: Namespace, index: int, mac: str, retry: float) -> Non
                 ns.set_up(index, False)
                 reset = True
                 continue
-            log.debug("setting MAC %s: %s; retrying", mac, exc)
+            logger.debug("setting MAC %s: %s; retrying", mac, exc)
         except netlink.NetlinkError as exc:
-            log.debug("setting MAC %s: %s; retrying", mac, exc)
+            logger.debug("setting MAC %s: %s; retrying", mac, exc)
         time.sleep(retry)
     if ns.get(index).mac != mac:
         raise CNIError(Code.DEVICE, f"the VF netdev did not take MAC {mac}")
@@ -414,14 +419,14 @@ def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Pa
     with netlink.open_namespace() as host:
         link = _home_link(host, alloc, orig, pod_alive, sys_root)
         if link is None:
-            log.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
+            logger.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
             return
         failures = _restore_link(vfc, host, alloc, orig, link, retry)
         if failures:
             # Read again, once, to say what the VF keeps of its pod.
             now = host.get(link.index)
             alloc.unrestored = differences(orig, now, ethtool.read(now.name) if orig.ethtool else {})
-            log.error("VF %s differs from its record after DEL: %s", alloc.vf_pci, "; ".join(alloc.unrestored))
+            logger.error("VF %s differs from its record after DEL: %s", alloc.vf_pci, "; ".join(alloc.unrestored))
             raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} keeps {'; '.join(alloc.unrestored)}", "; ".join(failures))
         alloc.unrestored = []
 

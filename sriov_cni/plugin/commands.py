@@ -9,6 +9,7 @@ process.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -30,7 +31,6 @@ from sriov_cni.cni import (
     dispatch,
     read_config,
 )
-from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
@@ -41,6 +41,8 @@ from sriov_cni.plugin.lease import Lease, NewLease
 from sriov_cni.vfstore import Allocation, FileStore, Store
 
 ABOUT = f"sriov CNI plugin {__version__}"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

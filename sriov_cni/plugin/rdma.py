@@ -30,15 +30,17 @@ a DEL or a GC after a crash knows what to undo.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
 
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netns, nlerrors, rdma, sysfs
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation
+
+logger = logging.getLogger(__name__)
 
 # A dead pod's RDMA devices come back to the host from the kernel's
 # namespace cleanup work, within about a second; DEL waits this long for it
