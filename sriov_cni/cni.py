@@ -28,7 +28,7 @@ UNVERSIONED = "0.1.0"
 # Before 0.3.0 a result is one address per family ("ip4", "ip6"), no interfaces.
 FIRST_LIST_RESULT = "0.3.0"
 
-log = logging.getLogger("sriov_cni")
+logger = logging.getLogger(__name__)
 
 
 class Code(IntEnum):
@@ -569,7 +569,7 @@ def dispatch(
         too_large = CNIError(
             Code.INVALID_CONFIG, f"the network configuration on stdin is larger than {MAX_CONFIG} bytes"
         )
-        log.error("%s failed: %s", command, too_large)
+        logger.error("%s failed: %s", command, too_large)
         _emit(stdout, too_large.to_dict(LATEST_VERSION))
         return 1
     if command == "VERSION":
@@ -582,11 +582,11 @@ def dispatch(
             raise CNIError(Code.INVALID_ENV, f"{cmd.command} is not implemented by this plugin")
         result = handler(cmd)
     except CNIError as err:
-        log.error("%s failed: %s", command, err)
+        logger.error("%s failed: %s", command, err)
         _emit(stdout, err.to_dict(_requested_version(stdin)))
         return 1
     except Exception as exc:  # the runtime must get a CNI error object, never a traceback
-        log.exception("%s failed with an internal error", command)
+        logger.exception("%s failed with an internal error", command)
         internal = CNIError(Code.INTERNAL, "internal error", f"{type(exc).__name__}: {exc}")
         _emit(stdout, internal.to_dict(_requested_version(stdin)))
         return 1

@@ -35,15 +35,27 @@ def netns_alive(alloc: Allocation) -> bool:
     return alloc.netns_inode is None or inode == alloc.netns_inode
 
 
-def vf_state(sys_root: Path, vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
-    """Classify one VF; ``in_host`` says whether a netdev name exists in the host namespace."""
-    if alloc is not None:
-        return VfState.ALLOCATED if netns_alive(alloc) else VfState.STALE
-    if sysfs.driver(sys_root, vf_pci) in sysfs.DPDK_DRIVERS:
+def recorded_state(alloc: Allocation) -> VfState:
+    """A VF the store holds a record of: allocated while that record's namespace lives, else stale."""
+    return VfState.ALLOCATED if netns_alive(alloc) else VfState.STALE
+
+
+def unrecorded_state(driver: str | None, netdev: str | None, in_host: Callable[[str], bool]) -> VfState:
+    """A VF the store holds no record of, from its driver and the host netdev sysfs lists for it.
+
+    ``in_host`` says whether a netdev name exists in the host namespace.
+    """
+    if driver in sysfs.DPDK_DRIVERS:
         return VfState.FREE
     # sysfs lists a VF's netdev only while it is in the host namespace; the
     # netlink look-up confirms it (and keeps a test tree of sysfs honest).
-    names = sysfs.netdevs(sys_root, vf_pci)
-    if names and in_host(names[0]):
+    if netdev is not None and in_host(netdev):
         return VfState.FREE
     return VfState.IN_USE
+
+
+def vf_state(sys_root: Path, vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
+    """Classify one VF, reading sysfs only when it has no record."""
+    if alloc is not None:
+        return recorded_state(alloc)
+    return unrecorded_state(*sysfs.driver_and_netdev(sys_root, vf_pci), in_host)

@@ -162,21 +162,21 @@ def _settings_from_json(raw: dict[str, Any]) -> PfSettings:
 
 
 class Claim:
-    """The exclusive right to change one VF, until released (also as a context manager)."""
+    """The exclusive right to change one VF, until dropped (also as a context manager)."""
 
-    def __init__(self, release: Callable[[], None]) -> None:
-        self._release: Callable[[], None] | None = release
+    def __init__(self, drop: Callable[[], None]) -> None:
+        self._drop: Callable[[], None] | None = drop
 
-    def release(self) -> None:
-        if self._release is not None:
-            self._release()
-            self._release = None
+    def drop(self) -> None:
+        if self._drop is not None:
+            self._drop()
+            self._drop = None
 
     def __enter__(self) -> Claim:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        self.drop()
 
 
 class Store(Protocol):

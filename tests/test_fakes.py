@@ -41,7 +41,7 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
             subprocess.run(
                 ["ip", "-n", ns, "link", "add", name, "type", "veth", "peer", "name", f"peer{i}"], check=True
             )
-        with netlink.namespace(f"/var/run/netns/{ns}") as inside:
+        with netlink.open_namespace(f"/var/run/netns/{ns}") as inside:
             yield inside
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=True)

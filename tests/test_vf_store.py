@@ -1,7 +1,7 @@
 """The VF store: one contract checked on both implementations, then what only the file store does.
 
 The contract tests run against :class:`FileStore` on a temporary directory
-and against :class:`MemoryStore`, the in-memory fake, so the fake cannot
+and against :class:`MemoryVfStore`, the in-memory fake, so the fake cannot
 drift from what the plugin relies on.  The file store's own duties (refusing
 damaged or planted records, claims that other processes hold, atomic 0600
 writes, measuring its claims) are checked on the real filesystem.
@@ -21,7 +21,7 @@ import pytest
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.vfstore import MAX_RECORD, Allocation, FileStore, OriginalState, Store
-from tests.support.fakes import MemoryStore
+from tests.support.fakes import MemoryVfStore
 
 PCI_A = "0000:3b:10.0"
 PCI_B = "0000:3b:10.1"
@@ -63,7 +63,7 @@ def original() -> OriginalState:
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "file":
         return FileStore(tmp_path / "data")
-    return MemoryStore()
+    return MemoryVfStore()
 
 
 # --- the contract ---------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_a_fifo_in_place_of_a_record_is_refused_without_blocking(files: FileStor
 @pytest.fixture
 def claim_held_elsewhere(files: FileStore) -> Iterator[subprocess.Popen[str]]:
     """Another process holding PCI_A's claim (flock(1), as any flock user would)."""
-    files.claim(PCI_B).release()  # type: ignore[union-attr]  # creates the directories
+    files.claim(PCI_B).drop()  # type: ignore[union-attr]  # creates the directories
     holder = subprocess.Popen(
         ["flock", str(files.claims_dir / f"{PCI_A}.lock"), "sh", "-c", "echo held; read _"],
         stdin=subprocess.PIPE,
@@ -238,10 +238,10 @@ def claim_held_elsewhere(files: FileStore) -> Iterator[subprocess.Popen[str]]:
     try:
         yield holder
     finally:
-        release(holder)
+        drop_held(holder)
 
 
-def release(holder: subprocess.Popen[str]) -> None:
+def drop_held(holder: subprocess.Popen[str]) -> None:
     if holder.returncode is None:
         holder.communicate("\n", timeout=60)
         assert holder.returncode == 0
@@ -253,11 +253,11 @@ def test_a_claim_another_process_holds_is_refused_and_other_vfs_are_not(
     assert files.claim(PCI_A, wait=0.2) is None
     other = files.claim(PCI_B)
     assert other is not None
-    other.release()
-    release(claim_held_elsewhere)
+    other.drop()
+    drop_held(claim_held_elsewhere)
     claim = files.claim(PCI_A)
     assert claim is not None
-    claim.release()
+    claim.drop()
 
 
 def test_records_are_0600_in_0700_directories_and_no_temporary_file_stays(files: FileStore) -> None:
@@ -295,7 +295,7 @@ def test_a_record_of_exactly_the_size_limit_reads_and_one_byte_more_is_refused(f
 
 
 def test_a_claim_that_cannot_be_opened_is_an_io_error_naming_it(files: FileStore) -> None:
-    files.claim(PCI_B).release()  # type: ignore[union-attr]  # creates the directories
+    files.claim(PCI_B).drop()  # type: ignore[union-attr]  # creates the directories
     path = files.claims_dir / f"{PCI_A}.lock"
     path.mkdir()
     with pytest.raises(CNIError) as err:

@@ -102,7 +102,7 @@ def _warm_netlink() -> None:
     from sriov_cni.kernel import netlink
 
     try:
-        with netlink.namespace() as host:
+        with netlink.open_namespace() as host:
             host.find("lo")
     except netlink.NetlinkError:
         pass  # only a head start lost; the calls open their own handles

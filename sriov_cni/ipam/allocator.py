@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from sriov_cni.cni import CNIError, Code, IPAddress
 
 from .config import IPAMConfig, Range, RangeSet, Requested
-from .store import Owner, Store
+from .store import Owner, ReservationStore
 
-log = logging.getLogger("sriov_cni.ipam")
+logger = logging.getLogger(__name__)
 
 # A failed probe costs ~7 us and listing a 65k-entry directory ~50 ms, so
 # after this many misses the listing is at most about as costly again as the
@@ -30,12 +30,14 @@ PROBE_LIMIT = 4096
 
 
 @dataclass(frozen=True)
-class Allocation:
+class Reservation:
+    """An address of a range: one this call reserved or holds, or a candidate for it."""
+
     ip: IPAddress
     range: Range
 
 
-def candidates(rset: RangeSet, last: IPAddress | None) -> Iterator[Allocation]:
+def candidates(rset: RangeSet, last: IPAddress | None) -> Iterator[Reservation]:
     """Every address ``rset`` can hand out, once each, in round-robin order.
 
     Starts just after ``last`` when it lies in the set (host-local's
@@ -59,16 +61,16 @@ def candidates(rset: RangeSet, last: IPAddress | None) -> Iterator[Allocation]:
         make = type(r.start)
         for n in range(low, high + 1):
             if n not in skipped:
-                yield Allocation(make(n), r)
+                yield Reservation(make(n), r)
 
 
-def _verified_hint(store: Store, owner: Owner) -> list[IPAddress]:
+def _verified_hint(store: ReservationStore, owner: Owner) -> list[IPAddress]:
     # host-local may have released (and even re-issued) a hinted address
     # without touching the hint, so only the address file is authoritative.
     return [ip for ip in store.hint(owner) if store.owner_of(ip) == owner]
 
 
-def _held(store: Store, owner: Owner) -> list[IPAddress]:
+def _held(store: ReservationStore, owner: Owner) -> list[IPAddress]:
     """What ``owner`` holds: the hint if it still holds, else a full scan.
 
     The scan finds reservations host-local made, which our hint never saw;
@@ -83,18 +85,18 @@ def _held(store: Store, owner: Owner) -> list[IPAddress]:
     return exact or [ip for ip, _ in claimed]
 
 
-def _reserve_requested(store: Store, rset: RangeSet, owner: Owner, want: Requested) -> Allocation:
+def _reserve_requested(store: ReservationStore, rset: RangeSet, owner: Owner, want: Requested) -> Reservation:
     if not store.reserve(want.address, owner):
         holder = store.owner_of(want.address)
         if holder != owner:
             by = f" by container {holder.container_id} interface {holder.ifname}" if holder else ""
             raise CNIError(Code.INVALID_CONFIG, f"{want.field} {want.address} is already reserved{by}")
-    return Allocation(want.address, want.range)
+    return Reservation(want.address, want.range)
 
 
 def _reserve_next(
-    store: Store, rset: RangeSet, owner: Owner, probe_limit: int, listed: Callable[[], Collection[IPAddress]]
-) -> Allocation:
+    store: ReservationStore, rset: RangeSet, owner: Owner, probe_limit: int, listed: Callable[[], Collection[IPAddress]]
+) -> Reservation:
     order = candidates(rset, store.last_reserved(rset.index))
     found = next((a for a in itertools.islice(order, probe_limit) if store.reserve(a.ip, owner)), None)
     if found is None:
@@ -110,22 +112,27 @@ def _reserve_next(
 
 
 def allocate(
-    store: Store, cfg: IPAMConfig, owner: Owner, requested: dict[int, Requested], *, probe_limit: int = PROBE_LIMIT
-) -> list[Allocation]:
+    store: ReservationStore,
+    cfg: IPAMConfig,
+    owner: Owner,
+    requested: dict[int, Requested],
+    *,
+    probe_limit: int = PROBE_LIMIT,
+) -> list[Reservation]:
     """One address per range set for ``owner``; a repeated ADD gets the same ones.
 
     A free address is searched for by ``probe_limit`` probes before the store is listed.
     """
     with store.locked():
-        held: dict[int, Allocation] = {}
+        held: dict[int, Reservation] = {}
         for ip in _verified_hint(store, owner):
             if (found := cfg.locate(ip)) is not None:
-                held[found[0].index] = Allocation(ip, found[1])
+                held[found[0].index] = Reservation(ip, found[1])
         # Listed once for the whole ADD, not once per range set: a network of
         # many full range sets would list the store as many times.  What this
         # ADD reserves after the listing is refused by reserve() itself.
         listed = functools.cache(store.reserved)
-        out: list[Allocation] = []
+        out: list[Reservation] = []
         fresh: list[IPAddress] = []
         try:
             for rset in cfg.range_sets:
@@ -156,12 +163,12 @@ def allocate(
                 try:
                     store.release(ip)
                 except OSError as exc:
-                    log.error("cannot roll back the reservation of %s: %s", ip, exc)
+                    logger.error("cannot roll back the reservation of %s: %s", ip, exc)
             raise
     return out
 
 
-def release(store: Store, owner: Owner) -> None:
+def release(store: ReservationStore, owner: Owner) -> None:
     """Release everything ``owner`` holds; holding nothing is success."""
     if not store.exists():
         return
@@ -183,7 +190,7 @@ def release(store: Store, owner: Owner) -> None:
         )
 
 
-def check(store: Store, cfg: IPAMConfig, owner: Owner) -> None:
+def check(store: ReservationStore, cfg: IPAMConfig, owner: Owner) -> None:
     """Fail unless ``owner`` holds an address in every range set."""
     held: list[IPAddress] = []
     if store.exists():
@@ -198,7 +205,7 @@ def check(store: Store, cfg: IPAMConfig, owner: Owner) -> None:
             )
 
 
-def collect(store: Store, valid: set[Owner]) -> None:
+def collect(store: ReservationStore, valid: set[Owner]) -> None:
     """GC: release every reservation whose owner is not in ``valid``."""
     if not store.exists():
         return
@@ -224,7 +231,7 @@ def collect(store: Store, valid: set[Owner]) -> None:
         raise CNIError(Code.IO_FAILURE, f"GC could not release {len(failed)} entries", "; ".join(failed))
 
 
-def status(store: Store, cfg: IPAMConfig) -> None:
+def status(store: ReservationStore, cfg: IPAMConfig) -> None:
     """Fail with NOT_AVAILABLE when some range set has no address left."""
     # One pass over the reservations, each charged to the set whose range
     # holds it: a pass per range set was (sets x reservations).

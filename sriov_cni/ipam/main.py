@@ -34,7 +34,7 @@ def _store(conf: Any) -> DiskStore:
 def cmd_add(args: CmdArgs) -> Result:
     cfg = config.load(args.conf)
     requested = config.requested_ips(args, cfg)
-    allocations = allocator.allocate(_store(args.conf), cfg, _owner(args), requested)
+    reservations = allocator.allocate(_store(args.conf), cfg, _owner(args), requested)
     # The abbreviated IPAM result: the calling plugin adds interfaces and
     # the ips[].interface index.
     return Result(
@@ -43,7 +43,7 @@ def cmd_add(args: CmdArgs) -> Result:
                 address=ipaddress.ip_interface(f"{a.ip}/{a.range.subnet.prefixlen}"),
                 gateway=a.range.gateway,
             )
-            for a in allocations
+            for a in reservations
         ],
         routes=list(cfg.routes),
         dns=cfg.dns,

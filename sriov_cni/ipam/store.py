@@ -1,4 +1,4 @@
-"""Where reservations live: host-local's on-disk layout, plus an in-memory fake.
+"""Where reservations live: host-local's on-disk layout.
 
 Layout of ``<dataDir>/<network>/`` (shared with host-local, so either tool
 can run against the other's pool):
@@ -69,7 +69,7 @@ class Owner:
         return self == attachment
 
 
-class Store(Protocol):
+class ReservationStore(Protocol):
     """Reservation storage.  Mutating calls require ``locked()`` to be held."""
 
     def exists(self) -> bool:
@@ -286,77 +286,7 @@ class DiskStore:
         return out
 
 
-class MemoryStore:
-    """In-process fake with the same semantics, for allocator tests."""
-
-    def __init__(self) -> None:
-        self.ips: dict[IPAddress, Owner] = {}
-        self.last: dict[int, IPAddress] = {}
-        self.hints: dict[Owner, list[IPAddress]] = {}
-        self.lock_depth = 0
-
-    def exists(self) -> bool:
-        return bool(self.ips or self.last or self.hints)
-
-    def _require_lock(self) -> None:
-        # The disk store cannot notice an unlocked write; the fake refuses
-        # one, so allocator tests catch a missing locked().
-        if not self.lock_depth:
-            raise RuntimeError("store mutated outside locked()")
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.lock_depth += 1
-        try:
-            yield
-        finally:
-            self.lock_depth -= 1
-
-    def locked(self) -> AbstractContextManager[None]:
-        return self._locked()
-
-    def reserve(self, ip: IPAddress, owner: Owner) -> bool:
-        self._require_lock()
-        if ip in self.ips:
-            return False
-        self.ips[ip] = owner
-        return True
-
-    def release(self, ip: IPAddress) -> None:
-        self._require_lock()
-        self.ips.pop(ip, None)
-
-    def owner_of(self, ip: IPAddress) -> Owner | None:
-        return self.ips.get(ip)
-
-    def reservations(self) -> Iterator[tuple[IPAddress, Owner]]:
-        yield from list(self.ips.items())
-
-    def reserved(self) -> Collection[IPAddress]:
-        return frozenset(self.ips)
-
-    def last_reserved(self, set_index: int) -> IPAddress | None:
-        return self.last.get(set_index)
-
-    def set_last_reserved(self, set_index: int, ip: IPAddress) -> None:
-        self._require_lock()
-        self.last[set_index] = ip
-
-    def hint(self, owner: Owner) -> list[IPAddress]:
-        return list(self.hints.get(owner, []))
-
-    def set_hint(self, owner: Owner, ips: list[IPAddress]) -> None:
-        self._require_lock()
-        if ips:
-            self.hints[owner] = list(ips)
-        else:
-            self.hints.pop(owner, None)
-
-    def hinted(self) -> list[Owner]:
-        return list(self.hints)
-
-
 if TYPE_CHECKING:
-    # mypy proves here that both implementations satisfy Store; nothing runs.
-    _disk: Store = DiskStore("/var/lib/cni/networks", "net")
-    _memory: Store = MemoryStore()
+    # mypy proves here that the disk store satisfies ReservationStore (the
+    # tests' in-memory one is held to it in tests/support/fakes.py); nothing runs.
+    _disk: ReservationStore = DiskStore("/var/lib/cni/networks", "net")

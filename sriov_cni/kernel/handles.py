@@ -44,7 +44,7 @@ def session() -> Iterator[None]:
 
 
 @contextmanager
-def namespace(path: str | None = None) -> Iterator[Namespace]:
+def open_namespace(path: str | None = None) -> Iterator[Namespace]:
     """A netlink handle bound to the namespace at ``path`` (``None``: our own).
 
     Never creates a namespace: a path that vanished fails to open, which is

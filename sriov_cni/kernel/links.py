@@ -49,7 +49,7 @@ IFF_NOARP = 0x80
 IFF_PROMISC = 0x100
 IFF_ALLMULTI = 0x200
 IFF_MULTICAST = 0x1000
-# The flags a pod may change and a netns move keeps (see bind's doc), by
+# The flags a pod may change and a netns move keeps (see plugin/attach.py's doc), by
 # the name OriginalState records them under.
 FLAGS = {"promisc": IFF_PROMISC, "allmulti": IFF_ALLMULTI, "multicast": IFF_MULTICAST, "noarp": IFF_NOARP}
 # Link settings that are one u32 each, read and written as one attribute,

@@ -8,7 +8,7 @@ format, which :mod:`sriov_cni.kernel.rtnl` writes and reads from them):
   socket (:class:`~sriov_cni.kernel.rtnl.Rtnl`);
 * :mod:`sriov_cni.kernel.links`: link, address and route operations inside one
   network namespace (:class:`Namespace`);
-* :mod:`sriov_cni.kernel.handles`: the handle per namespace (:func:`namespace`) and
+* :mod:`sriov_cni.kernel.handles`: the handle per namespace (:func:`open_namespace`) and
   its reuse within a CNI call (:func:`session`);
 * :mod:`sriov_cni.kernel.vfcontrol`: PF-side VF settings through the kernel
   (:class:`KernelVfControl`);
@@ -22,7 +22,7 @@ directly, so parsing a config or choosing a VF does not load pyroute2.
 
 from __future__ import annotations
 
-from sriov_cni.kernel.handles import namespace, session
+from sriov_cni.kernel.handles import open_namespace, session
 from sriov_cni.kernel.links import LinkInfo, Namespace
 from sriov_cni.kernel.netns import is_own_netns, netns_inode, own_netns_path
 from sriov_cni.kernel.nlerrors import (
@@ -56,8 +56,8 @@ __all__ = [
     "VfControl",
     "Vlan",
     "is_own_netns",
-    "namespace",
     "netns_inode",
+    "open_namespace",
     "own_netns_path",
     "session",
 ]

@@ -38,9 +38,28 @@ class PF:
 
 @dataclass(frozen=True)
 class VF:
+    """Where a VF sits: its PCI address, its PF and its index there."""
+
     pci: str
     index: int
     pf: PF
+
+
+@dataclass(frozen=True)
+class VfDevice(VF):
+    """A VF with what sysfs said of it at one reading (:func:`describe`): its driver and its host netdev.
+
+    ``netdev`` is None on a DPDK driver, which gives a VF none, and for a VF
+    whose netdev is not in the host network namespace (a pod has it) or
+    that has no driver.
+    """
+
+    driver: str | None
+    netdev: str | None
+
+    @property
+    def dpdk(self) -> bool:
+        return self.driver in DPDK_DRIVERS
 
 
 def is_pci_address(value: str) -> bool:
@@ -75,6 +94,18 @@ def netdevs(root: Path, pci: str) -> list[str]:
 
 def driver(root: Path, pci: str) -> str | None:
     return _link_name(pci_dir(root, pci) / "driver")
+
+
+def driver_and_netdev(root: Path, pci: str) -> tuple[str | None, str | None]:
+    """A PCI function's driver and its netdev in the host network namespace (none is looked for on a DPDK driver)."""
+    bound = driver(root, pci)
+    names = [] if bound in DPDK_DRIVERS else netdevs(root, pci)
+    return bound, names[0] if names else None
+
+
+def describe(root: Path, vf: VF) -> VfDevice:
+    """``vf`` with its driver and host netdev, as sysfs shows them now."""
+    return VfDevice(vf.pci, vf.index, vf.pf, *driver_and_netdev(root, vf.pci))
 
 
 def numvfs(root: Path, pf_pci: str) -> int:
@@ -155,11 +186,6 @@ def write(path: Path, value: str) -> None:
         raise SysfsError(f"writing {value!r} to {path}: {exc.strerror}", exc.errno) from exc
     finally:
         os.close(fd)
-
-
-def physfn(root: Path, vf_pci: str) -> str | None:
-    """The PF of a VF, from its ``physfn`` link alone (one readlink)."""
-    return _link_name(pci_dir(root, vf_pci) / "physfn")
 
 
 def netdev_link(root: Path, name: str) -> tuple[int, bool]:

@@ -14,7 +14,7 @@ the watchdog's next run.  So setup does it, after bringing the PF up.
 
 The reset also makes igbvf program its netdev's MAC into the PF's receive
 filter, which the PF then reports as the VF's MAC.  A new VF reads zero
-there, and a VF given back by DEL does too (see sriov_cni.plugin.bind):
+there, and a VF given back by DEL does too (see sriov_cni.plugin.attach):
 the PF's reading is put back to zero, so that setup leaves every VF as a
 pod's DEL does, and a later ADD records the same state for it.
 """
@@ -33,7 +33,7 @@ def open_once(pf: str, vf: int, netdev: str) -> None:
     vfc = netlink.KernelVfControl()
     try:
         before = vfc.vfs(pf).get(vf)
-        with netlink.namespace() as host:
+        with netlink.open_namespace() as host:
             link = host.find(netdev)
             if link is None:
                 raise FirstOpenError(f"VF {vf} of {pf}: no netdev {netdev}")

@@ -46,11 +46,11 @@ class NetlinkLinks:
         return link.index
 
     def set_up(self, netdev: str) -> None:
-        with netlink.namespace() as ns:
+        with netlink.open_namespace() as ns:
             ns.set_up(self._index(ns, netdev), True)
 
     def set_mtu(self, netdev: str, mtu: int) -> None:
-        with netlink.namespace() as ns:
+        with netlink.open_namespace() as ns:
             ns.set_mtu(self._index(ns, netdev), mtu)
 
     def open_vf_once(self, pf: str, vf: int, netdev: str) -> None:

@@ -179,7 +179,7 @@ def gather(
 def current(paths: Paths, data_dir: Path) -> list[dict[str, Any]]:
     """:func:`gather`, with the host's network namespace saying which VF netdevs are in it."""
     view = rdma_view()
-    with netlink.namespace() as host:
+    with netlink.open_namespace() as host:
         return gather(paths, data_dir, lambda name: host.find(name) is not None, view)
 
 

@@ -4,6 +4,6 @@
 the network's pool (:mod:`pool`, :mod:`allocate`), held (:mod:`lease`),
 recorded in the VF store (:mod:`sriov_cni.vfstore`, which node setup and
 status read to say who holds a VF), moved into the pod and back
-(:mod:`bind`), tuned (:mod:`tuning`), and given addresses by the IPAM
+(:mod:`attach`), tuned (:mod:`tuning`), and given addresses by the IPAM
 plugin (:mod:`delegate`).
 """

@@ -25,8 +25,8 @@ from typing import Protocol
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
-from sriov_cni.plugin.lease import Lease
-from sriov_cni.vfstate import VfState, netns_alive, vf_state
+from sriov_cni.plugin.lease import NewLease
+from sriov_cni.vfstate import VfState, netns_alive, recorded_state, unrecorded_state
 from sriov_cni.vfstore import Allocation, Store
 
 
@@ -47,10 +47,19 @@ class Attachment:
 
 @dataclass(frozen=True)
 class Candidates:
-    """The VFs an ADD may take, in order; ``named``: the one VF a device plugin chose (deviceID), not a pool."""
+    """The VFs an ADD may take, in order.
+
+    ``named`` is the one VF a device plugin chose (deviceID), described when
+    its address was resolved; ``vfs`` is then that VF alone.  A pool's VFs
+    are described when they are judged.
+    """
 
     vfs: list[sysfs.VF]
-    named: bool = False
+    named: sysfs.VfDevice | None = None
+
+    @classmethod
+    def of_named(cls, vf: sysfs.VfDevice) -> Candidates:
+        return cls([vf], vf)
 
 
 class Host(Protocol):
@@ -59,21 +68,29 @@ class Host(Protocol):
     def find(self, name: str) -> object | None: ...
 
 
+def _judged(device: sysfs.VfDevice, in_host: Callable[[str], bool]) -> VfState:
+    return unrecorded_state(device.driver, device.netdev, in_host)
+
+
 def _unrecorded_free(
-    sys_root: Path, candidates: list[sysfs.VF], taken: AbstractSet[str], in_host: Callable[[str], bool]
-) -> Iterator[sysfs.VF]:
+    sys_root: Path, candidates: Candidates, taken: AbstractSet[str], in_host: Callable[[str], bool]
+) -> Iterator[sysfs.VfDevice]:
     """The free VFs among those without a record, judged without reading any record.
 
     Records are read only when none is free (a stale one to reclaim, or the
     owners to name), so one allocation costs the same however many VFs of
-    the pool are taken.
+    the pool are taken.  Each VF is described (sysfs read) once here, and
+    the description of the one taken serves the whole ADD.
     """
-    for vf in candidates:
-        if vf.pci not in taken and vf_state(sys_root, vf.pci, None, in_host) is VfState.FREE:
-            yield vf
+    for vf in candidates.vfs:
+        if vf.pci in taken:
+            continue
+        device = candidates.named or sysfs.describe(sys_root, vf)
+        if _judged(device, in_host) is VfState.FREE:
+            yield device
 
 
-def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: Host, sys_root: Path) -> Lease:
+def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: Host, sys_root: Path) -> NewLease:
     """Take the first free VF among ``candidates``, claim it and record it for ``attachment``.
 
     A stale VF (its container died without DEL) is taken only when no VF is
@@ -88,36 +105,37 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
 
     # The common case reads no record: the first VF that looks free, whose
     # claim no other call holds and which still has no record, is taken.
-    for vf in _unrecorded_free(sys_root, candidates.vfs, store.ids(), in_host):
-        taken = _take(store, sys_root, vf, attachment, None)
-        if isinstance(taken, Lease):
+    for device in _unrecorded_free(sys_root, candidates, store.ids(), in_host):
+        taken = _take(store, device, attachment, None)
+        if isinstance(taken, NewLease):
             return taken
     # No VF that looked free could be taken.  The records are read, to
     # reclaim a stale VF or to name the owners; a VF given back since the
-    # first look is taken here.
+    # first look is taken here, so sysfs is read again for it.
     recorded = store.ids()
     stale: list[tuple[sysfs.VF, Allocation]] = []
     owners: list[str] = []
     for vf in candidates.vfs:
         alloc = store.get(vf.pci) if vf.pci in recorded else None
-        state = vf_state(sys_root, vf.pci, alloc, in_host)
-        if state is VfState.FREE:
-            taken = _take(store, sys_root, vf, attachment, None)
-            if isinstance(taken, Lease):
+        if alloc is None:
+            device = sysfs.describe(sys_root, vf)
+            if _judged(device, in_host) is not VfState.FREE:
+                owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
+                continue
+            taken = _take(store, device, attachment, None)
+            if isinstance(taken, NewLease):
                 return taken
             owners.append(f"{vf.pci} ({taken})")
-        elif state is VfState.STALE and alloc is not None:
+        elif recorded_state(alloc) is VfState.STALE:
             stale.append((vf, alloc))
-        elif state is VfState.ALLOCATED and alloc is not None:
-            owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
         else:
-            owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
+            owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
     for vf, old in stale:
-        taken = _take(store, sys_root, vf, attachment, old)
-        if isinstance(taken, Lease):
+        taken = _take(store, sysfs.describe(sys_root, vf), attachment, old)
+        if isinstance(taken, NewLease):
             return taken
         owners.append(f"{vf.pci} ({taken})")
-    if candidates.named:
+    if candidates.named is not None:
         raise CNIError(Code.NO_FREE_VF, f"VF {owners[0]} is not free" if owners else "VF is not free")
     raise CNIError(
         Code.NO_FREE_VF,
@@ -126,7 +144,7 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
     )
 
 
-def _record(sys_root: Path, vf: sysfs.VF, attachment: Attachment) -> Allocation:
+def _record(vf: sysfs.VfDevice, attachment: Attachment) -> Allocation:
     """The new record of ``vf`` given to ``attachment``, before anything is changed."""
     if not vf.pf.netdev:
         raise CNIError(Code.DEVICE, f"PF {vf.pf.pci} of VF {vf.pci} has no netdev to configure VFs through")
@@ -140,7 +158,7 @@ def _record(sys_root: Path, vf: sysfs.VF, attachment: Attachment) -> Allocation:
         ifname=attachment.ifname,
         netns=attachment.netns,
         netns_inode=attachment.netns_inode,
-        dpdk=sysfs.driver(sys_root, vf.pci) in sysfs.DPDK_DRIVERS,
+        dpdk=vf.dpdk,
     )
 
 
@@ -156,7 +174,7 @@ def _same_attachment(a: Allocation, b: Allocation) -> bool:
     )
 
 
-def _take(store: Store, sys_root: Path, vf: sysfs.VF, attachment: Attachment, old: Allocation | None) -> Lease | str:
+def _take(store: Store, vf: sysfs.VfDevice, attachment: Attachment, old: Allocation | None) -> NewLease | str:
     """``vf`` claimed and recorded for ``attachment``; or why not, as the "no free VF" error says it.
 
     ``old`` is the stale record the VF was chosen by, None for a VF chosen
@@ -177,14 +195,14 @@ def _take(store: Store, sys_root: Path, vf: sysfs.VF, attachment: Attachment, ol
         if old is None:
             stale = None
             if store.has(vf.pci):
-                claim.release()
+                claim.drop()
                 return "taken by another CNI call meanwhile"
         else:
             stale = store.get(vf.pci)
             if stale is None or not _same_attachment(stale, old) or netns_alive(stale):
-                claim.release()
+                claim.drop()
                 return "given back or reclaimed by another CNI call meanwhile"
-        new = _record(sys_root, vf, attachment)
+        new = _record(vf, attachment)
         if stale is not None:
             # The VF is still dirty from the dead container: its original
             # state is the stale record's, not what we would snapshot now.
@@ -193,6 +211,6 @@ def _take(store: Store, sys_root: Path, vf: sysfs.VF, attachment: Attachment, ol
             new.original = stale.original
         store.put(new)
     except BaseException:
-        claim.release()
+        claim.drop()
         raise
-    return Lease(store, new, claim, stale)
+    return NewLease(store, new, claim, vf, stale)

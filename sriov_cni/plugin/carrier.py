@@ -18,12 +18,15 @@ fails, saying so, and rolls back.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
-from sriov_cni.cni import CNIError, Code, log
+from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.vfstore import Allocation
+
+logger = logging.getLogger(__name__)
 
 # Longer than a VF driver takes to report carrier on any node, however
 # loaded (igbvf: one watchdog period of 2 s; under emulation, seconds more).
@@ -41,7 +44,7 @@ def _expected(sys_root: Path, alloc: Allocation) -> bool:
 def await_carrier(sys_root: Path, alloc: Allocation, index: int, bound: float) -> None:
     """Return once link ``index`` (the VF in the pod) has carrier, or its PF has none; raise after ``bound`` s."""
     started = time.monotonic()
-    with netlink.namespace(alloc.netns) as pod:
+    with netlink.open_namespace(alloc.netns) as pod:
         while not pod.get(index).carrier:
             if not _expected(sys_root, alloc):
                 return
@@ -56,7 +59,7 @@ def await_carrier(sys_root: Path, alloc: Allocation, index: int, bound: float) -
             time.sleep(_POLL)
     waited = time.monotonic() - started
     if waited > 1.0:
-        log.info("VF %s had carrier %.1f s after it was brought up", alloc.vf_pci, waited)
+        logger.info("VF %s had carrier %.1f s after it was brought up", alloc.vf_pci, waited)
 
 
 def problems(sys_root: Path, alloc: Allocation, pod_link: netlink.LinkInfo) -> list[str]:

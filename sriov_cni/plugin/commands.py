@@ -1,6 +1,6 @@
 """The ``sriov`` CNI plugin: ADD, DEL, CHECK, GC and STATUS.
 
-Data flows stdin → :mod:`config` → :mod:`allocate` → :mod:`bind` → result.
+Data flows stdin → :mod:`config` → :mod:`allocate` → :mod:`attach` → result.
 :func:`run` is the injectable entry (environment, stdin, stdout and the
 device/store dependencies as arguments); :func:`main` wires it to the
 process.
@@ -9,6 +9,7 @@ process.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -30,17 +31,18 @@ from sriov_cni.cni import (
     dispatch,
     read_config,
 )
-from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
-from sriov_cni.plugin import allocate, bind, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
+from sriov_cni.plugin import allocate, attach, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
 from sriov_cni.plugin.config import NetConf
-from sriov_cni.plugin.lease import Lease
+from sriov_cni.plugin.lease import Lease, NewLease
 from sriov_cni.vfstore import Allocation, FileStore, Store
 
 ABOUT = f"sriov CNI plugin {__version__}"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,8 @@ class Deps:
     # longer than any ADD should take; a holder stuck longer is a bug, and the
     # runtime retries.
     claim_wait: float = 30.0
-    # Between attempts at a VF's MAC (see bind).
-    mac_retry_delay: float = bind.MAC_RETRY_DELAY
+    # Between attempts at a VF's MAC (see attach).
+    mac_retry_delay: float = attach.MAC_RETRY_DELAY
     # How long ADD waits for the VF's carrier while its PF has carrier (see carrier).
     carrier_wait: float = carrier.CARRIER_WAIT
     paths: Paths = field(default_factory=Paths)
@@ -81,7 +83,7 @@ def _configure_ips(netns: str, ifname: str, index: int, result: Result) -> None:
     meanwhile does not get the VF's addresses, and a vanished one fails the
     request (LinkNotFound).
     """
-    with netlink.namespace(netns) as pod:
+    with netlink.open_namespace(netns) as pod:
         if any(ip.address.version == 6 for ip in result.ips):
             pod.set_sysctl(f"ipv6/conf/{ifname}/disable_ipv6", "0")
         gateways: dict[int, IPAddress] = {}
@@ -120,27 +122,37 @@ def _result(conf: NetConf, iface: Interface, ipam_result: Result | None) -> Resu
 def _candidates(conf: NetConf, sys_root: Path) -> allocate.Candidates:
     if conf.device_id is not None:
         try:
-            return allocate.Candidates([sysfs.resolve_vf(sys_root, conf.device_id)], named=True)
+            vf = sysfs.resolve_vf(sys_root, conf.device_id)
         except sysfs.SysfsError as exc:
             raise CNIError(Code.INVALID_CONFIG, f"deviceID {conf.device_id}: {exc}") from exc
+        return allocate.Candidates.of_named(sysfs.describe(sys_root, vf))
     return allocate.Candidates(rdma.pool_filter(pool.pool_vfs(sys_root, conf.pool), conf.rdma, sys_root))
 
 
-def _reclaim(cmd: CmdArgs, conf: NetConf, vfc: netlink.VfControl, stale: Allocation, deps: Deps) -> None:
+@dataclass(frozen=True)
+class _Add:
+    """One ADD's inputs, as each of its steps reads them."""
+
+    cmd: CmdArgs
+    conf: NetConf
+    deps: Deps
+    # The IPAM ADD running beside the VF's set-up; None without IPAM.
+    ipam: delegate.IpamCall | None
+
+
+def _reclaim(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:
     """Put back a VF whose container died without DEL, and free its address."""
     logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
-    rdma.give_back(stale, deps.paths.sys)
-    bind.restore(vfc, stale, deps.mac_retry_delay, deps.paths.sys)
+    rdma.give_back(stale, add.deps.paths.sys)
+    attach.restore(vfc, stale, add.deps.mac_retry_delay, add.deps.paths.sys)
     try:
         deviceinfo.withdraw(stale)
     except CNIError as exc:
         logger.warning("removing the device-info file of dead container %s: %s", stale.container_id, exc)
-    ipam_type = conf.ipam_type
-    if ipam_type and stale.network == conf.name:
-        env = dict(cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
-        dead = CmdArgs(
-            "DEL", stale.container_id, "", stale.ifname, cmd.args, cmd.path, cmd.stdin, cmd.conf, cmd.cni_version, env
-        )
+    ipam_type = add.conf.ipam_type
+    if ipam_type and stale.network == add.conf.name:
+        env = dict(add.cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
+        dead = replace(add.cmd, command="DEL", container_id=stale.container_id, netns="", ifname=stale.ifname, env=env)
         try:
             delegate.run_ipam("DEL", dead, ipam_type)
         except CNIError as exc:
@@ -190,10 +202,10 @@ def _refuse_recorded(att: allocate.Attachment, store: Store) -> None:
         )
 
 
-def _refuse_taken_name(att: allocate.Attachment, conf: NetConf, sys_root: Path) -> None:
-    """An ADD whose interface name the pod uses already is refused."""
-    if not conf.device_id or sysfs.driver(sys_root, conf.device_id) not in sysfs.DPDK_DRIVERS:
-        with netlink.namespace(att.netns) as pod:
+def _refuse_taken_name(att: allocate.Attachment, candidates: allocate.Candidates) -> None:
+    """An ADD whose interface name the pod uses already is refused (a VF a device plugin chose on a DPDK driver takes no name)."""
+    if candidates.named is None or not candidates.named.dpdk:
+        with netlink.open_namespace(att.netns) as pod:
             if pod.find(att.ifname) is not None:
                 raise CNIError(Code.INVALID_CONFIG, f"interface {att.ifname} already exists in {att.netns}")
 
@@ -210,99 +222,75 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
     # plugin takes about as long as all of that.  Not before: a failed ADD
     # releases what IPAM holds for this container and interface, which must
     # not be a live attachment's.
-    ipam = delegate.IpamCall("ADD", cmd, conf.ipam_type) if conf.ipam_type else None
+    add = _Add(cmd, conf, deps, delegate.IpamCall("ADD", cmd, conf.ipam_type) if conf.ipam_type else None)
     try:
-        return _add(cmd, deps, conf, att, store, candidates, ipam)
+        return _add(add, att, store, candidates)
     except BaseException:
         # Waits for an IPAM ADD still running, and releases what it reserved.
-        if ipam is not None and ipam.succeeded():
+        if add.ipam is not None and add.ipam.succeeded():
             try:
-                delegate.run_ipam("DEL", cmd, ipam.ipam_type)
+                delegate.run_ipam("DEL", cmd, add.ipam.ipam_type)
             except CNIError as exc:
                 logger.error("rollback: releasing the address: %s", exc)
         raise
 
 
-def _add(
-    cmd: CmdArgs,
-    deps: Deps,
-    conf: NetConf,
-    att: allocate.Attachment,
-    store: Store,
-    candidates: allocate.Candidates,
-    ipam: delegate.IpamCall | None,
-) -> Result:
-    _refuse_taken_name(att, conf, deps.paths.sys)
-    vfc = deps.vf_control()
-    with netlink.namespace() as host:
+def _add(add: _Add, att: allocate.Attachment, store: Store, candidates: allocate.Candidates) -> Result:
+    _refuse_taken_name(att, candidates)
+    vfc = add.deps.vf_control()
+    with netlink.open_namespace() as host:
         # The claim is held until this ADD has returned or rolled back: a DEL
         # or another ADD reclaiming the VF (its pod's netns may vanish
         # meanwhile) waits.
-        with allocate.reserve(store, candidates, att, host, deps.paths.sys) as lease:
+        with allocate.reserve(store, candidates, att, host, add.deps.paths.sys) as lease:
             alloc = lease.alloc
             logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
             try:
-                return _set_up(cmd, deps, conf, vfc, host, lease, ipam)
+                return _set_up(add, vfc, host, lease)
             except BaseException:
-                _roll_back(vfc, lease, deps)
+                _roll_back(vfc, lease, add.deps)
                 raise
 
 
-def _set_up(
-    cmd: CmdArgs,
-    deps: Deps,
-    conf: NetConf,
-    vfc: netlink.VfControl,
-    host: netlink.Namespace,
-    lease: Lease,
-    ipam: delegate.IpamCall | None,
-) -> Result:
+def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: NewLease) -> Result:
     """ADD's phases on the VF it holds, in order; whatever they changed, :func:`_roll_back` undoes from the record."""
+    conf, deps = add.conf, add.deps
     if lease.stale is not None:
-        _reclaim_stale(cmd, conf, vfc, lease.stale, ipam, deps)
-    _record_changes(vfc, host, lease, conf.pf_settings, deps.paths.sys)
-    bind.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
+        _reclaim_stale(add, vfc, lease.stale)
+    _record_changes(vfc, host, lease, conf.pf_settings)
+    attach.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
     rdma_device = rdma.move_in(lease, conf.rdma, deps.paths.sys)
     iface, index = _plug(conf, lease, deps)
     rdma_device = rdma.make_soft(lease, conf.rdma) or rdma_device
     if rdma_device is not None:
         logger.info("the pod's RDMA device: %s", rdma_device)
-    ipam_result = _address(lease.alloc, index, ipam)
+    ipam_result = _address(lease.alloc, index, add.ipam)
     deviceinfo.publish(conf.device_info_file, lease, deps.paths.sys, ipam_result)
     return _result(conf, iface, ipam_result)
 
 
-def _reclaim_stale(
-    cmd: CmdArgs,
-    conf: NetConf,
-    vfc: netlink.VfControl,
-    stale: Allocation,
-    ipam: delegate.IpamCall | None,
-    deps: Deps,
-) -> None:
+def _reclaim_stale(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:
     """The dead container's VF put back and its address freed, before this ADD changes anything."""
-    _reclaim(cmd, conf, vfc, stale, deps)
-    if ipam is not None and not ipam.succeeded():
+    _reclaim(add, vfc, stale)
+    if add.ipam is not None and not add.ipam.succeeded():
         # It ran before the dead container's address was freed, which a
         # full range needed.
-        ipam.again()
+        add.ipam.again()
 
 
-def _record_changes(
-    vfc: netlink.VfControl, host: netlink.Namespace, lease: Lease, wanted: PfSettings, sys_root: Path
-) -> None:
+def _record_changes(vfc: netlink.VfControl, host: netlink.Namespace, lease: NewLease, wanted: PfSettings) -> None:
     """Record the VF's state and the PF-side settings about to change, before changing either.
 
     After a crash at any later point the record still restores everything.
     """
     alloc = lease.alloc
     if alloc.original is None:
-        alloc.original = bind.snapshot(vfc, host, alloc, sys_root)
+        alloc.original = attach.snapshot(vfc, host, alloc, lease.vf)
     alloc.applied = wanted
     lease.save()
 
 
-def _plug(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int | None]:
+def _plug(conf: NetConf, lease: NewLease, deps: Deps) -> tuple[Interface, int | None]:
     """The pod's interface, and its link's index in the pod (None for a VF on a DPDK driver)."""
     if lease.alloc.dpdk:
         return _dpdk_interface(conf, lease.alloc), None
@@ -313,21 +301,21 @@ def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
     """A VF on a DPDK driver has no netdev: the pod gets its PCI address."""
     assert alloc.original is not None
     admin = alloc.original.pf.mac
-    mac = conf.pf_settings.mac or (admin if admin and admin != bind.ZERO_MAC else "")
+    mac = conf.pf_settings.mac or (admin if admin and admin != attach.ZERO_MAC else "")
     return Interface(name=alloc.ifname, mac=mac, sandbox=alloc.netns, pci_id=alloc.vf_pci)
 
 
-def _attach(conf: NetConf, lease: Lease, deps: Deps) -> tuple[Interface, int]:
+def _attach(conf: NetConf, lease: NewLease, deps: Deps) -> tuple[Interface, int]:
     """The VF's netdev into the pod, configured and tuned; with its index there."""
     alloc = lease.alloc
     # Recorded first: only a record that says so lets a restore take an
     # interface out of the pod's namespace.
     alloc.in_pod = True
     lease.save()
-    link = bind.attach(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname, deps.mac_retry_delay)
+    link = attach.into_pod(alloc, conf.pf_settings.mac, alloc.netns, alloc.ifname, deps.mac_retry_delay)
     # A VF's queue IRQs exist only while it is up, and the move closed it:
     # the node's tuning is applied now, not at setup.
-    for warning in tuning.apply_vf_tuning(deps.paths, alloc.vf_pci, alloc.netns, alloc.ifname):
+    for warning in tuning.apply_vf_tuning(deps.paths, lease.vf, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
     carrier.await_carrier(deps.paths.sys, alloc, link.index, deps.carrier_wait)
     return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index
@@ -367,13 +355,13 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
         # Before the move out of the pod: the move closes the VF, and igbvf
         # frees its vectors then, after which affinity writes are ignored.
         netns = alloc.netns if alloc.in_pod else None
-        tuning.release_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname)
-    bind.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys)
+        tuning.clear_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname)
+    attach.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys)
     deviceinfo.withdraw(alloc)
 
 
-def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
-    """DEL's and GC's give-back, under the VF's claim (see :mod:`store`), waited for ``deps.claim_wait``."""
+def _free_vf(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
+    """DEL's and GC's give-back under the VF's claim (waited for ``deps.claim_wait``): the VF restored, its record gone."""
     claim = store.claim(alloc.vf_pci, wait=deps.claim_wait)
     if claim is None:
         raise CNIError(
@@ -383,7 +371,7 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps
         if not lease.owned():
             # An ADD reclaimed the VF (its pod's netns was gone) while this
             # call waited; it is that ADD's now, already put back.
-            logger.info("VF %s was reclaimed by another container meanwhile; nothing to release", alloc.vf_pci)
+            logger.info("VF %s was reclaimed by another container meanwhile; nothing to give back", alloc.vf_pci)
             return
         # As recorded now: this attachment's ADD may have run on while this
         # call waited for its claim.
@@ -395,7 +383,7 @@ def _release(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps
             lease.save()
             raise
         lease.forget()
-    logger.info("released VF %s", alloc.vf_pci)
+    logger.info("gave back VF %s", alloc.vf_pci)
 
 
 def _raise_collected(what: str, errors: list[CNIError]) -> None:
@@ -417,10 +405,10 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
         store = deps.store(common.data_dir)
         alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
         if alloc is None:
-            logger.info("no VF is allocated to this attachment; nothing to release")
+            logger.info("no VF is allocated to this attachment; nothing to give back")
         else:
             try:
-                _release(deps.vf_control(), store, alloc, deps)
+                _free_vf(deps.vf_control(), store, alloc, deps)
             except CNIError as exc:
                 errors.append(exc)
     finally:
@@ -443,7 +431,7 @@ def cmd_gc(cmd: CmdArgs, deps: Deps) -> None:
     for alloc in store.all():
         if alloc.network == cmd.conf["name"] and (alloc.container_id, alloc.ifname) not in valid:
             try:
-                _release(vfc, store, alloc, deps)
+                _free_vf(vfc, store, alloc, deps)
             except CNIError as exc:
                 errors.append(exc)
     if common.ipam_type:
@@ -488,7 +476,7 @@ def _pod_problems(cmd: CmdArgs, prev: Result, index: int) -> tuple[netlink.LinkI
     """The pod's interface ``index`` of ``prev`` as the pod has it now, and where it differs."""
     expected = prev.interfaces[index]
     problems: list[str] = []
-    with netlink.namespace(cmd.netns) as pod:
+    with netlink.open_namespace(cmd.netns) as pod:
         link = pod.find(cmd.ifname)
         if link is None:
             raise CNIError(Code.DEVICE, f"{cmd.ifname} is missing from {cmd.netns}")
@@ -536,14 +524,14 @@ def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.Li
 
     With a ``mac`` the reading is compared with it like every applied
     setting; without one, it should be the MAC the VF programmed (see
-    :mod:`sriov_cni.plugin.bind`).  A zero reading says so only on PF
+    :mod:`sriov_cni.plugin.attach`).  A zero reading says so only on PF
     drivers that report the VF's own MAC in it, and only once the VF has
     carrier: a new igbvf VF gets its MAC to the PF only when it first
     resets, seconds after it is opened, and reports carrier after that.
     """
     if not reading or reading == pod_link.mac:
         return []
-    if reading == bind.ZERO_MAC and (
+    if reading == attach.ZERO_MAC and (
         not pod_link.carrier or sysfs.driver(sys_root, alloc.pf_pci) not in vfsettings.OWN_MAC_IN_READING
     ):
         return []
@@ -562,7 +550,7 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
         except CNIError as exc:
             raise CNIError(Code.NOT_AVAILABLE, "the VF pool is unusable", exc.msg) from exc
         store = deps.store(conf.data_dir)
-        with netlink.namespace() as host:
+        with netlink.open_namespace() as host:
             states = [
                 vfstate.vf_state(deps.paths.sys, vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None)
                 for vf in vfs

@@ -1,7 +1,8 @@
 """One VF held for one attachment: its record and its claim.
 
 ADD gets a lease from :func:`sriov_cni.plugin.allocate.reserve`, which
-took the claim before it recorded the VF; DEL and GC make one from the
+took the claim before it recorded the VF (a :class:`NewLease`, which also
+carries the VF as sysfs described it then); DEL and GC make one from the
 record they found and the claim they took afterwards.  A record changes
 only under its VF's claim (see :mod:`sriov_cni.vfstore`), so while a
 lease's holder keeps the claim nobody else can change the record: writes
@@ -17,20 +18,22 @@ then.
 
 from __future__ import annotations
 
+from typing import Self
+
+from sriov_cni.kernel.sysfs import VfDevice
 from sriov_cni.vfstore import Allocation, Claim, Store
 
 
 class Lease:
-    """``alloc`` (with ``stale``, the dead container's record it replaced, if any) under ``claim``.
+    """``alloc`` under ``claim``.
 
-    Used as a context manager, the claim is released on exit.
+    Used as a context manager, the claim is dropped on exit.
     """
 
-    def __init__(self, store: Store, alloc: Allocation, claim: Claim, stale: Allocation | None = None) -> None:
+    def __init__(self, store: Store, alloc: Allocation, claim: Claim) -> None:
         self.store = store
         self.alloc = alloc
         self.claim = claim
-        self.stale = stale
 
     def owned(self) -> bool:
         """Whether the store still gives the VF to this attachment; if so, ``alloc`` becomes its record as it is now.
@@ -53,11 +56,24 @@ class Lease:
         """Remove the record."""
         self.store.remove(self.alloc.vf_pci)
 
-    def release(self) -> None:
-        self.claim.release()
-
-    def __enter__(self) -> Lease:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        self.claim.drop()
+
+
+class NewLease(Lease):
+    """ADD's lease on the VF it took: ``vf`` is that VF as sysfs described it when it was chosen.
+
+    Every later step of the ADD takes the VF's PF, index, driver and netdev
+    from it rather than reading sysfs again.  ``stale`` is the dead
+    container's record the new one replaced, if any.
+    """
+
+    def __init__(
+        self, store: Store, alloc: Allocation, claim: Claim, vf: VfDevice, stale: Allocation | None = None
+    ) -> None:
+        super().__init__(store, alloc, claim)
+        self.vf = vf
+        self.stale = stale

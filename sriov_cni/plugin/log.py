@@ -7,7 +7,11 @@ import sys
 from typing import IO
 
 from sriov_cni import safepath
-from sriov_cni.cni import CNIError, log
+from sriov_cni.cni import CNIError
+
+# The package's logger: every module logs to its own (``logging.getLogger(__name__)``),
+# below this one, which holds the call's handler and level.
+_package = logging.getLogger("sriov_cni")
 
 _LEVELS = {
     "panic": logging.CRITICAL,
@@ -82,7 +86,7 @@ def _handler(log_file: str | None) -> _Handler:
 def configure(level: str, log_file: str | None, container_id: str, netns: str, ifname: str) -> None:
     """(Re)direct the plugin's log; every line names the container, netns and interface."""
     context = _printable(f"containerID={container_id} netns={netns} ifname={ifname}")
-    current = log.handlers[0] if len(log.handlers) == 1 else None
+    current = _package.handlers[0] if len(_package.handlers) == 1 else None
     if not log_file and isinstance(current, _Handler) and current.stream is sys.stderr:
         # A call configures its log twice (from its environment, then from
         # its config); on stderr both times, the handler stays and only its
@@ -94,13 +98,13 @@ def configure(level: str, log_file: str | None, container_id: str, netns: str, i
         handler.addFilter(handler.context)
         handler.context.context = context
         close()
-        log.addHandler(handler)
-    log.setLevel(_LEVELS.get(level, logging.INFO))
-    log.propagate = False
+        _package.addHandler(handler)
+    _package.setLevel(_LEVELS.get(level, logging.INFO))
+    _package.propagate = False
 
 
 def close() -> None:
     """End the log's current handlers: a call's log file is closed, not kept into the next call."""
-    for handler in list(log.handlers):
-        log.removeHandler(handler)
+    for handler in list(_package.handlers):
+        _package.removeHandler(handler)
         handler.close()

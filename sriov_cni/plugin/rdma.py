@@ -33,16 +33,18 @@ The pod is told its device's RoCE v2 GID index for its address (see
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from sriov_cni.cni import CNIError, Code, IPAddress
-from sriov_cni.cni import log as logger
 from sriov_cni.kernel import netns, nlerrors, rdma, sysfs
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation
+
+logger = logging.getLogger(__name__)
 
 # A dead pod's RDMA devices come back to the host from the kernel's
 # namespace cleanup work, within about a second; DEL waits this long for it

@@ -4,7 +4,7 @@ Node setup records a policy per PF in the node state file
 (:mod:`sriov_cni.nodestate`).
 A VF's queue IRQs exist only while its netdev is up, and moving it into a
 pod closes it, so the plugin calls :func:`apply_vf_tuning` after bringing
-the VF up in the pod and :func:`release_vf_tuning` before taking it out
+the VF up in the pod and :func:`clear_vf_tuning` before taking it out
 again.
 
 The plugin imports this module on every CNI call: it must stay cheap to
@@ -32,15 +32,10 @@ from sriov_cni.nodestate import TuningError, pf_policy, read_state
 from sriov_cni.paths import Paths
 
 
-def _vf_index(paths: Paths, pf_pci: str, vf_pci: str) -> int:
-    for index, pci in sysfs.vf_pcis(paths.sys, pf_pci).items():
-        if pci == vf_pci:
-            return index
-    raise TuningError(f"{vf_pci} is not listed as a VF of {pf_pci}")
-
-
-def apply_vf_tuning(paths: Paths, vf_pci: str, netns: str, ifname: str) -> list[str]:
+def apply_vf_tuning(paths: Paths, vf: sysfs.VF, netns: str, ifname: str) -> list[str]:
     """Apply the PF's policy in ``paths.state_file`` to a VF that is up as ``ifname`` in ``netns``; return warnings.
+
+    ``vf`` gives its PF and index as ADD found them, so sysfs is not asked again.
 
     IRQ pins are written from the host (``/proc/irq`` is per host, and
     read-only in containers, hence ``paths.proc_irq``); RPS/XPS/RFS inside the pod's namespace with a
@@ -53,18 +48,18 @@ def apply_vf_tuning(paths: Paths, vf_pci: str, netns: str, ifname: str) -> list[
         return [str(exc)]
     if state is None:
         return []
-    pf_pci = sysfs.physfn(paths.sys, vf_pci)
-    policy = pf_policy(state, pf_pci) if pf_pci else None
-    if pf_pci is None or policy is None:
+    policy = pf_policy(state, vf.pf.pci)
+    if policy is None:
         return []
+    vf_pci = vf.pci
     warnings: list[str] = []
     try:
         irqs = queue_irqs(paths.sys, paths.proc_irq, vf_pci)
         if not irqs:
             warnings.append(f"VF {vf_pci} has no queue IRQs to pin (is {ifname} up?)")
-        start = vf_start(_vf_index(paths, pf_pci, vf_pci), len({q.queue for q in irqs}))
+        start = vf_start(vf.index, len({q.queue for q in irqs}))
         pins = [pin(paths.proc_irq, q, cpu) for q, cpu in plan_pins(irqs, policy.irq_cpus, start)]
-    except (TuningError, cpulist.CpuListError) as exc:
+    except cpulist.CpuListError as exc:
         return [*warnings, f"VF {vf_pci}: {exc}"]
     warnings += [f"VF {vf_pci} IRQ {p.irq.irq} ({p.irq.name}): {p.detail}" for p in pins if p.result is Pinned.FAILED]
     if policy.rps_cpus or policy.xps:
@@ -80,7 +75,7 @@ def apply_vf_tuning(paths: Paths, vf_pci: str, netns: str, ifname: str) -> list[
     return warnings
 
 
-def release_vf_tuning(paths: Paths, vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
+def clear_vf_tuning(paths: Paths, vf_pci: str, netns: str | None = None, ifname: str | None = None) -> None:
     """Leave no tuning on a VF leaving a pod (none to leave when setup wrote no ``paths.state_file``).
 
     Call it while the VF is still up in the pod, passing its ``netns`` and

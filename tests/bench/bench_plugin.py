@@ -393,7 +393,7 @@ def concurrency(bench: Bench, work: Path, shim: Path, base_env: dict[str, str], 
 def scale(work: Path) -> list[str]:
     """Median time of ``allocate.reserve`` while a pool of N VFs fills, generated sysfs, memory store."""
     from sriov_cni.plugin import allocate, pool
-    from tests.support.fakes import FakeHost, MemoryStore
+    from tests.support.fakes import FakeHost, MemoryVfStore
     from tests.support.nodetree import Tree
 
     netns = "/proc/self/ns/net"
@@ -408,13 +408,13 @@ def scale(work: Path) -> list[str]:
         t0 = time.perf_counter()
         candidates = pool.pool_vfs(sys_root, [pool.parse_pool_entry("pf0")])
         resolve[size].append(time.perf_counter() - t0)
-        store = MemoryStore()
+        store = MemoryVfStore()
         for n in range(size):
             attachment = allocate.Attachment(f"c-{n}", "net1", "net", netns, inode)
             t0 = time.perf_counter()
             lease = allocate.reserve(store, allocate.Candidates(candidates), attachment, host, sys_root)
             spent[size].append(time.perf_counter() - t0)
-            lease.release()
+            lease.claim.drop()
 
     try:
         for size in SCALE_POOLS:

@@ -37,7 +37,7 @@ def test_every_claim_records_its_wait_and_whether_it_got_the_claim(tmp_path: Pat
         assert first is not None
         assert files.claim(PCI_B) is None
         assert files.claim(PCI_B, wait=0.05) is None
-        first.release()
+        first.drop()
     finally:
         holder.communicate("", timeout=60)
     assert [got for _, got in claims.times] == [True, False, False]

@@ -20,6 +20,7 @@ import pytest
 from sriov_cni.cni import IPAddress
 from sriov_cni.ipam import allocator, config, store
 from tests.ipam.ipamtypes import Invoke, MakeConf
+from tests.support.fakes import MemoryReservationStore
 
 SMALL, LARGE = 50, 500
 # Linear work: LARGE/SMALL.  A scan per address: its square.
@@ -100,7 +101,7 @@ def test_full_range_sets_share_one_listing_of_the_store(monkeypatch: pytest.Monk
     # others; a probe limit of one sends every set to the listing.
     sets = [[{"subnet": f"10.0.{i}.0/29"}] for i in range(5)]
     cfg = config.load({"name": "net", "ipam": {"dataDir": "/unused", "ranges": sets}})
-    memory = store.MemoryStore()
+    memory = MemoryReservationStore()
     with memory.locked():
         for i in range(5):
             for host in range(2, 6):

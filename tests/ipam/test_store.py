@@ -1,4 +1,4 @@
-"""The Store contract (one test, both implementations), the disk layout, and
+"""The ReservationStore contract (one test, both implementations), the disk layout, and
 the allocator's candidate order and probing, checked on the fake."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 
 from sriov_cni.cni import IPAddress
 from sriov_cni.ipam import allocator, config
-from sriov_cni.ipam.store import DiskStore, MemoryStore, Owner, Store
+from sriov_cni.ipam.store import DiskStore, Owner, ReservationStore
+from tests.support.fakes import MemoryReservationStore
 
 A = Owner("a", "eth0")
 B = Owner("b", "net1")
@@ -21,13 +22,13 @@ IP2 = ipaddress.ip_address("2001:db8::5")
 
 
 @pytest.fixture(params=["disk", "memory"])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> ReservationStore:
     if request.param == "disk":
         return DiskStore(str(tmp_path / "data"), "net")
-    return MemoryStore()
+    return MemoryReservationStore()
 
 
-def test_store_contract(any_store: Store) -> None:
+def test_store_contract(any_store: ReservationStore) -> None:
     s = any_store
     assert not s.exists()
     assert s.owner_of(IP1) is None and list(s.reservations()) == [] and IP1 not in s.reserved()
@@ -58,7 +59,7 @@ def test_store_contract(any_store: Store) -> None:
 
 def test_fake_refuses_writes_outside_the_lock() -> None:
     with pytest.raises(RuntimeError, match="outside locked"):
-        MemoryStore().reserve(IP1, A)
+        MemoryReservationStore().reserve(IP1, A)
 
 
 def test_disk_layout_is_host_locals(tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_explicit_network_and_broadcast_in_the_window_are_skipped() -> None:
     assert rset.capacity() == 5
 
 
-class CountingStore(MemoryStore):
+class CountingStore(MemoryReservationStore):
     def __init__(self) -> None:
         super().__init__()
         self.probes = 0

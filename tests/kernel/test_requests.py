@@ -44,7 +44,7 @@ def pod(node: Node) -> str:
 
 @pytest.fixture
 def inside(pod: str) -> Iterator[netlink.Namespace]:
-    with netlink.namespace(pod) as ns:
+    with netlink.open_namespace(pod) as ns:
         yield ns
 
 
@@ -286,7 +286,7 @@ def test_every_link_address_and_route_request_is_encoded_as_pyroute2_would(
     inside.add_route(index, net("::/0"), ipaddress.ip_address("fd65::1"))
     inside.addresses(index)
     inside.routes(index)
-    with netlink.namespace() as host:
+    with netlink.open_namespace() as host:
         other = host.find("lo")
         assert other is not None
     kinds = {kind for kind, _, _ in encodings}

@@ -21,10 +21,10 @@ from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.plugin import allocate
-from sriov_cni.plugin.lease import Lease
+from sriov_cni.plugin.lease import NewLease
 from sriov_cni.plugin.pool import parse_pool_entry, pool_vfs
 from sriov_cni.vfstore import Allocation, Claim, FileStore, OriginalState, Store
-from tests.support.fakes import FakeHost, MemoryStore
+from tests.support.fakes import FakeHost, MemoryVfStore
 from tests.support.nodetree import Tree
 
 
@@ -44,11 +44,17 @@ def take(
     container: str = "ours",
     named: bool = False,
     host: allocate.Host | None = None,
-) -> Lease:
-    """allocate.reserve for ``container``'s attachment, with the host namespace of the tree unless ``host``."""
-    return allocate.reserve(
-        store, allocate.Candidates(candidates, named), attachment(container), host or FakeHost(tree.sys), tree.sys
-    )
+) -> NewLease:
+    """allocate.reserve for ``container``'s attachment, with the host namespace of the tree unless ``host``.
+
+    ``named``: the one VF of ``candidates`` is a device plugin's choice, described as ADD describes it.
+    """
+    if named:
+        [vf] = candidates
+        chosen = allocate.Candidates.of_named(sysfs.describe(tree.sys, vf))
+    else:
+        chosen = allocate.Candidates(candidates)
+    return allocate.reserve(store, chosen, attachment(container), host or FakeHost(tree.sys), tree.sys)
 
 
 class Meanwhile:
@@ -77,7 +83,7 @@ class RacedFiles(FileStore):
         return super().claim(vf_pci, wait)
 
 
-class RacedMemory(MemoryStore):
+class RacedMemory(MemoryVfStore):
     def __init__(self, meanwhile: Meanwhile) -> None:
         super().__init__()
         self.meanwhile = meanwhile
@@ -93,7 +99,7 @@ def raced(kind: str, tmp_path: Path, vf_pci: str, change: Callable[[Store], None
 
 
 def fresh(kind: str, tmp_path: Path) -> Store:
-    return FileStore(tmp_path / "data") if kind == "file" else MemoryStore()
+    return FileStore(tmp_path / "data") if kind == "file" else MemoryVfStore()
 
 
 def pool(tree: Tree, vfs: int) -> list[sysfs.VF]:
@@ -110,7 +116,7 @@ class Nowhere:
 
 def reserve(tree: Tree, store: Store, candidates: list[sysfs.VF]) -> Allocation:
     lease = take(tree, store, candidates)
-    lease.release()
+    lease.claim.drop()
     assert lease.stale is None
     return lease.alloc
 
@@ -143,7 +149,7 @@ def _race(tree: Tree, store: Store, candidates: list[sysfs.VF], adds: int) -> tu
             return
         # Let go at once, the record staying: an ADD that looked at the
         # store before it was written gets the claim of a taken VF.
-        lease.release()
+        lease.claim.drop()
         got[i] = lease.alloc.vf_pci
 
     threads = [threading.Thread(target=add, args=(i,)) for i in range(adds)]
@@ -343,7 +349,7 @@ def test_a_named_vf_that_is_not_free_is_named_with_its_owner(tree: Tree, tmp_pat
     assert store.get(candidates[1].pci) is None
 
 
-def reclaim(tree: Tree, store: Store, candidates: list[sysfs.VF]) -> Lease:
+def reclaim(tree: Tree, store: Store, candidates: list[sysfs.VF]) -> NewLease:
     with take(tree, store, candidates) as lease:
         return lease
 

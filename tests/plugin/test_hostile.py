@@ -133,12 +133,12 @@ def test_session_closes_the_handle_a_rollback_opened_after_a_failure() -> None:
     baseline = _sockets()
     with netlink.session():
         with pytest.raises(netlink.LinkNotFound):
-            with netlink.namespace() as outer:
+            with netlink.open_namespace() as outer:
                 with pytest.raises(netlink.LinkNotFound):
-                    with netlink.namespace() as inner:
+                    with netlink.open_namespace() as inner:
                         assert inner is outer
                         inner.get(2**31 - 1)
-                with netlink.namespace() as fresh:
+                with netlink.open_namespace() as fresh:
                     assert fresh is not outer
                     assert fresh.links()
                 raise netlink.LinkNotFound("the move failed")

@@ -16,7 +16,7 @@ import pytest
 
 from sriov_cni.cni import Code
 from sriov_cni.kernel import netlink
-from sriov_cni.plugin import bind
+from sriov_cni.plugin import attach
 from tests.support.pluginlib import Node, Ready, altname, link, link_names, sh
 
 
@@ -30,7 +30,7 @@ def test_a_refused_rename_leaves_the_link_in_its_namespace_with_its_altnames(nod
     # net1 is taken in the pod: the kernel moves the link under its own
     # name, then refuses the rename.
     with pytest.raises(netlink.LinkExists):
-        bind._move(None, vf.netdev, pod, "net1")
+        attach._move(None, vf.netdev, pod, "net1")
 
     assert link_names(ns) == {"lo", "net1", "net1peer"}
     home = link(vf.netdev)
@@ -44,14 +44,14 @@ def test_altnames_are_dropped_going_either_way(node: Node) -> None:
     pod = node.pod()
     ns = os.path.basename(pod)
 
-    bind._move(None, vf.netdev, pod, "net1")
+    attach._move(None, vf.netdev, pod, "net1")
     inside = link("net1", ns)
     assert inside is not None and "altnames" not in inside
     assert link(vf.netdev) is None
     # The pod's own altname, as a udev rule or an agent in it would add.
     sh("ip", "-n", ns, "link", "property", "add", "dev", "net1", "altname", f"{vf.netdev}-pod")
 
-    bind._move(pod, "net1", None, vf.netdev)
+    attach._move(pod, "net1", None, vf.netdev)
     home = link(vf.netdev)
     assert home is not None and "altnames" not in home
     assert link_names(ns) == {"lo"}
@@ -63,7 +63,7 @@ def test_a_kernel_ebusy_answer_is_busy(node: Node) -> None:
     sh("ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d0peer")
     sh("ip", "-n", ns, "link", "add", "v0", "link", "d0", "type", "macvlan")
     sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
-    with netlink.namespace(pod) as inside:
+    with netlink.open_namespace(pod) as inside:
         port, bridge = inside.find("d0"), inside.find("br0")
         assert port is not None and bridge is not None
         # The macvlan holds d0's receive hook, so the bridge cannot take

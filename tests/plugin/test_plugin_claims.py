@@ -20,7 +20,7 @@ import pytest
 from sriov_cni.kernel.vfsettings import PfSettings, Vlan
 from sriov_cni.vfstore import Allocation, FileStore, Store
 from tests.plugin.delgc import ok, stale_record
-from tests.support.fakes import MemoryStore
+from tests.support.fakes import MemoryVfStore
 from tests.support.pluginlib import Node
 
 
@@ -44,9 +44,9 @@ def claimed_elsewhere(
 ) -> Iterator[Callable[[], None]]:
     """A child process holds ``vf_pci``'s claim until the block ends, or until this process waits for it.
 
-    The block is given ``release_when_waited``: from then on, once this
+    The block is given ``drop_when_waited``: from then on, once this
     process has the claim's lock file open (a call waiting for the claim),
-    the child runs ``then`` and exits, which releases the claim.  So the
+    the child runs ``then`` and exits, which drops the claim.  So the
     holder lets go while the call waits, however late a loaded machine
     runs either, rather than after a fixed time that the call may not
     reach.
@@ -78,12 +78,12 @@ def claimed_elsewhere(
     os.close(ready_w)
     os.close(go_r)
 
-    def release_when_waited() -> None:
+    def drop_when_waited() -> None:
         os.write(go_w, b"x")
 
     try:
         assert os.read(ready_r, 1) == b"x", "the child could not claim the VF"
-        yield release_when_waited
+        yield drop_when_waited
     finally:
         os.close(ready_r)
         os.close(go_w)
@@ -147,8 +147,8 @@ def test_del_of_a_vf_reclaimed_while_it_waited_leaves_it_alone(node: Node) -> No
         taken.container_id = "new"
         FileStore(node.data_dir).put(taken)
 
-    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, reclaim) as release_when_waited:
-        release_when_waited()
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, reclaim) as drop_when_waited:
+        drop_when_waited()
         ok(node.cni("DEL", node.conf(), netns=dead.netns, container=dead.container_id))
 
     assert node.fake.calls == []
@@ -179,8 +179,8 @@ def test_del_that_waited_for_its_add_gives_back_what_that_add_recorded(node: Nod
         FileStore(node.data_dir).put(done)
 
     FileStore(node.data_dir).put(begun)
-    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, add_ends) as release_when_waited:
-        release_when_waited()
+    with claimed_elsewhere(node.data_dir, pf.vfs[0].pci, add_ends) as drop_when_waited:
+        drop_when_waited()
         ok(node.cni("DEL", conf, netns=pod))
 
     assert node.records() == []
@@ -189,18 +189,18 @@ def test_del_that_waited_for_its_add_gives_back_what_that_add_recorded(node: Nod
 
 @pytest.fixture(params=["file", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    return FileStore(tmp_path) if request.param == "file" else MemoryStore()
+    return FileStore(tmp_path) if request.param == "file" else MemoryVfStore()
 
 
-def test_a_claim_has_one_holder_until_released(store: Store) -> None:
+def test_a_claim_has_one_holder_until_dropped(store: Store) -> None:
     first = store.claim("0000:3b:10.0")
     assert first is not None
     assert store.claim("0000:3b:10.0") is None
     assert store.claim("0000:3b:10.0", wait=0.2) is None
     other = store.claim("0000:3b:10.1")
     assert other is not None
-    first.release()
-    first.release()  # idempotent
+    first.drop()
+    first.drop()  # idempotent
     with store.claim("0000:3b:10.0") as again:  # type: ignore[union-attr]
         assert again is not None
         assert store.claim("0000:3b:10.0") is None
@@ -210,9 +210,9 @@ def test_a_claim_has_one_holder_until_released(store: Store) -> None:
 def test_a_claim_waited_for_is_taken_when_its_holder_ends(tmp_path: Path) -> None:
     # The holder is another process, which exits without releasing: the
     # kernel drops its lock, and the waiter gets the claim within its wait.
-    with claimed_elsewhere(tmp_path, "0000:3b:10.0") as release_when_waited:
+    with claimed_elsewhere(tmp_path, "0000:3b:10.0") as drop_when_waited:
         assert FileStore(tmp_path).claim("0000:3b:10.0") is None
-        release_when_waited()
+        drop_when_waited()
         claim = FileStore(tmp_path).claim("0000:3b:10.0", wait=120.0)
         assert claim is not None
-        claim.release()
+        claim.drop()

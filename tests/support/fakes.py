@@ -3,13 +3,15 @@
 - :class:`FakeVfControl` is :class:`sriov_cni.kernel.vfsettings.VfControl`
   (the PF side of SR-IOV, which needs a real NIC); :class:`SharedFakeVfControl`
   keeps one in a file, so forked calls share it.
-- :class:`MemoryStore` is :class:`sriov_cni.vfstore.Store`.
+- :class:`MemoryVfStore` is :class:`sriov_cni.vfstore.Store`.
+- :class:`MemoryReservationStore` is :class:`sriov_cni.ipam.store.ReservationStore`.
 - :class:`FakeLinks` is :class:`sriov_cni.node.setup.Links`, changing the
   fake sysfs tree (tests/support/nodetree.py) as the kernel would.
 - :class:`FakeHost` is :class:`sriov_cni.plugin.allocate.Host`, from the tree.
 
 ``_conforms`` has mypy hold each to its interface; tests/test_vf_store.py
-runs one suite against MemoryStore and FileStore, tests/test_fakes.py
+runs one suite against MemoryVfStore and FileStore, tests/ipam/test_store.py
+one against MemoryReservationStore and DiskStore, tests/test_fakes.py
 FakeHost's cases against the kernel's namespace, and
 tests/vm/test_vfcontrol_igb.py FakeVfControl's against igb.
 """
@@ -22,9 +24,9 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from collections.abc import Set as AbstractSet
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,8 @@ from tests.support.nodetree import Tree
 if TYPE_CHECKING:
     # Only for _conforms: the benchmarks' daemon (hostnode.py) imports this
     # module, and must not load the node command's modules or pyroute2 for it.
+    from sriov_cni.cni import IPAddress
+    from sriov_cni.ipam.store import Owner, ReservationStore
     from sriov_cni.kernel.vfsettings import VfControl
     from sriov_cni.node.setup import Links
     from sriov_cni.plugin.allocate import Host
@@ -186,7 +190,7 @@ class SharedFakeVfControl:
 # --- the VF store ---------------------------------------------------------------
 
 
-class MemoryStore:
+class MemoryVfStore:
     """In-memory :class:`Store`, the fake the conformance suite holds to FileStore's contract."""
 
     def __init__(self) -> None:
@@ -234,6 +238,79 @@ class MemoryStore:
             self._records.pop(vf_pci, None)
 
 
+# --- IPAM's reservations ---------------------------------------------------------
+
+
+class MemoryReservationStore:
+    """In-memory :class:`ReservationStore` with the disk store's semantics, for the allocator's tests."""
+
+    def __init__(self) -> None:
+        self.ips: dict[IPAddress, Owner] = {}
+        self.last: dict[int, IPAddress] = {}
+        self.hints: dict[Owner, list[IPAddress]] = {}
+        self.lock_depth = 0
+
+    def exists(self) -> bool:
+        return bool(self.ips or self.last or self.hints)
+
+    def _require_lock(self) -> None:
+        # The disk store cannot notice an unlocked write; the fake refuses
+        # one, so allocator tests catch a missing locked().
+        if not self.lock_depth:
+            raise RuntimeError("store mutated outside locked()")
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.lock_depth += 1
+        try:
+            yield
+        finally:
+            self.lock_depth -= 1
+
+    def locked(self) -> AbstractContextManager[None]:
+        return self._locked()
+
+    def reserve(self, ip: IPAddress, owner: Owner) -> bool:
+        self._require_lock()
+        if ip in self.ips:
+            return False
+        self.ips[ip] = owner
+        return True
+
+    def release(self, ip: IPAddress) -> None:
+        self._require_lock()
+        self.ips.pop(ip, None)
+
+    def owner_of(self, ip: IPAddress) -> Owner | None:
+        return self.ips.get(ip)
+
+    def reservations(self) -> Iterator[tuple[IPAddress, Owner]]:
+        yield from list(self.ips.items())
+
+    def reserved(self) -> Collection[IPAddress]:
+        return frozenset(self.ips)
+
+    def last_reserved(self, set_index: int) -> IPAddress | None:
+        return self.last.get(set_index)
+
+    def set_last_reserved(self, set_index: int, ip: IPAddress) -> None:
+        self._require_lock()
+        self.last[set_index] = ip
+
+    def hint(self, owner: Owner) -> list[IPAddress]:
+        return list(self.hints.get(owner, []))
+
+    def set_hint(self, owner: Owner, ips: list[IPAddress]) -> None:
+        self._require_lock()
+        if ips:
+            self.hints[owner] = list(ips)
+        else:
+            self.hints.pop(owner, None)
+
+    def hinted(self) -> list[Owner]:
+        return list(self.hints)
+
+
 # --- the node's links and the host namespace ------------------------------------
 
 
@@ -267,7 +344,12 @@ class FakeHost:
 
 
 def _conforms(
-    vfc: FakeVfControl, store: MemoryStore, links: FakeLinks, host: FakeHost, file_store: FileStore
-) -> tuple[VfControl, Store, Links, Host, Store]:
+    vfc: FakeVfControl,
+    store: MemoryVfStore,
+    links: FakeLinks,
+    host: FakeHost,
+    file_store: FileStore,
+    reservations: MemoryReservationStore,
+) -> tuple[VfControl, Store, Links, Host, Store, ReservationStore]:
     # Checked by mypy: each fake satisfies the protocol it stands in for.
-    return vfc, store, links, host, file_store
+    return vfc, store, links, host, file_store, reservations

@@ -62,13 +62,13 @@ def fake_netlink(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> list[str | None
     entered: list[str | None] = []
 
     @contextmanager
-    def namespace(path: str | None = None) -> Iterator[FakeHost]:
+    def open_namespace(path: str | None = None) -> Iterator[FakeHost]:
         yield FakeHost(tree.sys)
 
     def run_in_netns(path: str | None, func: Callable[[], None], *, own_sysfs: Path | None = None) -> None:
         entered.append(path)
         func()
 
-    monkeypatch.setattr(netlink, "namespace", namespace)
+    monkeypatch.setattr(netlink, "open_namespace", open_namespace)
     monkeypatch.setattr(tuning, "run_in_netns", run_in_netns)
     return entered

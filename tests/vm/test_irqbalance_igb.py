@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from sriov_cni.kernel import sysfs
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
 from tests.vm.nodecommand import Node, affinity, interrupts, online, vf_netdevs
@@ -154,7 +155,7 @@ def test_ban_holds_from_before_setup_through_vf_irqs_and_a_restart(
     # A pod's VF on each PF comes up: irqbalance meets their IRQs only now.
     vf0 = vf_up_in(netns(), pf0, 0)
     assert (
-        tuning.apply_vf_tuning(Paths(state_file=node.state), vf0, "", "net1") == []
+        tuning.apply_vf_tuning(Paths(state_file=node.state), sysfs.resolve_vf(Paths().sys, vf0), "", "net1") == []
     )  # no RPS/XPS policy: the pod side is not entered
     names = interrupts()
     pins += [names["net1-rx-0"], names["net1-tx-0"]]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sriov_cni.kernel import sysfs
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
 from sriov_cni.vfstore import Allocation, FileStore
@@ -127,7 +128,8 @@ def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(
     subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", host_name, "name", "net1"], check=True)
     subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "net1", "up"], check=True)
 
-    assert tuning.apply_vf_tuning(Paths(state_file=node.state), vf_pci, f"/run/netns/{ns}", "net1") == []
+    vf = sysfs.resolve_vf(Paths().sys, vf_pci)
+    assert tuning.apply_vf_tuning(Paths(state_file=node.state), vf, f"/run/netns/{ns}", "net1") == []
     # igbvf requested its vectors on open, named after the pod-side name.
     names = interrupts()
     want = str(cpus[(index + 1) % len(cpus)])
@@ -137,7 +139,7 @@ def test_vf_hook_pins_and_sets_rps_in_the_pod_then_releases(
 
     # Released while still up in the pod, as the plugin's DEL does: a
     # closed igbvf's vectors ignore affinity writes.
-    tuning.release_vf_tuning(Paths(state_file=node.state), vf_pci, f"/run/netns/{ns}", "net1")
+    tuning.clear_vf_tuning(Paths(state_file=node.state), vf_pci, f"/run/netns/{ns}", "net1")
     assert (affinity(names["net1-rx-0"]), affinity(names["net1-tx-0"])) == (all_cpus, all_cpus)
     assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_cpus") == "0"
     assert _in_ns(ns, "cat", "/sys/class/net/net1/queues/rx-0/rps_flow_cnt") == "0"

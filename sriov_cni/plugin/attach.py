@@ -69,16 +69,19 @@ processes exit.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sriov_cni.cni import CNIError, Code, log
+from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import ethtool, netlink, sysfs
 from sriov_cni.kernel.netlink import LinkInfo, Namespace, VfControl
 from sriov_cni.vfstore import Allocation, OriginalState
+
+logger = logging.getLogger(__name__)
 
 # Some drivers (i40e/iavf) apply VF MACs asynchronously and answer EBUSY
 # meanwhile, so MAC changes are read back and retried for up to 2 s; the
@@ -95,17 +98,16 @@ HOME_POLL = 0.05
 ZERO_MAC = "00:00:00:00:00:00"
 
 
-def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation, sys_root: Path) -> OriginalState:
-    """The VF's state before this allocation touches it."""
+def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation, vf: sysfs.VfDevice) -> OriginalState:
+    """The state of ``alloc``'s VF before the allocation touches it; its netdev is the one ``vf`` names."""
     info = vfc.vfs(alloc.pf_netdev).get(alloc.vf_index)
     if info is None:
         raise CNIError(Code.DEVICE, f"PF {alloc.pf_netdev} reports no VF {alloc.vf_index}")
     state = OriginalState(pf=info)
     if not alloc.dpdk:
-        names = sysfs.netdevs(sys_root, alloc.vf_pci)
-        link = host.find(names[0]) if names else None
+        link = host.find(vf.netdev) if vf.netdev else None
         if link is None:
-            raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} has no netdev in the host network namespace")
+            raise CNIError(Code.DEVICE, f"VF {vf.pci} has no netdev in the host network namespace")
         state.netdev = link.name
         state.mtu = link.mtu
         state.mac = link.mac
@@ -239,7 +241,9 @@ def restore_admin_mac(vfc: VfControl, alloc: Allocation, retry: float) -> list[s
             return [f"mac: {exc}"]
         # A driver that cannot clear an admin MAC (bnxt) keeps the last one;
         # the next pod's MAC replaces it, and failing DEL would not help.
-        log.warning("PF %s keeps MAC %s for VF %d: it refuses to clear it", alloc.pf_netdev, info.mac, alloc.vf_index)
+        logger.warning(
+            "PF %s keeps MAC %s for VF %d: it refuses to clear it", alloc.pf_netdev, info.mac, alloc.vf_index
+        )
     except (netlink.NetlinkError, CNIError) as exc:
         return [f"mac: {exc}"]
     return []
@@ -257,7 +261,7 @@ def _move(src: str | None, name: str, dst: str | None, new_name: str, link: Link
     the caller's reading of ``name`` in ``src``, if it just took one.
     """
     own = netlink.own_netns_path()
-    with netlink.namespace(src) as ns:
+    with netlink.open_namespace(src) as ns:
         link = link or ns.find(name)
         if link is None:
             raise netlink.LinkNotFound(f"{name} not found in {src or 'the host network namespace'}")
@@ -268,7 +272,7 @@ def _move(src: str | None, name: str, dst: str | None, new_name: str, link: Link
             # A refused rename can leave the link moved under its old name.
             # Only ours is moved back (the MAC goes along with a move): the
             # destination may have a link of that name of its own.
-            with netlink.namespace(dst) as target:
+            with netlink.open_namespace(dst) as target:
                 stray = target.find(name)
                 if stray is not None and stray.mac == link.mac:
                     target.move(stray.index, src or own)
@@ -278,14 +282,14 @@ def _move(src: str | None, name: str, dst: str | None, new_name: str, link: Link
             raise
 
 
-def attach(alloc: Allocation, mac: str | None, netns: str, ifname: str, retry: float) -> LinkInfo:
+def into_pod(alloc: Allocation, mac: str | None, netns: str, ifname: str, retry: float) -> LinkInfo:
     """Move the VF netdev into the pod as ``ifname``, give it ``mac`` (None: its own), bring it up.
 
     On failure the netdev may be in the pod; :func:`restore` brings it back.
     """
     assert alloc.original is not None and alloc.in_pod
     _move(None, alloc.original.netdev, netns, ifname)
-    with netlink.namespace(netns) as pod:
+    with netlink.open_namespace(netns) as pod:
         link = pod.find(ifname)
         if link is None:
             raise CNIError(Code.DEVICE, f"{ifname} vanished from {netns} right after the move")
@@ -318,7 +322,7 @@ def _program_own_mac(ns: Namespace, link: LinkInfo) -> str:
     except netlink.NetlinkError as exc:
         # A VF driver that refuses even the MAC it has: the pod gets the VF
         # as it is, and CHECK tells where the PF shows the MAC missing.
-        log.warning("VF netdev %s did not take its own MAC %s again: %s", link.name, link.mac, exc)
+        logger.warning("VF netdev %s did not take its own MAC %s again: %s", link.name, link.mac, exc)
     return link.mac
 
 
@@ -344,9 +348,9 @@ def _set_effective_mac(ns: Namespace, index: int, mac: str, retry: float) -> Non
                 ns.set_up(index, False)
                 reset = True
                 continue
-            log.debug("setting MAC %s: %s; retrying", mac, exc)
+            logger.debug("setting MAC %s: %s; retrying", mac, exc)
         except netlink.NetlinkError as exc:
-            log.debug("setting MAC %s: %s; retrying", mac, exc)
+            logger.debug("setting MAC %s: %s; retrying", mac, exc)
         time.sleep(retry)
     if ns.get(index).mac != mac:
         raise CNIError(Code.DEVICE, f"the VF netdev did not take MAC {mac}")
@@ -412,17 +416,17 @@ def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Pa
     found, pod_alive = _out_of_pod(alloc, orig)
     if found is not None:
         _move(alloc.netns, found.name, None, orig.netdev, found)
-    with netlink.namespace() as host:
+    with netlink.open_namespace() as host:
         link = _home_link(host, alloc, orig, pod_alive, sys_root)
         if link is None:
-            log.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
+            logger.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
             return
         failures = _restore_link(vfc, host, alloc, orig, link, retry)
         if failures:
             # Read again, once, to say what the VF keeps of its pod.
             now = host.get(link.index)
             alloc.unrestored = differences(orig, now, ethtool.read(now.name) if orig.ethtool else {})
-            log.error("VF %s differs from its record after DEL: %s", alloc.vf_pci, "; ".join(alloc.unrestored))
+            logger.error("VF %s differs from its record after DEL: %s", alloc.vf_pci, "; ".join(alloc.unrestored))
             raise CNIError(Code.DEVICE, f"VF {alloc.vf_pci} keeps {'; '.join(alloc.unrestored)}", "; ".join(failures))
         alloc.unrestored = []
 
@@ -432,7 +436,7 @@ def _out_of_pod(alloc: Allocation, orig: OriginalState) -> tuple[LinkInfo | None
     if not alloc.in_pod:
         return None, False
     try:
-        with netlink.namespace(alloc.netns) as pod:
+        with netlink.open_namespace(alloc.netns) as pod:
             found = _find_in_pod(pod, alloc, orig)
             if found is not None:
                 pod.set_up(found.index, False)
