@@ -144,12 +144,13 @@ def status(as_json: bool, data_dir: Path) -> None:
     """Every SR-IOV PF and VF: driver, counts, link, owners, stale allocations, IRQ pins, irqbalance, RDMA."""
     from sriov_cni.node import status as node_status
 
+    view = node_status.rdma_view()
     try:
-        pfs = node_status.current(_node_paths(), data_dir)
+        pfs = node_status.current(_node_paths(), data_dir, view)
     except _expected() as exc:
         raise CommandError(str(exc)) from exc
     # None: the kernel has no RDMA core loaded.
-    rdma_mode = node_status.rdma_view().mode
+    rdma_mode = view.mode
     if as_json:
         click.echo(json.dumps({"rdmaNetnsMode": rdma_mode, "pfs": pfs}, indent=1))
     else:

@@ -303,8 +303,9 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     """The pool per PF, as ``sriov-cni status --json`` shows it now."""
     readable = GaugeMetricFamily("sriov_cni_pool_up", "Whether the pool could be read for this scrape")
     try:
-        pfs = status.current(paths, data_dir)
-        rdma_mode = status.rdma_view().mode
+        view = status.rdma_view()
+        pfs = status.current(paths, data_dir, view)
+        rdma_mode = view.mode
     except Exception as exc:  # a scrape shows the failure; the exporter serves the next one
         sys.stderr.write(f"sriov-cni daemon: metrics: cannot read the VF pool: {exc}\n")
         readable.add_metric([], 0)

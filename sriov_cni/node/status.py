@@ -20,7 +20,7 @@ from sriov_cni import deviceinfo
 from sriov_cni.kernel import cpulist, irqs, netlink, nlerrors, rdma, sysfs
 from sriov_cni.node import irqbalance, rdmamode
 from sriov_cni.paths import Paths
-from sriov_cni.vfstate import VfState, vf_state
+from sriov_cni.vfstate import VfState, recorded_state, unrecorded_state
 from sriov_cni.vfstore import Allocation, read_allocations
 
 
@@ -80,14 +80,14 @@ def _vf(
     in_host: Callable[[str], bool],
     view: RdmaView,
 ) -> dict[str, Any]:
-    names = sysfs.netdevs(paths.sys, pci)
-    state = vf_state(paths.sys, pci, alloc, in_host)
+    bound, netdev = sysfs.driver_and_netdev(paths.sys, pci)
+    state = recorded_state(alloc) if alloc is not None else unrecorded_state(bound, netdev, in_host)
     device = _rdma_device(paths, pci, alloc)
     return {
         "index": index,
         "pci": pci,
-        "driver": sysfs.driver(paths.sys, pci),
-        "netdev": names[0] if names else None,
+        "driver": bound,
+        "netdev": netdev,
         "state": state.value,
         # What an attachment's device-info file says of the VF (see deviceinfo).
         "deviceInfo": deviceinfo.facts(paths.sys, pci, pf_pci, alloc.rdma_device if alloc else None),
@@ -176,9 +176,8 @@ def gather(
     return out
 
 
-def current(paths: Paths, data_dir: Path) -> list[dict[str, Any]]:
+def current(paths: Paths, data_dir: Path, view: RdmaView) -> list[dict[str, Any]]:
     """:func:`gather`, with the host's network namespace saying which VF netdevs are in it."""
-    view = rdma_view()
     with netlink.open_namespace() as host:
         return gather(paths, data_dir, lambda name: host.find(name) is not None, view)
 
