@@ -296,7 +296,26 @@ def oom_score_adj(pid: int) -> int:
 
 
 def descriptors(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    """How many descriptors ``pid`` holds, TCP connections left out.
+
+    A scrape's connection stays open in the exporter for a moment after the
+    scraper has read the answer (the server closes it once the handler
+    returns): counting it would make the count depend on who ran first.
+    """
+    connections = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] != "0A":  # anything but a listening socket
+                connections.add(f"socket:[{fields[9]}]")
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed since the listing
+            continue
+        held += target not in connections
+    return held
 
 
 RESTARTS = key("sriov_cni_daemon_exporter_restarts_total")

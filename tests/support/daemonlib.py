@@ -171,4 +171,4 @@ def wait_for(probe: Callable[[], T]) -> T:
         if value:
             return value
         time.sleep(0.05)
-    raise AssertionError("condition never held")
+    raise AssertionError(f"condition never held: {probe.__qualname__} last gave {value!r}")
