@@ -112,7 +112,20 @@ def _node_paths() -> Paths:
     type=click.Path(file_okay=False, path_type=Path),
     help=f"Where to write the ib_core option for rdmaNetnsMode [default: {Paths.modprobe_dir}].",
 )
-def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | None, modprobe_dir: Path | None) -> None:
+@click.option(
+    "--allow-deferred",
+    is_flag=True,
+    help="Exit 0, not 3, when what is not yet as asked waits for the next boot (an init container must, "
+    "or the daemon it comes before never starts).",
+)
+def setup(
+    config_path: Path,
+    dry_run: bool,
+    data_dir: Path,
+    state_file: Path | None,
+    modprobe_dir: Path | None,
+    allow_deferred: bool,
+) -> None:
     from sriov_cni.node import config as node_config
     from sriov_cni.node import setup as node_setup
 
@@ -127,7 +140,7 @@ def setup(config_path: Path, dry_run: bool, data_dir: Path, state_file: Path | N
         as_asked = node_setup.execute(plan, paths, click.echo)
     except _expected() as exc:
         raise CommandError(str(exc)) from exc
-    if not as_asked:
+    if not as_asked and not allow_deferred:
         raise SystemExit(DEFERRED)
 
 

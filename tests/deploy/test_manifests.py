@@ -22,8 +22,10 @@ import pytest
 import yaml
 
 import sriov_cni
+from sriov_cni import cli
 from sriov_cni.cni import CmdArgs
 from sriov_cni.node import config as node_config
+from sriov_cni.paths import Paths
 from sriov_cni.plugin import config as plugin_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +92,19 @@ def test_configmap_node_config_parses() -> None:
     path = Path(setup["command"][setup["command"].index("--config") + 1])
     assert path.parent == Path(mount["mountPath"])
     assert node_config.parse(cm["data"][path.name]).pfs
+
+
+def test_setup_writes_the_rdma_boot_option_on_the_node_and_lets_the_daemon_start() -> None:
+    pod = daemonset()["spec"]["template"]["spec"]
+    (setup,) = [c for c in pod["initContainers"] if c["name"] == "setup"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in setup["volumeMounts"]}
+    # Written into the container's own /etc, the option would never reach a boot.
+    assert volumes[mounts[str(Paths.modprobe_dir)]]["hostPath"]["path"] == "/etc/modprobe.d"
+    # Parsed as sriov-cni parses it: an option setup lacks fails here.
+    assert setup["command"][:2] == ["sriov-cni", "setup"]
+    params = cli.setup.make_context("setup", setup["command"][2:]).params
+    assert params["allow_deferred"] is True
 
 
 @pytest.mark.parametrize("name,doc", NADS, ids=[n for n, _ in NADS])
