@@ -40,11 +40,9 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -54,12 +52,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sriov_cni.daemon import budget, install  # noqa: E402
+from sriov_cni.daemon import budget  # noqa: E402
 from tests.support.daemonlib import Daemon  # noqa: E402
-from tests.support.hostnode import HostNode  # noqa: E402
+from tests.support.hostnode import HostNode, bench_node  # noqa: E402
 from tests.support.memcg import MemoryCgroup  # noqa: E402
 
-GO_PLUGINS = Path("/usr/lib/cni")
 VFS = 64
 # The daemon container's limit in deploy/daemonset.yaml.
 DAEMONSET_LIMIT = "160Mi"
@@ -224,19 +221,9 @@ def main() -> None:
     limit = budget.parse_size(args.limit)
     if max(args.sizes) > VFS:
         sys.exit(f"at most {VFS} calls: the pool has {VFS} VFs")
-    work = Path(tempfile.mkdtemp(prefix="sriov-burst-"))
-    node = HostNode(work / "node", 1, VFS)
-    shimdir = work / "bin"
-    install.install(str(shimdir))
-    os.symlink(GO_PLUGINS / "host-local", shimdir / "host-local")
-    token = uuid.uuid4().hex[:5]
-    names = [f"sriov-burst-{token}-{i}" for i in range(VFS)]
-    for name in names:
-        subprocess.run(["ip", "netns", "add", name], check=True)
-    pods = [f"/var/run/netns/{name}" for name in names]
     lines: list[str] = []
     cores = os.cpu_count() or 1
-    try:
+    with bench_node("burst", VFS, ("host-local",)) as bench:
         print(f"{VFS} veth VFs, one PF, host-local IPAM, the daemon's cgroup: {limit / MiB:.0f} MiB", flush=True)
         header = (
             f"{'N':>3} {'mode':>18} {'ADDs s':>7} {'DELs s':>7} {'at once/1 by 1':>14} {'peak MiB':>8} "
@@ -250,7 +237,15 @@ def main() -> None:
             for _ in range(args.repeats):
                 for mode, together, limited in MODES:
                     runs[mode].append(
-                        burst(node, work, shimdir / "sriov", pods, n, together, limit if limited else None)
+                        burst(
+                            bench.node,
+                            bench.work,
+                            bench.bindir / "sriov",
+                            bench.pods,
+                            n,
+                            together,
+                            limit if limited else None,
+                        )
                     )
             seq = statistics.median(r.seconds for r in runs[MODES[0][0]])
             for mode, _, _ in MODES:
@@ -279,18 +274,15 @@ def main() -> None:
                 f"{n:>3} one by one kept {ours:.2f} cores busy: on {cores} cores, a burst of the same CPU time "
                 f"takes at least {ours / cores:.2f}x their time"
             )
-            moves = [namespace_moves(names[:n], together) for together in (False, True)]
+            moves = [
+                namespace_moves([os.path.basename(p) for p in bench.pods[:n]], together) for together in (False, True)
+            ]
             line += (
                 f"; {n} moves to a namespace and back take {moves[0]:.2f} s one by one, "
                 f"{moves[1]:.2f} s at once ({moves[1] / moves[0]:.2f}x)"
             )
             print(line, flush=True)
             lines.append(line)
-    finally:
-        for name in names:
-            subprocess.run(["ip", "netns", "del", name], check=False)
-        node.close()
-        shutil.rmtree(work, ignore_errors=True)
     print("\n".join(["", "==== summary", *lines]))
 
 

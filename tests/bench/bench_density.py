@@ -36,11 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -52,11 +50,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sriov_cni.daemon import budget, install, measure  # noqa: E402
+from sriov_cni.daemon import budget, measure  # noqa: E402
 from tests.bench import phases  # noqa: E402
-from tests.bench.bench_burst import DAEMONSET_LIMIT, GO_PLUGINS, MiB  # noqa: E402
+from tests.bench.bench_burst import DAEMONSET_LIMIT, MiB  # noqa: E402
 from tests.support.daemonlib import Daemon  # noqa: E402
-from tests.support.hostnode import HostNode  # noqa: E402
+from tests.support.hostnode import HostNode, bench_node  # noqa: E402
 from tests.support.memcg import MemoryCgroup  # noqa: E402
 
 PODS = 64
@@ -272,20 +270,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     limit = budget.parse_size(args.limit)
-    work = Path(tempfile.mkdtemp(prefix="sriov-density-"))
-    node = HostNode(work / "node", 1, PODS)
-    bindir = work / "bin"
-    install.install(str(bindir))
-    for name in ("host-local", "host-device"):
-        os.symlink(GO_PLUGINS / name, bindir / name)
-    token = uuid.uuid4().hex[:5]
-    names = [f"sriov-density-{token}-{i}" for i in range(PODS)]
-    for name in names:
-        subprocess.run(["ip", "netns", "add", name], check=True)
-    pods = [f"/var/run/netns/{name}" for name in names]
     runs: list[Run] = []
     lines: list[str] = []
-    try:
+    with bench_node("density", PODS, ("host-local", "host-device")) as bench:
         head = (
             f"{PODS} pods arriving {args.rate:g}/s, then deleted at the same rate; {PODS} veth VFs, one PF; "
             f"the daemon's cgroup: {limit / MiB:.0f} MiB; {os.cpu_count()} cores, "
@@ -299,7 +286,7 @@ def main() -> None:
         lines += [head, columns]
         for _ in range(args.repeats):
             for name in RUNS:
-                run = run_once(name, node, work, bindir, pods, args.rate, limit, args.profile)
+                run = run_once(name, bench.node, bench.work, bench.bindir, bench.pods, args.rate, limit, args.profile)
                 runs.append(run)
                 line = (
                     f"{name:>34} {figures(run.adds)} {figures(run.dels)} "
@@ -319,11 +306,6 @@ def main() -> None:
             lines += [line, tail(ours[-1])]
         lines.append(f"    {PEER}: at most {peer[-1].in_flight()} ADDs in flight")
         lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
-    finally:
-        for name in names:
-            subprocess.run(["ip", "netns", "del", name], check=False)
-        node.close()
-        shutil.rmtree(work, ignore_errors=True)
     print("\n".join(["", "==== summary", *lines]))
 
 

@@ -18,9 +18,14 @@ its ``--metrics-address`` and ``--data-dir``.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
-from collections.abc import Mapping
-from dataclasses import replace
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,7 +36,7 @@ ROOT = HERE.parents[1]
 CODE_ENV = "SRIOV_BENCH_CODE"
 sys.path[:0] = [os.environ.get(CODE_ENV, str(ROOT)), str(ROOT)]
 
-from sriov_cni.daemon import server  # noqa: E402
+from sriov_cni.daemon import install, server  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
 from sriov_cni.vfstore import FileStore  # noqa: E402
@@ -59,6 +64,40 @@ class HostNode:
 
     def close(self) -> None:
         self.node.cleanup()
+
+
+GO_PLUGINS = Path("/usr/lib/cni")
+
+
+@dataclass(frozen=True)
+class BenchNode:
+    work: Path  # the benchmark's scratch directory
+    node: HostNode
+    bindir: Path  # the static shim as sriov and sriov-ipam, and the Go plugins asked for
+    pods: list[str]  # one network namespace per VF, as /var/run/netns paths
+
+
+@contextmanager
+def bench_node(prefix: str, vfs: int, go_plugins: tuple[str, ...]) -> Iterator[BenchNode]:
+    """One PF of ``vfs`` veth VFs, a CNI bin dir and a pod namespace per VF; all of it removed afterwards."""
+    work = Path(tempfile.mkdtemp(prefix=f"sriov-{prefix}-"))
+    node = HostNode(work / "node", 1, vfs)
+    names: list[str] = []
+    try:
+        bindir = work / "bin"
+        install.install(str(bindir))
+        for plugin in go_plugins:
+            os.symlink(GO_PLUGINS / plugin, bindir / plugin)
+        token = uuid.uuid4().hex[:5]
+        for i in range(vfs):
+            names.append(f"sriov-{prefix}-{token}-{i}")
+            subprocess.run(["ip", "netns", "add", names[-1]], check=True)
+        yield BenchNode(work, node, bindir, [f"/var/run/netns/{name}" for name in names])
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], check=False)
+        node.close()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:
