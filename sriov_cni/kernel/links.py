@@ -20,6 +20,7 @@ from typing import Any
 from pyroute2 import NetlinkError as _PyNetlinkError
 from pyroute2.netlink import NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL
 from pyroute2.netlink.rtnl import (
+    RTM_DELLINK,
     RTM_DELLINKPROP,
     RTM_GETADDR,
     RTM_GETLINK,
@@ -100,6 +101,17 @@ class LinkInfo:
     settings: tuple[tuple[str, int], ...] = ()
     # The XDP programs attached, as (detach flag, program id), one per mode.
     xdp: tuple[tuple[int, int], ...] = ()
+    # The link this one is stacked on or bound to (IFLA_LINK: a VLAN's or
+    # macvlan's lower device, a tunnel's or VXLAN's output device, a veth's
+    # peer), when that link is in the same namespace; 0 otherwise.
+    lower: int = 0
+    # IFLA_MASTER: the bridge, bond, team, VRF or datapath this link is a port of; 0 for none.
+    master: int = 0
+    # IFLA_INFO_KIND ("vlan", "macvlan", ...); "" for a physical device.
+    kind: str = ""
+    # The devices a link names in its kind's own attributes rather than in
+    # IFLA_LINK (see _BOUND_IN_INFO_DATA).
+    bound: tuple[int, ...] = ()
 
     def flag(self, name: str) -> bool:
         return bool(self.flags & FLAGS[name])
@@ -109,6 +121,12 @@ _IFINFO = struct.Struct("=BxHiII")  # struct ifinfomsg: family, type, index, fla
 _IFLA = rtnl.numbers(ifinfmsg)
 _IFLA_ALT_IFNAME = rtnl.numbers(ifinfmsg.proplist)["IFLA_ALT_IFNAME"]
 _IFLA_XDP = rtnl.numbers(ifinfmsg.xdp)
+_IFLA_INFO = rtnl.numbers(ifinfmsg.ifinfo)
+# The kinds whose IFLA_INFO_DATA names the devices they run on, and which
+# attributes (include/uapi/linux/if_link.h): an HSR/PRP device's ports
+# (IFLA_HSR_SLAVE1, _SLAVE2, _INTERLINK), a VXLAN's output device
+# (IFLA_VXLAN_LINK).  Neither reports it as IFLA_LINK.
+_BOUND_IN_INFO_DATA = {"hsr": (1, 2, 8), "vxlan": (3,)}
 
 
 def _u32(payload: memoryview | None) -> int | None:
@@ -146,6 +164,21 @@ def _text(payload: memoryview) -> str:
     return bytes(payload).split(b"\0", 1)[0].decode(errors="replace")
 
 
+def _kind_and_bound(payload: memoryview | None) -> tuple[str, tuple[int, ...]]:
+    """IFLA_LINKINFO's kind, and the devices its data names (_BOUND_IN_INFO_DATA)."""
+    if payload is None:
+        return "", ()
+    info = rtnl.attributes(payload, 0)
+    kind_attr = info.get(_IFLA_INFO["IFLA_INFO_KIND"])
+    kind = _text(kind_attr[0]) if kind_attr else ""
+    data = info.get(_IFLA_INFO["IFLA_INFO_DATA"])
+    if kind not in _BOUND_IN_INFO_DATA or not data:
+        return kind, ()
+    nested = rtnl.attributes(data[0], 0)
+    bound = (_u32(nested[n][0]) for n in _BOUND_IN_INFO_DATA[kind] if n in nested)
+    return kind, tuple(b for b in bound if b)
+
+
 def _link_info(answer: bytes) -> LinkInfo:
     _, _, index, flags, _ = _IFINFO.unpack_from(answer, rtnl.HEADER_SIZE)
     attrs = rtnl.attributes(answer)
@@ -165,6 +198,10 @@ def _link_info(answer: bytes) -> LinkInfo:
         first("IFLA_PROP_LIST"),
     )
     settings = tuple((name, value) for name, attr in SETTINGS.items() if (value := _u32(first(attr))) is not None)
+    # A lower device in another namespace is reported with that namespace's
+    # id beside its index, which means nothing here.
+    lower = 0 if first("IFLA_LINK_NETNSID") is not None else _u32(first("IFLA_LINK")) or 0
+    kind, bound = _kind_and_bound(first("IFLA_LINKINFO"))
     altnames: tuple[str, ...] = ()
     if proplist is not None:
         nested = rtnl.attributes(proplist, 0)
@@ -185,7 +222,40 @@ def _link_info(answer: bytes) -> LinkInfo:
         allmulti_count=_u32(first("IFLA_ALLMULTI")) or 0,
         settings=settings,
         xdp=_xdp(first("IFLA_XDP")),
+        lower=lower,
+        master=_u32(first("IFLA_MASTER")) or 0,
+        kind=kind,
+        bound=bound,
     )
+
+
+def riders(links: list[LinkInfo], base: LinkInfo) -> list[LinkInfo]:
+    """The links of ``links`` (one namespace's) that ride ``base``, directly or through each other; the farthest first.
+
+    A link rides another when it is stacked on it or bound to it: the
+    kernel's upper devices (``netdev_upper_dev_link``: vlan, macvlan,
+    macvtap, ipvlan, ipvtap, macsec, virt_wifi, rmnet, hsr/prp) and the
+    tunnels bound to an output device (vxlan, gre, ipip, sit, ip6tnl, vti,
+    xfrm with ``dev``).  All but HSR/PRP and VXLAN report that device as
+    their IFLA_LINK; those two name it in their own attributes.  Masters
+    (bridge, bond, team, vrf, openvswitch) are not riders: ``base`` is
+    their port, its IFLA_MASTER.  Two veth peers name each other as
+    IFLA_LINK, and neither rides the other.
+    """
+    found: list[LinkInfo] = []
+    seen = {base.index}
+    frontier = [base]
+    while frontier:
+        below = frontier.pop(0)
+        for link in links:
+            if link.index in seen:
+                continue
+            peers = link.index == below.lower and link.lower == below.index
+            if (link.lower == below.index and not peers) or below.index in link.bound:
+                seen.add(link.index)
+                found.append(link)
+                frontier.append(link)
+    return found[::-1]
 
 
 class Namespace:
@@ -253,6 +323,16 @@ class Namespace:
         for mode in modes:
             xdp = {"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", mode)]}
             self._set(index, "detaching XDP", [("IFLA_XDP", xdp)])
+
+    def set_master(self, index: int, master: int) -> None:
+        """Make link ``index`` a port of link ``master``; 0 detaches it from its master."""
+        self._set(
+            index, f"setting master {master}" if master else "detaching from its master", [("IFLA_MASTER", master)]
+        )
+
+    def delete(self, index: int) -> None:
+        with translate(f"deleting link {index}"):
+            self._rtnl.request(RTM_DELLINK, message(ifinfmsg, {"index": index}, []))
 
     def set_alias(self, index: int, alias: str) -> None:
         self._set(index, "setting alias", [("IFLA_IFALIAS", alias)])

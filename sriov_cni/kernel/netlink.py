@@ -23,7 +23,7 @@ directly, so parsing a config or choosing a VF does not load pyroute2.
 from __future__ import annotations
 
 from sriov_cni.kernel.handles import open_namespace, session
-from sriov_cni.kernel.links import LinkInfo, Namespace
+from sriov_cni.kernel.links import LinkInfo, Namespace, riders
 from sriov_cni.kernel.netns import is_own_netns, netns_inode, own_netns_path
 from sriov_cni.kernel.nlerrors import (
     AddressRefused,
@@ -59,5 +59,6 @@ __all__ = [
     "netns_inode",
     "open_namespace",
     "own_netns_path",
+    "riders",
     "session",
 ]

@@ -356,8 +356,8 @@ def _set_effective_mac(ns: Namespace, index: int, mac: str, retry: float) -> Non
         raise CNIError(Code.DEVICE, f"the VF netdev did not take MAC {mac}")
 
 
-def _find_in_pod(pod: Namespace, alloc: Allocation, orig: OriginalState) -> LinkInfo | None:
-    """The VF's netdev in the pod, found by PCI address, never by name alone.
+def _find_in_pod(links: list[LinkInfo], alloc: Allocation, orig: OriginalState) -> LinkInfo | None:
+    """The VF's netdev among the pod's ``links``, found by PCI address, never by name alone.
 
     The name may not be the one recorded (the kernel expands templates like
     net%d, the pod may rename it) and another interface may carry it.
@@ -365,7 +365,6 @@ def _find_in_pod(pod: Namespace, alloc: Allocation, orig: OriginalState) -> Link
     reported (older kernels, virtual links), the VF is the parent-less link
     with the MAC it was given, preferring the recorded name.
     """
-    links = pod.links()
     for link in links:
         if link.parent_dev == alloc.vf_pci:
             return link
@@ -437,12 +436,53 @@ def _out_of_pod(alloc: Allocation, orig: OriginalState) -> tuple[LinkInfo | None
         return None, False
     try:
         with netlink.open_namespace(alloc.netns) as pod:
-            found = _find_in_pod(pod, alloc, orig)
+            links = pod.links()
+            found = _find_in_pod(links, alloc, orig)
             if found is not None:
                 pod.set_up(found.index, False)
+                _cut_loose(pod, links, found, alloc)
             return found, True
     except netlink.NetnsNotFound:
         return None, False
+
+
+def _cut_loose(pod: Namespace, links: list[LinkInfo], vf: LinkInfo, alloc: Allocation) -> None:
+    """Delete what the pod built on its VF and take the VF out of any master, before the VF leaves the pod.
+
+    A netns move does not take a VF's upper devices along, nor delete them:
+    the VLAN, macvlan and ipvlan drivers keep theirs when the lower device
+    only moves (they act on NETDEV_UNREGISTER only while it is really
+    unregistering), and so do tunnels bound to it.  Left in place they go
+    on sending through the VF and receiving its VLAN's and MAC's frames,
+    whichever pod holds it next.  Bridges, bonds, teams and VRFs drop a
+    port that moves away; the VF is detached here anyway, so each step is
+    logged and a refusal is seen.  Raises CNIError naming what is still
+    there: the VF then stays in the pod, whose end removes them all.
+    """
+    names = {link.index: link.name for link in links}
+    left: list[str] = []
+    for rider in netlink.riders(links, vf):
+        what = f"{rider.kind or 'link'} {rider.name}"
+        try:
+            pod.delete(rider.index)
+        except netlink.LinkNotFound:
+            continue  # went with a link it rode, deleted just before
+        except netlink.NetlinkError as exc:
+            left.append(f"{what} ({exc})")
+            continue
+        logger.info("deleted %s, which the pod built on VF %s", what, alloc.vf_pci)
+    if vf.master:
+        master = names.get(vf.master, str(vf.master))
+        try:
+            pod.set_master(vf.index, 0)
+            logger.info("took VF %s out of %s, which the pod made it a port of", alloc.vf_pci, master)
+        except netlink.NetlinkError as exc:
+            left.append(f"master {master} ({exc})")
+    if left:
+        raise CNIError(
+            Code.DEVICE,
+            f"VF {alloc.vf_pci} stays in {alloc.netns}: the pod's {', '.join(left)} could not be removed from it",
+        )
 
 
 def _home_link(

@@ -141,14 +141,9 @@ class _Add:
 
 
 def _reclaim(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:
-    """Put back a VF whose container died without DEL, and free its address."""
+    """Give back a VF whose container died without DEL, as DEL does, and free its address."""
     logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
-    rdma.give_back(stale, add.deps.paths.sys)
-    attach.restore(vfc, stale, add.deps.mac_retry_delay, add.deps.paths.sys)
-    try:
-        deviceinfo.withdraw(stale)
-    except CNIError as exc:
-        logger.warning("removing the device-info file of dead container %s: %s", stale.container_id, exc)
+    _give_back(vfc, stale, add.deps)
     ipam_type = add.conf.ipam_type
     if ipam_type and stale.network == add.conf.name:
         env = dict(add.cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
@@ -348,16 +343,32 @@ def _roll_back(vfc: netlink.VfControl, lease: Lease, deps: Deps) -> None:
 
 
 def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
-    """The VF as it was found, tuning included; raises CNIError when not fully restored."""
-    # Before the netdev leaves the pod (see plugin/rdma.py).
-    rdma.give_back(alloc, deps.paths.sys)
+    """The VF as it was found, tuning included: DEL's, GC's, rollback's and stale reclaim's one sequence.
+
+    Every step is tried, whatever an earlier one met (a VF whose RDMA
+    device cannot be moved back still has its netdev to give back); raises
+    CNIError naming each failure.
+    """
+    steps: list[Callable[[], None]] = [
+        # Before the netdev leaves the pod (see plugin/rdma.py).
+        lambda: rdma.give_back(alloc, deps.paths.sys),
+        lambda: attach.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys),
+        lambda: deviceinfo.withdraw(alloc),
+    ]
     if not alloc.dpdk:
         # Before the move out of the pod: the move closes the VF, and igbvf
         # frees its vectors then, after which affinity writes are ignored.
         netns = alloc.netns if alloc.in_pod else None
-        tuning.clear_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname)
-    attach.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys)
-    deviceinfo.withdraw(alloc)
+        steps.insert(1, lambda: tuning.clear_vf_tuning(deps.paths, alloc.vf_pci, netns, alloc.ifname))
+    errors: list[CNIError] = []
+    for step in steps:
+        try:
+            step()
+        except CNIError as exc:
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    _raise_collected(f"giving back VF {alloc.vf_pci}", errors)
 
 
 def _free_vf(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
@@ -486,6 +497,7 @@ def _pod_problems(cmd: CmdArgs, prev: Result, index: int) -> tuple[netlink.LinkI
             problems.append(f"MTU is {link.mtu}, expected {expected.mtu}")
         if not link.up:
             problems.append("link is down")
+        problems += _rider_problems(pod.links(), link)
         have = set(pod.addresses(link.index))
         for ip in prev.ips:
             if ip.interface == index and ip.address not in have:
@@ -500,6 +512,18 @@ def _pod_problems(cmd: CmdArgs, prev: Result, index: int) -> tuple[netlink.LinkI
             if via is None or (route.gw is not None and route.gw not in via):
                 problems.append(f"route {route.dst} via {route.gw or 'link'} is missing")
     return link, problems
+
+
+def _rider_problems(links: list[netlink.LinkInfo], vf: netlink.LinkInfo) -> list[str]:
+    """What the pod built on its VF: its right while it holds the VF, and gone at DEL (see attach)."""
+    problems = [
+        f"{rider.kind or 'link'} {rider.name} rides it (DEL deletes it before the VF leaves)"
+        for rider in netlink.riders(links, vf)
+    ]
+    if vf.master:
+        master = next((link.name for link in links if link.index == vf.master), str(vf.master))
+        problems.append(f"it is a port of {master} (DEL takes it out before the VF leaves)")
+    return problems
 
 
 def _pf_problems(deps: Deps, alloc: Allocation, pod_link: netlink.LinkInfo | None) -> list[str]:

@@ -181,7 +181,13 @@ def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> N
     sh("ip", "-n", ns, "link", "property", "add", "dev", "d0", "altname", "second-alt")
     sh("ip", "-n", ns, "link", "set", "d0p", "down")
     sh("ip", "-n", ns, "link", "set", "lo", "up")
-    for name in ("d0", "d0p", "lo"):
+    # What rides d0p and what it is a port of (the riders DEL removes).
+    sh("ip", "-n", ns, "link", "add", "link", "d0p", "name", "mv0", "type", "macvlan")
+    sh("ip", "-n", ns, "link", "add", "vx0", "type", "vxlan", "id", "7", "dev", "d0p", "dstport", "4789")
+    sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
+    sh("ip", "-n", ns, "link", "set", "mv0", "master", "br0")
+    index = {e["ifname"]: e["ifindex"] for e in ip_json("-n", ns, "link", "show")}
+    for name in ("d0", "d0p", "lo", "mv0", "vx0", "br0"):
         [entry] = ip_json("-n", ns, "-d", "link", "show", "dev", name)
         found = inside.find(name)
         assert found is not None
@@ -209,6 +215,10 @@ def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> N
                 if key in entry
             ),
             xdp=(),
+            lower=index.get(entry.get("link", ""), 0),
+            master=index.get(entry.get("master", ""), 0),
+            kind=entry.get("linkinfo", {}).get("info_kind", ""),
+            bound=(index[entry["linkinfo"]["info_data"]["link"]],) if name == "vx0" else (),
         )
         # The flags as ip names them.
         named = {"promisc": "PROMISC", "allmulti": "ALLMULTI", "multicast": "MULTICAST", "noarp": "NOARP"}
@@ -219,6 +229,11 @@ def test_a_link_reads_as_ip_reports_it(pod: str, inside: netlink.Namespace) -> N
     assert d0.altnames == ("first-alt", "second-alt") and d0.up and not d0.carrier
     lo = inside.find("lo")
     assert lo is not None and lo.up and lo.carrier
+    d0p, mv0, vx0 = (inside.find(n) for n in ("d0p", "mv0", "vx0"))
+    assert d0p is not None and mv0 is not None and vx0 is not None
+    assert (mv0.lower, mv0.kind, vx0.bound) == (d0p.index, "macvlan", (d0p.index,)) and mv0.master
+    # A veth's peer is its IFLA_LINK, yet neither rides the other.
+    assert [r.name for r in netlink.riders(inside.links(), d0p)] == ["vx0", "mv0"]
 
 
 def _as_pyroute2_encodes_it(msg: rtnl.Message, msg_type: int, flags: int, seq: int) -> bytes:

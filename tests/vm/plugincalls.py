@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sriov_cni.plugin import commands
 from tests.vm.vmlib import ip_json
@@ -71,3 +71,35 @@ def cni(command: str, conf: dict[str, Any], **kw: str) -> tuple[int, Any]:
 
 def ns_path(name: str) -> str:
     return f"/var/run/netns/{name}"
+
+
+class Pod(NamedTuple):
+    mac: str | None
+    trust: str | None
+
+
+def conf(data_dir: Path, pf: str, vlan: int | None, pod: Pod) -> dict[str, Any]:
+    ipam = {"type": "sriov-ipam", "dataDir": str(data_dir / "ipam"), "ranges": [[{"subnet": "10.82.0.0/24"}]]}
+    keys: dict[str, Any] = {}
+    if vlan is not None:
+        keys["vlan"] = vlan
+    if pod.mac is not None:
+        keys["mac"] = pod.mac
+    if pod.trust is not None:
+        keys["trust"] = pod.trust
+    return {
+        "cniVersion": "1.0.0",
+        "name": "reusenet",
+        "type": "sriov",
+        "pfNames": [pf],
+        "dataDir": str(data_dir),
+        "ipam": ipam,
+        **keys,
+    }
+
+
+def ping(pod: str, address: str) -> None:
+    out = subprocess.run(
+        ["ip", "netns", "exec", pod, "ping", "-c", "2", "-i", "0.2", "-W", "5", address], capture_output=True, text=True
+    )
+    assert out.returncode == 0, f"{pod} -> {address}: {out.stdout}{out.stderr}"

@@ -79,6 +79,24 @@ MODULES = (
     "uio_pci_generic",
     "vfio_pci",
     "vfio_iommu_type1",
+    # What a pod can build on its VF, which DEL must remove before the VF
+    # leaves (tests/vm/test_riders_igb.py); the host's kernel has only
+    # macvlan, macvtap, vxlan and bridge of these.
+    "8021q",
+    "macvlan",
+    "macvtap",
+    "ipvlan",
+    "ipvtap",
+    "macsec",
+    "vxlan",
+    "bonding",
+    "team",
+    "vrf",
+    "ip_gre",
+    "ipip",
+    "sit",
+    "ip6_tunnel",
+    "bridge",
 )
 
 # Loaded in addition on the newer kernels, for the RDMA tests: the verbs core,
@@ -86,6 +104,9 @@ MODULES = (
 # 6.1 has rxe too, but its rxe has no sockets inside a netns, so nothing on
 # the bookworm guest uses RDMA.
 RDMA_MODULES = ("ib_core", "ib_uverbs", "rdma_rxe")
+# Built by Debian from Linux 7.x on: the HSR case of tests/vm/test_riders_igb.py
+# runs on the newer kernels.
+NEWER_MODULES = (*RDMA_MODULES, "hsr")
 
 
 @dataclass(frozen=True)
@@ -413,7 +434,7 @@ def prepare(kernel_choice: str = "bookworm") -> Artifacts:
             (kroot / "lib").symlink_to("usr/lib")
         kernel = kroot / "usr/lib/modules" / kver / "vmlinuz"
         kpkg = newer.packages()[0]
-        modules = MODULES + RDMA_MODULES
+        modules = MODULES + NEWER_MODULES
     bb_deb = _fetch("busybox-static", debs)
     bbroot = _unpack([bb_deb], cache / bb_deb.stem)
 

@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.vm.plugincalls import cni, ns_path, records, restored, vfinfo
-from tests.vm.test_reuse_igb import Pod, conf, ping
+from tests.vm.plugincalls import Pod, cni, conf, ns_path, ping, records, restored, vfinfo
 from tests.vm.vmlib import Sriov
 
 pytestmark = pytest.mark.sriov_vm

@@ -12,19 +12,13 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import pytest
 
-from tests.vm.plugincalls import cni, host_link, ns_path, records, restored, vfinfo, view
+from tests.vm.plugincalls import Pod, cni, conf, host_link, ns_path, ping, records, restored, vfinfo, view
 from tests.vm.vmlib import Sriov
 
 pytestmark = pytest.mark.sriov_vm
-
-
-class Pod(NamedTuple):
-    mac: str | None
-    trust: str | None
 
 
 # (VLAN of both pods, pod A, pod B): two pods reach each other through igb
@@ -38,33 +32,6 @@ ROUNDS: list[tuple[int | None, Pod, Pod]] = [
     (None, Pod("02:ab:00:00:00:03", "on"), Pod("02:ab:00:00:00:04", "off")),
     (None, Pod(None, "on"), Pod(None, None)),
 ]
-
-
-def conf(data_dir: Path, pf: str, vlan: int | None, pod: Pod) -> dict[str, Any]:
-    ipam = {"type": "sriov-ipam", "dataDir": str(data_dir / "ipam"), "ranges": [[{"subnet": "10.82.0.0/24"}]]}
-    keys: dict[str, Any] = {}
-    if vlan is not None:
-        keys["vlan"] = vlan
-    if pod.mac is not None:
-        keys["mac"] = pod.mac
-    if pod.trust is not None:
-        keys["trust"] = pod.trust
-    return {
-        "cniVersion": "1.0.0",
-        "name": "reusenet",
-        "type": "sriov",
-        "pfNames": [pf],
-        "dataDir": str(data_dir),
-        "ipam": ipam,
-        **keys,
-    }
-
-
-def ping(pod: str, address: str) -> None:
-    out = subprocess.run(
-        ["ip", "netns", "exec", pod, "ping", "-c", "2", "-i", "0.2", "-W", "5", address], capture_output=True, text=True
-    )
-    assert out.returncode == 0, f"{pod} -> {address}: {out.stdout}{out.stderr}"
 
 
 def test_two_vfs_reused_by_seven_rounds_of_pods(
