@@ -5,7 +5,8 @@ plugin choosing a VF (:mod:`sriov_cni.plugin.allocate`, its STATUS) and by
 ``sriov-cni status``.  A VF is *free* when the store holds no allocation for
 it and it is usable: its netdev sits in the host network namespace, or it is
 bound to a DPDK driver.  An allocation whose network namespace is gone is
-*stale*: the container died without a DEL.  Any other VF is *in use*.
+*stale*: the container died without a DEL.  Any other VF is *in use*.  A
+free VF that did not come up in a pod is *set aside* for a while.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class VfState(enum.Enum):
     # Not ours and not usable: its netdev is in some other namespace, or it
     # has no driver.
     IN_USE = "in use"
+    # Free, but it did not come up in a pod (see sriov_cni.plugin.aside).
+    SET_ASIDE = "set aside"
 
 
 def netns_alive(alloc: Allocation) -> bool:

@@ -1,7 +1,8 @@
 """The per-node record of which VF belongs to which container.
 
 One JSON file per allocated VF, named after its PCI address, under
-``<dataDir>/vfs/``.
+``<dataDir>/vfs/``; and one per VF set aside (a VF that did not come up
+in a pod, see :mod:`sriov_cni.plugin.aside`) under ``<dataDir>/aside/``.
 
 A VF's record changes only under the VF's claim, a flock on
 ``<dataDir>/claims/<PCI>.lock``: an ADD takes it before it records the VF
@@ -46,13 +47,14 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sriov_cni import safepath
 from sriov_cni.cni import CNIError, Code, io_error
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 
 DEFAULT_DATA_DIR = "/var/lib/cni/sriov"
+_Record = TypeVar("_Record")
 
 
 @dataclass
@@ -140,6 +142,29 @@ class Allocation:
         return alloc
 
 
+@dataclass
+class SetAside:
+    """A VF that did not come up in a pod: why, when, how often, and until when ADD passes over it."""
+
+    vf_pci: str
+    # A short kind ("no carrier", "link disabled") and the failure as ADD reported it.
+    reason: str
+    detail: str
+    # The first failure since the VF last worked, the latest, and how many.
+    since: float
+    last: float
+    failures: int
+    retry_after: float
+
+    def to_json(self) -> str:
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})
+
+    @classmethod
+    def from_json(cls, text: str) -> SetAside:
+        raw = json.loads(text)
+        return cls(**{f.name: raw[f.name] for f in fields(cls)})
+
+
 _ALLOCATION_FIELDS = tuple(f.name for f in fields(Allocation))
 # OriginalState's fields besides the PF-side snapshot.
 _NETDEV_SIDE = tuple(f.name for f in fields(OriginalState) if f.name != "pf")
@@ -202,6 +227,18 @@ class Store(Protocol):
 
     def remove(self, vf_pci: str) -> None: ...
 
+    def set_aside(self, record: SetAside) -> None:
+        """Record the VF as set aside, replacing an earlier record; under the VF's claim."""
+        ...
+
+    def aside(self) -> dict[str, SetAside]:
+        """The VFs set aside, by PCI address."""
+        ...
+
+    def unset_aside(self, vf_pci: str) -> None:
+        """The VF is no longer set aside; under the VF's claim."""
+        ...
+
 
 # Far above a real record (about 1 KiB); a larger file is not ours.
 MAX_RECORD = 64 * 1024
@@ -245,6 +282,7 @@ class FileStore:
         self.root = Path(data_dir)
         self.vfs_dir = self.root / "vfs"
         self.claims_dir = self.root / "claims"
+        self.aside_dir = self.root / "aside"
         self._ready = False
 
     def _prepare(self) -> None:
@@ -252,6 +290,7 @@ class FileStore:
             safepath.state_dir(str(self.root))
             safepath.state_dir(str(self.vfs_dir))
             safepath.state_dir(str(self.claims_dir))
+            safepath.state_dir(str(self.aside_dir))
             self._ready = True
 
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
@@ -267,6 +306,12 @@ class FileStore:
         return self.vfs_dir / f"{vf_pci}.json"
 
     def _read(self, path: Path) -> Allocation | None:
+        data = self._read_bytes(path)
+        if data is None:
+            return None
+        return self._decode(path, data, Allocation.from_json)
+
+    def _read_bytes(self, path: Path) -> bytes | None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -281,10 +326,14 @@ class FileStore:
             raise io_error(exc, f"cannot read {path}") from exc
         finally:
             os.close(fd)
+        return data
+
+    @staticmethod
+    def _decode(path: Path, data: bytes, parse: Callable[[str], _Record]) -> _Record:
         try:
             if len(data) > MAX_RECORD:
                 raise ValueError(f"larger than {MAX_RECORD} bytes")
-            return Allocation.from_json(data.decode())
+            return parse(data.decode())
         except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
             # Writes are atomic, so this is outside tampering.  Refusing is
             # safer than guessing: a guess could hand the VF out twice.
@@ -342,13 +391,40 @@ class FileStore:
 
     def remove(self, vf_pci: str) -> None:
         self._prepare()
-        path = self._path(vf_pci)
+        self._unlink(self._path(vf_pci))
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
         try:
             os.unlink(path)
         except FileNotFoundError:
             return
         except OSError as exc:
             raise io_error(exc, f"cannot remove {path}") from exc
+
+    def set_aside(self, record: SetAside) -> None:
+        self._prepare()
+        path = self.aside_dir / f"{record.vf_pci}.json"
+        try:
+            safepath.replace_file(path, record.to_json().encode(), 0o600)
+        except OSError as exc:
+            raise io_error(exc, f"cannot record set-aside VF in {path}") from exc
+
+    def aside(self) -> dict[str, SetAside]:
+        self._prepare()
+        out = {}
+        # Usually empty: one directory read per ADD.
+        for name in sorted(os.listdir(self.aside_dir)):
+            path = self.aside_dir / name
+            data = self._read_bytes(path) if name.endswith(".json") else None
+            if data is not None:
+                record = self._decode(path, data, SetAside.from_json)
+                out[record.vf_pci] = record
+        return out
+
+    def unset_aside(self, vf_pci: str) -> None:
+        self._prepare()
+        self._unlink(self.aside_dir / f"{vf_pci}.json")
 
 
 def read_allocations(data_dir: Path) -> list[Allocation]:
@@ -361,3 +437,10 @@ def read_allocations(data_dir: Path) -> list[Allocation]:
     if not (data_dir / "vfs").is_dir():
         return []
     return FileStore(data_dir).all()
+
+
+def read_set_aside(data_dir: Path) -> dict[str, SetAside]:
+    """The VFs set aside under ``data_dir``, by PCI address, for the node command as :func:`read_allocations`."""
+    if not (data_dir / "aside").is_dir():
+        return {}
+    return FileStore(data_dir).aside()

@@ -20,7 +20,7 @@ import pytest
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
-from sriov_cni.vfstore import MAX_RECORD, Allocation, FileStore, OriginalState, Store
+from sriov_cni.vfstore import MAX_RECORD, Allocation, FileStore, OriginalState, SetAside, Store
 from tests.support.fakes import MemoryVfStore
 
 PCI_A = "0000:3b:10.0"
@@ -95,6 +95,21 @@ def test_put_replaces_remove_forgets_and_all_is_ordered_by_vf(store: Store) -> N
     store.remove(PCI_A)
     assert store.get(PCI_A) is None
     assert [a.vf_pci for a in store.all()] == [PCI_B]
+
+
+def test_a_vf_set_aside_reads_back_apart_from_the_allocations_and_unset_forgets_it(store: Store) -> None:
+    record = SetAside(PCI_B, "no carrier", "VF has no carrier", 1700000000.0, 1700000060.0, 2, 1700000180.0)
+    store.put(allocation(PCI_A))
+    store.set_aside(record)
+    assert store.aside() == {PCI_B: record}
+    assert [a.vf_pci for a in store.all()] == [PCI_A] and not store.has(PCI_B)
+    record.failures = 3
+    assert store.aside()[PCI_B].failures == 2, "the store must hold a copy"
+    store.set_aside(record)
+    assert store.aside()[PCI_B].failures == 3
+    store.unset_aside(PCI_B)
+    store.unset_aside(PCI_B)
+    assert store.aside() == {}
 
 
 def test_records_are_copies_not_shared_objects(store: Store) -> None:
@@ -264,13 +279,20 @@ def test_records_are_0600_in_0700_directories_and_no_temporary_file_stays(files:
     with files.claim(PCI_A):  # type: ignore[union-attr]
         files.put(allocation())
         files.put(allocation(container="ctr2"))
+    with files.claim(PCI_B):  # type: ignore[union-attr]
+        files.set_aside(SetAside(PCI_B, "no carrier", "", 1.0, 1.0, 1, 61.0))
     assert os.listdir(files.vfs_dir) == [f"{PCI_A}.json"]
-    for path in (files.vfs_dir / f"{PCI_A}.json", files.claims_dir / f"{PCI_A}.lock"):
+    assert os.listdir(files.aside_dir) == [f"{PCI_B}.json"]
+    for path in (
+        files.vfs_dir / f"{PCI_A}.json",
+        files.claims_dir / f"{PCI_A}.lock",
+        files.aside_dir / f"{PCI_B}.json",
+    ):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    for directory in (files.root, files.vfs_dir, files.claims_dir):
+    for directory in (files.root, files.vfs_dir, files.claims_dir, files.aside_dir):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     # The claims are the store's only locks: there is no node-wide lock file.
-    assert sorted(os.listdir(files.root)) == ["claims", "vfs"]
+    assert sorted(os.listdir(files.root)) == ["aside", "claims", "vfs"]
 
 
 def test_records_outlive_the_store_object(files: FileStore) -> None:

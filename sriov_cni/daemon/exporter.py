@@ -319,7 +319,8 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     states = GaugeMetricFamily(
         "sriov_cni_vfs",
         "The PF's VFs by state: free, allocated, stale (its pod's "
-        "network namespace is gone), in use (not ours, or without a driver)",
+        "network namespace is gone), in use (not ours, or without a driver), "
+        "set aside (free, but it did not come up in a pod)",
         labels=[*pf_labels, "state"],
     )
     dpdk = GaugeMetricFamily("sriov_cni_vfs_dpdk", "The PF's VFs bound to a DPDK driver", labels=pf_labels)
@@ -339,8 +340,16 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
         "(shared mode: every namespace sees them), elsewhere (a namespace no attachment of ours has)",
         labels=[*pf_labels, "where"],
     )
+    set_aside = GaugeMetricFamily(
+        "sriov_cni_vf_set_aside_failures",
+        "VFs set aside because they did not come up in a pod (see status): failures in a row, by reason",
+        labels=[*pf_labels, "vf", "reason"],
+    )
     for pf in pfs:
         labels = [pf["netdev"] or "", pf["pci"]]
+        for vf in pf["vfs"]:
+            if vf["setAside"] is not None:
+                set_aside.add_metric([*labels, vf["pci"], vf["setAside"]["reason"]], vf["setAside"]["failures"])
         if pf["numVfs"] is not None:
             numvfs.add_metric(labels, pf["numVfs"])
         if pf["totalVfs"] is not None:
@@ -360,7 +369,7 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
         wheres = [vf["rdmaWhere"] for vf in pf["vfs"] if vf["rdmaWhere"] is not None]
         for where in sorted(set(wheres)):
             rdma_devices.add_metric([*labels, where], wheres.count(where))
-    yield from (numvfs, totalvfs, states, dpdk, allocations, rdma_modes, rdma_devices)
+    yield from (numvfs, totalvfs, states, dpdk, allocations, rdma_modes, rdma_devices, set_aside)
 
 
 def _exporter(daemon: socket.socket, alive: int, launch: _Launch) -> None:  # pragma: no cover - runs in the exporter

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sriov_cni import safepath
 from sriov_cni.daemon import budget
-from sriov_cni.vfstore import Allocation, Claim, FileStore, Store
+from sriov_cni.vfstore import Allocation, Claim, FileStore, SetAside, Store
 
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
@@ -78,6 +78,15 @@ class TimedStore:
 
     def remove(self, vf_pci: str) -> None:
         self._store.remove(vf_pci)
+
+    def set_aside(self, record: SetAside) -> None:
+        self._store.set_aside(record)
+
+    def aside(self) -> dict[str, SetAside]:
+        return self._store.aside()
+
+    def unset_aside(self, vf_pci: str) -> None:
+        self._store.unset_aside(vf_pci)
 
 
 class ClaimTimes:

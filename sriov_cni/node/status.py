@@ -11,6 +11,7 @@ ours holds it).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from sriov_cni.kernel import cpulist, irqs, netlink, nlerrors, rdma, sysfs
 from sriov_cni.node import irqbalance, rdmamode
 from sriov_cni.paths import Paths
 from sriov_cni.vfstate import VfState, recorded_state, unrecorded_state
-from sriov_cni.vfstore import Allocation, read_allocations
+from sriov_cni.vfstore import Allocation, SetAside, read_allocations, read_set_aside
 
 
 def _irq_pins(paths: Paths, pci: str) -> list[dict[str, Any]]:
@@ -77,11 +78,14 @@ def _vf(
     index: int,
     pci: str,
     alloc: Allocation | None,
+    aside: SetAside | None,
     in_host: Callable[[str], bool],
     view: RdmaView,
 ) -> dict[str, Any]:
     bound, netdev = sysfs.driver_and_netdev(paths.sys, pci)
     state = recorded_state(alloc) if alloc is not None else unrecorded_state(bound, netdev, in_host)
+    if state is VfState.FREE and aside is not None:
+        state = VfState.SET_ASIDE
     device = _rdma_device(paths, pci, alloc)
     return {
         "index": index,
@@ -103,10 +107,27 @@ def _vf(
             # handed to another pod until one succeeds.
             "unrestored": alloc.unrestored,
         },
+        # Why ADD passes over it, since when, how often, and until when
+        # (see sriov_cni.plugin.aside); kept after it is taken again, until
+        # it works in a pod.
+        "setAside": None
+        if aside is None
+        else {
+            "reason": aside.reason,
+            "detail": aside.detail,
+            "since": _when(aside.since),
+            "last": _when(aside.last),
+            "failures": aside.failures,
+            "retryAfter": _when(aside.retry_after),
+        },
         "irqs": _irq_pins(paths, pci),
         "rdmaDevice": device,
         "rdmaWhere": None if device is None else _rdma_where(device, alloc, view),
     }
+
+
+def _when(stamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
 
 
 def _rdma_where(device: str, alloc: Allocation | None, view: RdmaView) -> str:
@@ -140,6 +161,7 @@ def gather(
     """One record per PF (anything with ``sriov_totalvfs``), VFs in index order."""
     view = RdmaView() if view is None else view
     allocs = {a.vf_pci: a for a in read_allocations(data_dir)}
+    aside = read_set_aside(data_dir)
     try:
         devices = sorted(os.listdir(paths.sys / "bus" / "pci" / "devices"))
     except OSError:
@@ -152,7 +174,10 @@ def gather(
         names = sysfs.netdevs(paths.sys, pci)
         netdev = names[0] if names else None
         mtu, link = _link(paths, netdev)
-        vfs = [_vf(paths, pci, i, vf, allocs.get(vf), in_host, view) for i, vf in sysfs.vf_pcis(paths.sys, pci).items()]
+        vfs = [
+            _vf(paths, pci, i, vf, allocs.get(vf), aside.get(vf), in_host, view)
+            for i, vf in sysfs.vf_pcis(paths.sys, pci).items()
+        ]
         out.append(
             {
                 "pci": pci,
@@ -214,6 +239,11 @@ def table(pfs: list[dict[str, Any]], rdma_mode: str | None = None) -> list[str]:
             state = vf["state"] + (" (netns gone)" if vf["state"] == VfState.STALE.value else "")
             if a and a["unrestored"]:
                 state += f" (unrestored: {'; '.join(a['unrestored'])})"
+            if vf["setAside"] and vf["state"] == VfState.SET_ASIDE.value:
+                aside = vf["setAside"]
+                state += (
+                    f" ({aside['reason']}, {aside['failures']}x since {aside['since']}, retry {aside['retryAfter']})"
+                )
             rows.append(
                 (
                     str(vf["index"]),

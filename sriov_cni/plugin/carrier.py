@@ -13,7 +13,7 @@ sysfs does not tell) there is nothing to wait for, and the pod gets its VF
 as it is; the VF's carrier comes with the PF's.  A VF whose ``link_state``
 is ``disable`` never has carrier.  A VF that stays without carrier for the
 whole bound while its PF has carrier cannot carry the pod's traffic: ADD
-fails, saying so, and rolls back.
+rolls it back, sets it aside and tries another (see :mod:`aside`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import logging
 import time
 from pathlib import Path
 
-from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import netlink, sysfs, vfsettings
+from sriov_cni.plugin import aside
 from sriov_cni.vfstore import Allocation
 
 logger = logging.getLogger(__name__)
@@ -50,8 +50,8 @@ def await_carrier(sys_root: Path, alloc: Allocation, index: int, bound: float) -
                 return
             waited = time.monotonic() - started
             if waited >= bound:
-                raise CNIError(
-                    Code.DEVICE,
+                raise aside.VfUnusable(
+                    aside.NO_CARRIER,
                     f"VF {alloc.vf_pci} has no carrier {bound:g} s after it was brought up in the pod, "
                     f"while its PF {alloc.pf_netdev} has carrier",
                     "the VF driver has not heard from the PF; see the kernel log for the VF's PCI address",

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,10 +36,10 @@ from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
-from sriov_cni.plugin import allocate, attach, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
+from sriov_cni.plugin import allocate, aside, attach, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease, NewLease
-from sriov_cni.vfstore import Allocation, FileStore, Store
+from sriov_cni.vfstore import Allocation, FileStore, SetAside, Store
 
 ABOUT = f"sriov CNI plugin {__version__}"
 
@@ -60,6 +61,8 @@ class Deps:
     mac_retry_delay: float = attach.MAC_RETRY_DELAY
     # How long ADD waits for the VF's carrier while its PF has carrier (see carrier).
     carrier_wait: float = carrier.CARRIER_WAIT
+    # How long ADD goes on trying VFs after one did not come up (see aside).
+    add_budget: float = aside.ADD_BUDGET
     paths: Paths = field(default_factory=Paths)
 
 
@@ -233,18 +236,71 @@ def cmd_add(cmd: CmdArgs, deps: Deps) -> Result:
 def _add(add: _Add, att: allocate.Attachment, store: Store, candidates: allocate.Candidates) -> Result:
     _refuse_taken_name(att, candidates)
     vfc = add.deps.vf_control()
+    set_aside = store.aside()
+    if candidates.named is None:
+        candidates = allocate.Candidates(aside.ordered(candidates.vfs, set_aside, time.time()))
+    started = time.monotonic()
+    failed: list[str] = []
     with netlink.open_namespace() as host:
-        # The claim is held until this ADD has returned or rolled back: a DEL
-        # or another ADD reclaiming the VF (its pod's netns may vanish
-        # meanwhile) waits.
-        with allocate.reserve(store, candidates, att, host, add.deps.paths.sys) as lease:
-            alloc = lease.alloc
-            logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
-            try:
-                return _set_up(add, vfc, host, lease)
-            except BaseException:
-                _roll_back(vfc, lease, add.deps)
-                raise
+        while True:
+            # The claim is held until this ADD has returned or rolled back: a
+            # DEL or another ADD reclaiming the VF (its pod's netns may
+            # vanish meanwhile) waits.
+            with _reserve(add, att, store, candidates, host, set_aside, failed) as lease:
+                alloc = lease.alloc
+                logger.info("allocated VF %s (PF %s VF %d)", alloc.vf_pci, alloc.pf_netdev, alloc.vf_index)
+                try:
+                    result = _set_up(add, vfc, host, lease)
+                except aside.VfUnusable as exc:
+                    _roll_back(vfc, lease, add.deps)
+                    aside.set_aside(store, alloc, exc, set_aside.get(alloc.vf_pci))
+                    if candidates.named is not None:
+                        raise
+                    failed.append(f"VF {alloc.vf_pci}: {exc.msg}")
+                    if time.monotonic() - started + add.deps.carrier_wait > add.deps.add_budget:
+                        raise _none_came_up(failed, f"tried for {time.monotonic() - started:.0f} s") from exc
+                    candidates = allocate.Candidates([vf for vf in candidates.vfs if vf.pci != alloc.vf_pci])
+                    continue
+                except BaseException:
+                    _roll_back(vfc, lease, add.deps)
+                    raise
+                aside.came_back(store, alloc.vf_pci, set_aside)
+                return result
+
+
+def _reserve(
+    add: _Add,
+    att: allocate.Attachment,
+    store: Store,
+    candidates: allocate.Candidates,
+    host: netlink.Namespace,
+    set_aside: dict[str, SetAside],
+    failed: list[str],
+) -> NewLease:
+    """:func:`allocate.reserve`, its "no free VF" naming the VFs this ADD tried and those set aside."""
+    try:
+        return allocate.reserve(store, candidates, att, host, add.deps.paths.sys)
+    except CNIError as exc:
+        if exc.code != Code.NO_FREE_VF:
+            raise
+        if failed:
+            raise _none_came_up(failed, "no other VF is free") from exc
+        passed = [
+            f"{pci} ({record.reason}, passed over until {time.strftime('%H:%M:%S', time.localtime(record.retry_after))})"
+            for pci, record in set_aside.items()
+            if pci not in {vf.pci for vf in candidates.vfs}
+        ]
+        if passed:
+            exc.details = "; ".join(filter(None, [exc.details, "set aside: " + ", ".join(passed)]))
+        raise
+
+
+def _none_came_up(failed: list[str], why_stop: str) -> CNIError:
+    return CNIError(
+        Code.DEVICE,
+        f"no VF came up in the pod ({why_stop}); each was set aside",
+        "; ".join(failed),
+    )
 
 
 def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: NewLease) -> Result:
@@ -253,6 +309,7 @@ def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: N
     if lease.stale is not None:
         _reclaim_stale(add, vfc, lease.stale)
     _record_changes(vfc, host, lease, conf.pf_settings)
+    aside.refuse_disabled_link(lease.alloc, conf.pf_settings.link_state)
     attach.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
     rdma_device = rdma.move_in(lease, conf.rdma, deps.paths.sys)
     iface, index = _plug(conf, lease, deps)
@@ -574,6 +631,8 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
         except CNIError as exc:
             raise CNIError(Code.NOT_AVAILABLE, "the VF pool is unusable", exc.msg) from exc
         store = deps.store(conf.data_dir)
+        # What ADD would try: VFs set aside count once their back-off has ended.
+        vfs = aside.ordered(vfs, store.aside(), time.time())
         with netlink.open_namespace() as host:
             states = [
                 vfstate.vf_state(deps.paths.sys, vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None)
@@ -584,7 +643,7 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
             raise CNIError(
                 Code.NOT_AVAILABLE,
                 f"no free VF in the pool {', '.join(str(e) for e in conf.pool)}",
-                f"{len(vfs)} VFs, all allocated or in use",
+                f"{len(vfs)} VFs that are not set aside, all allocated or in use",
             )
     if conf.ipam_type:
         delegate.run_ipam("STATUS", cmd, conf.ipam_type)

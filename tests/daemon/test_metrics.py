@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sriov_cni import __version__, cli
 from sriov_cni.daemon import budget
+from sriov_cni.vfstore import FileStore, SetAside
 from tests.support.daemonlib import REPO, SHIM, Daemon, command_line, exporter_of, wait_for
 from tests.support.hostnode import HostNode
 
@@ -42,6 +43,7 @@ POOL = {
     "sriov_cni_allocations",
     "sriov_cni_rdma_netns_mode",
     "sriov_cni_rdma_devices",
+    "sriov_cni_vf_set_aside_failures",
 }
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -142,8 +144,14 @@ def expected_pool(status: dict[str, Any]) -> Samples:
         out[key("sriov_cni_pf_vfs", **labels)] = pf["numVfs"]
         out[key("sriov_cni_pf_vfs_max", **labels)] = pf["totalVfs"]
         states = Counter(vf["state"] for vf in pf["vfs"])
-        for state in ("free", "allocated", "stale", "in use"):
+        for state in ("free", "allocated", "stale", "in use", "set aside"):
             out[key("sriov_cni_vfs", **labels, state=state)] = states[state]
+        for vf in pf["vfs"]:
+            if vf["setAside"] is not None:
+                reason = vf["setAside"]["reason"]
+                out[key("sriov_cni_vf_set_aside_failures", **labels, vf=vf["pci"], reason=reason)] = vf["setAside"][
+                    "failures"
+                ]
         out[key("sriov_cni_vfs_dpdk", **labels)] = sum(vf["driver"] == "vfio-pci" for vf in pf["vfs"])
         owners = Counter((vf["allocation"]["network"], vf["state"]) for vf in pf["vfs"] if vf["allocation"])
         for (network, state), count in owners.items():
@@ -280,6 +288,13 @@ def test_the_pool_gauges_equal_status_json_before_and_after_adds_and_dels(rig: R
     assert end[key("sriov_cni_vfs", **pf0, state="free")] == 2
     assert key("sriov_cni_allocations", **pf0, network="net-a", state="allocated") not in end
     assert end[key("sriov_cni_allocations", **pf0, network="net-b", state="stale")] == 1
+    # A free VF an ADD set aside (tests/plugin/test_aside.py makes one for real).
+    aside_vf = rig.pfs[0].vfs[0].pci
+    FileStore(rig.state).set_aside(SetAside(aside_vf, "no carrier", "no carrier 20 s after ...", 1.0, 2.0, 2, 3.0))
+    aside = check()
+    assert aside[key("sriov_cni_vfs", **pf0, state="set aside")] == 1
+    assert aside[key("sriov_cni_vfs", **pf0, state="free")] == 1
+    assert aside[key("sriov_cni_vf_set_aside_failures", **pf0, vf=aside_vf, reason="no carrier")] == 2
 
 
 def said(rig: Rig, words: str) -> str:
@@ -471,6 +486,10 @@ def test_the_example_alert_rules_are_valid_and_fire_as_the_readme_says(tmp_path:
                     {"series": f'sriov_cni_vfs{{{pf},state="free"}}', "values": "3 0x19"},
                     {"series": f'sriov_cni_vfs{{{pf},state="stale"}}', "values": "0x20"},
                     {"series": f"up{{{node}}}", "values": "1 1 0x18"},
+                    {
+                        "series": f'sriov_cni_vf_set_aside_failures{{{pf},vf="0000:af:10.1",reason="no carrier"}}',
+                        "values": "1 2 3x60",
+                    },
                     {"series": f"sriov_cni_daemon_up{{{node}}}", "values": "1x20"},
                     {
                         "series": f'sriov_cni_calls_total{{{node},program="sriov",command="ADD",result="0"}}',
@@ -504,6 +523,24 @@ def test_the_example_alert_rules_are_valid_and_fire_as_the_readme_says(tmp_path:
                         "alertname": "SriovCniDaemonDown",
                         "exp_alerts": [
                             {"exp_labels": {"severity": "critical", "instance": "node1:9731", "job": "sriov-cni"}}
+                        ],
+                    },
+                    {"eval_time": "20m", "alertname": "SriovCniVfSetAside", "exp_alerts": []},
+                    {
+                        "eval_time": "40m",
+                        "alertname": "SriovCniVfSetAside",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "pf": "ens1f0",
+                                    "pci": "0000:af:00.0",
+                                    "vf": "0000:af:10.1",
+                                    "reason": "no carrier",
+                                    "instance": "node1:9731",
+                                    "job": "sriov-cni",
+                                }
+                            }
                         ],
                     },
                     {"eval_time": "4m", "alertname": "SriovCniCallErrors", "exp_alerts": []},
@@ -599,7 +636,12 @@ def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> 
             return loaded if loaded and "unknown" not in loaded.values() else None
 
         health = wait_for(rules)
-        assert health == {"SriovCniPoolExhausted": "ok", "SriovCniCallErrors": "ok", "SriovCniDaemonDown": "ok"}
+        assert health == {
+            "SriovCniPoolExhausted": "ok",
+            "SriovCniCallErrors": "ok",
+            "SriovCniDaemonDown": "ok",
+            "SriovCniVfSetAside": "ok",
+        }
     finally:
         prometheus.terminate()
         prometheus.wait(timeout=60)

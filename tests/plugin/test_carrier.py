@@ -13,20 +13,7 @@ import threading
 import time
 from typing import Any
 
-from tests.support.pluginlib import Node, Ready, link, sh
-
-
-def pf_carrier(node: Node, value: str | None) -> None:
-    path = node.sys / "class" / "net" / node.pfs[0].name / "carrier"
-    if value is None:
-        path.unlink(missing_ok=True)
-    else:
-        path.write_text(f"{value}\n")
-
-
-def peer(node: Node, vf: int, state: str) -> None:
-    """The far end of VF ``vf``'s veth, down (the VF has no carrier) or up."""
-    sh("ip", "-n", node.peer_ns, "link", "set", f"peer0{vf}", state)
+from tests.support.pluginlib import Node, Ready, link
 
 
 def pod_carrier(pod: str) -> bool:
@@ -40,11 +27,11 @@ def conf(node: Node, **keys: Any) -> dict[str, Any]:
 
 def test_add_returns_once_the_vf_has_carrier(ready: Ready) -> None:
     node, pod, _ = ready
-    pf_carrier(node, "1")
+    node.pf_carrier("1")
     node.carrier_wait = 30.0
     # The far end comes up while ADD runs, as a VF driver's watchdog reports
     # the link a while after the VF was opened.
-    later = threading.Timer(1.0, peer, (node, 0, "up"))
+    later = threading.Timer(1.0, node.vf_peer, (0, "up"))
     later.start()
     try:
         node.add(conf(node), netns=pod)
@@ -55,9 +42,9 @@ def test_add_returns_once_the_vf_has_carrier(ready: Ready) -> None:
 
 def test_add_fails_and_gives_the_vf_back_when_it_gets_no_carrier_while_its_pf_has(ready: Ready) -> None:
     node, pod, before = ready
-    pf_carrier(node, "1")
+    node.pf_carrier("1")
     node.carrier_wait = 1.0
-    res = node.cni("ADD", conf(node), netns=pod)
+    res = node.cni("ADD", conf(node, deviceID=node.pfs[0].vfs[0].pci), netns=pod)
     assert res.rc != 0 and res.out["code"] == 100, res.stdout
     assert "no carrier" in res.out["msg"] and node.pfs[0].name in res.out["msg"], res.out
     assert node.picture() == before
@@ -68,7 +55,7 @@ def test_no_wait_while_the_pf_has_no_carrier(ready: Ready) -> None:
     node, pod, _ = ready
     node.carrier_wait = 1.0
     for state in ("0", None):
-        pf_carrier(node, state)
+        node.pf_carrier(state)
         node.add(conf(node), netns=pod)
         assert not pod_carrier(pod)
         assert node.cni("DEL", conf(node), netns=pod).rc == 0
@@ -76,7 +63,7 @@ def test_no_wait_while_the_pf_has_no_carrier(ready: Ready) -> None:
 
 def test_no_wait_for_a_vf_whose_link_is_disabled(ready: Ready) -> None:
     node, pod, _ = ready
-    pf_carrier(node, "1")
+    node.pf_carrier("1")
     node.carrier_wait = 1.0
     node.add(conf(node, link_state="disable"), netns=pod)
     assert not pod_carrier(pod)
@@ -84,19 +71,19 @@ def test_no_wait_for_a_vf_whose_link_is_disabled(ready: Ready) -> None:
 
 def test_check_reports_a_vf_that_lost_carrier_while_its_pf_has_it(ready: Ready) -> None:
     node, pod, _ = ready
-    pf_carrier(node, "1")
-    peer(node, 0, "up")
+    node.pf_carrier("1")
+    node.vf_peer(0, "up")
     cfg = conf(node)
     res = node.add(cfg, netns=pod)
     with_prev = dict(cfg, prevResult=res.out)
     assert node.cni("CHECK", with_prev, netns=pod).rc == 0
 
-    peer(node, 0, "down")
+    node.vf_peer(0, "down")
     deadline = time.monotonic() + 10
     while pod_carrier(pod) and time.monotonic() < deadline:
         time.sleep(0.05)
     res = node.cni("CHECK", with_prev, netns=pod)
     assert res.rc != 0 and "no carrier" in res.out["details"], res.stdout
 
-    pf_carrier(node, "0")
+    node.pf_carrier("0")
     assert node.cni("CHECK", with_prev, netns=pod).rc == 0

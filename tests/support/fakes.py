@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from sriov_cni.kernel import netlink, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings
-from sriov_cni.vfstore import Allocation, Claim
+from sriov_cni.vfstore import Allocation, Claim, SetAside
 from tests.support.nodetree import Tree
 
 if TYPE_CHECKING:
@@ -195,6 +195,7 @@ class MemoryVfStore:
 
     def __init__(self) -> None:
         self._records: dict[str, str] = {}
+        self._aside: dict[str, str] = {}
         # Guards the claims, and lets all() read the records while other
         # threads, each under a claim, change them.
         self._lock = threading.Lock()
@@ -236,6 +237,20 @@ class MemoryVfStore:
     def remove(self, vf_pci: str) -> None:
         with self._lock:
             self._records.pop(vf_pci, None)
+
+    def set_aside(self, record: SetAside) -> None:
+        text = record.to_json()
+        with self._lock:
+            self._aside[record.vf_pci] = text
+
+    def aside(self) -> dict[str, SetAside]:
+        with self._lock:
+            texts = sorted(self._aside.items())
+        return {pci: SetAside.from_json(text) for pci, text in texts}
+
+    def unset_aside(self, vf_pci: str) -> None:
+        with self._lock:
+            self._aside.pop(vf_pci, None)
 
 
 # --- IPAM's reservations ---------------------------------------------------------

@@ -167,6 +167,7 @@ class Node:
         self.claim_wait = commands.Deps.claim_wait
         self.mac_retry_delay = commands.Deps.mac_retry_delay
         self.carrier_wait = commands.Deps.carrier_wait
+        self.add_budget = commands.Deps.add_budget
         self.pfs: list[PF] = []
         self.peer_ns = f"svpeer-{self.token}"
         sh("ip", "netns", "add", self.peer_ns)
@@ -256,6 +257,18 @@ class Node:
         [old] = (self._devices() / vf.pci / "net").iterdir()
         old.rename(old.parent / name)
 
+    def pf_carrier(self, value: str | None) -> None:
+        """The first PF's carrier as its sysfs file says (``"1"``, ``"0"``), or no such file (None)."""
+        path = self.sys / "class" / "net" / self.pfs[0].name / "carrier"
+        if value is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(f"{value}\n")
+
+    def vf_peer(self, vf: int, state: str) -> None:
+        """The far end of the first PF's VF ``vf`` veth, ``"down"`` (the VF has no carrier) or ``"up"``."""
+        sh("ip", "-n", self.peer_ns, "link", "set", f"peer0{vf}", state)
+
     def pod(self) -> str:
         name = f"svpod-{self.token}-{self._pods}"
         self._pods += 1
@@ -313,6 +326,7 @@ class Node:
             claim_wait=self.claim_wait,
             mac_retry_delay=self.mac_retry_delay,
             carrier_wait=self.carrier_wait,
+            add_budget=self.add_budget,
             paths=self.paths,
         )
 
