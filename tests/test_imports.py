@@ -135,6 +135,17 @@ def test_the_rules_see_imports_of_every_form() -> None:
     assert _area("vfstore") == "shared" and _area("cli") == "cli" and _area("") == "shared"
 
 
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in tests/support (or a helper module beside them), never in another test module."""
+    tests = Path(__file__).parent
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1].startswith("test_"):
+                offenders.append(f"{path.relative_to(tests)}: from {node.module}")
+    assert offenders == []
+
+
 def test_only_sriov_cni_is_installed() -> None:
     # A top-level package of another name (ipam, as it once was) would land
     # in the users' site-packages beside everyone else's.

@@ -9,15 +9,7 @@ from typing import Any
 import pytest
 
 from sriov_cni.kernel import netlink
-from tests.support.pluginlib import Node, Outcome, Ready, addresses, ipam_reservations, link, sh
-
-
-def refused(res: Outcome, code: int) -> None:
-    assert res.rc != 0, res.stdout
-    out = res.out
-    assert out["code"] == code, out
-    assert out["msg"]
-    assert set(out) <= {"cniVersion", "code", "msg", "details"}
+from tests.support.pluginlib import Node, Ready, addresses, ipam_reservations, link, refused, sh
 
 
 def test_malformed_json(ready: Ready) -> None:

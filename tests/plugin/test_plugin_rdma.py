@@ -18,9 +18,8 @@ import pytest
 from sriov_cni.cni import IPAddress
 from sriov_cni.plugin import rdma
 from sriov_cni.vfstore import Allocation
-from tests.plugin.test_plugin_errors import refused
 from tests.support.hostkernel import has_rdma_netlink
-from tests.support.pluginlib import Ready
+from tests.support.pluginlib import Ready, refused
 
 
 def _rdma_dir(node_sys: Path, pci: str, name: str) -> None:

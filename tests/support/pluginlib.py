@@ -363,6 +363,15 @@ class Node:
         return {"host": host, "records": self.records(), "fake": self.fake.snapshot(), "pods": pods}
 
 
+def refused(res: Outcome, code: int) -> None:
+    """A failed call's answer is a CNI error object with ``code``, a message, and nothing else."""
+    assert res.rc != 0, res.stdout
+    out = res.out
+    assert out["code"] == code, out
+    assert out["msg"]
+    assert set(out) <= {"cniVersion", "code", "msg", "details"}
+
+
 # The ``ready`` fixture: a node with one PF of two VFs, a pod, and the
 # picture to compare with afterwards.
 Ready = tuple[Node, str, dict[str, Any]]
