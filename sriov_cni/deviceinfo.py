@@ -36,6 +36,11 @@ TYPE = "pci"
 # annotation, rebuilt from those structs, does not carry it); readers of the
 # file itself, a DRA driver publishing it in its claim's status, get it.
 GID_INDEX_KEY = "rdma-gid-index"
+# Not a field of the spec either: the device's verbs character device as it
+# is after ADD moved the device.  A move removes and re-adds the device's
+# uverbs entry, which takes the lowest free number, so the one a device
+# plugin or DRA driver resolved before ADD may since name another device.
+UVERBS_KEY = "rdma-uverbs-device"
 # Far above a real file (a few hundred bytes); a larger one is not a device-info file.
 MAX_FILE = 64 * 1024
 # Multus and the workloads that read these files may not run as root.
@@ -56,6 +61,9 @@ def facts(sys_root: Path, vf_pci: str, pf_pci: str, held: str | None = None) -> 
     device = held or (listed[0] if len(listed) == 1 else None)
     if device is not None:
         pci["rdma-device"] = device
+        uverbs = rdma.uverbs_device(sys_root, vf_pci, device)
+        if uverbs is not None:
+            pci[UVERBS_KEY] = f"/dev/infiniband/{uverbs}"
     return {"type": TYPE, "version": VERSION, "pci": pci}
 
 

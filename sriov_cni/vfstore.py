@@ -109,6 +109,9 @@ class Allocation:
     # The VF's RDMA device moved into the pod, or the Soft-RoCE device made
     # there (rdma_soft); recorded before the change (see plugin/rdma.py).
     rdma_device: str | None = None
+    # Its index (moved devices only), which no move or rename changes: DEL
+    # finds it by that, and gives it back under ``rdma_device``.
+    rdma_index: int | None = None
     rdma_soft: bool = False
 
     def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:

@@ -146,6 +146,7 @@ def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_a
         "device_info_file",
         "unrestored",
         "rdma_device",
+        "rdma_index",
         "rdma_soft",
     ]
     assert raw["applied"] == {"vlan": [100, 0, 0x8100], "rate": [0, 500], "trust": True}
@@ -346,6 +347,6 @@ def test_ids_read_no_record(files: FileStore) -> None:
 
 def test_a_records_rdma_device_survives_the_store() -> None:
     alloc = allocation(original=original())
-    alloc.rdma_device = "mlx5_3"
+    alloc.rdma_device, alloc.rdma_index = "mlx5_3", 7
     back = Allocation.from_json(alloc.to_json())
-    assert (back.rdma_device, back.rdma_soft) == ("mlx5_3", False)
+    assert (back.rdma_device, back.rdma_index, back.rdma_soft) == ("mlx5_3", 7, False)

@@ -9,11 +9,12 @@ What the module does:
   namespace) or *exclusive* (a device lives in one namespace, and verbs
   from any other get EPERM); it can only change while no namespace but the
   host's exists;
-* the devices a namespace sees, with their index and (through the port
-  dump) their netdev;
+* the devices a namespace sees, by name and index; one device by its index
+  (which, unlike its name, a move or a rename never changes);
 * moving a device into a namespace by an open fd of it: the request must be
   sent from inside the namespace the device is in, else the kernel does not
   find it (ENODEV); :func:`move_out` sends it from there;
+* renaming a device;
 * creating and removing a link (a Soft-RoCE ``rxe`` device on a netdev);
 * finding an address's RoCE v2 GID index in a device's GID table (sysfs:
   no netlink request lists GIDs).
@@ -48,14 +49,11 @@ CMD_GET = 1
 CMD_SET = 2
 CMD_NEWLINK = 3
 CMD_DELLINK = 4
-CMD_PORT_GET = 5
 CMD_SYS_GET = 6
 CMD_SYS_SET = 7
 
 ATTR_DEV_INDEX = 1
 ATTR_DEV_NAME = 2
-ATTR_PORT_INDEX = 3
-ATTR_NDEV_INDEX = 50
 ATTR_NDEV_NAME = 51
 ATTR_LINK_TYPE = 65
 ATTR_NETNS_MODE = 66
@@ -126,8 +124,12 @@ def dev_dump_request(seq: int) -> bytes:
     return message(CMD_GET, seq, flags=NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP)
 
 
-def port_dump_request(seq: int, dev_index: int) -> bytes:
-    return message(CMD_PORT_GET, seq, attr_u32(ATTR_DEV_INDEX, dev_index), NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP)
+def dev_get_request(seq: int, dev_index: int) -> bytes:
+    return message(CMD_GET, seq, attr_u32(ATTR_DEV_INDEX, dev_index))
+
+
+def rename_request(seq: int, dev_index: int, name: str) -> bytes:
+    return message(CMD_SET, seq, attr_u32(ATTR_DEV_INDEX, dev_index) + attr_str(ATTR_DEV_NAME, name))
 
 
 def move_request(seq: int, dev_index: int, netns_fd: int) -> bytes:
@@ -166,12 +168,17 @@ def _str(raw: bytes) -> str:
 
 @dataclass(frozen=True)
 class RdmaDevice:
-    """An RDMA device as one namespace sees it; ``netdev`` is None when its netdev lives elsewhere (or it has none)."""
+    """An RDMA device as one namespace sees it."""
 
     index: int
     name: str
-    netdev: str | None = None
-    netdev_index: int | None = None
+
+
+def _device(payload: bytes) -> RdmaDevice | None:
+    attrs = parse_attrs(payload)
+    if ATTR_DEV_INDEX in attrs and ATTR_DEV_NAME in attrs:
+        return RdmaDevice(_u32(attrs[ATTR_DEV_INDEX]), _str(attrs[ATTR_DEV_NAME]))
+    return None
 
 
 class Rdma:
@@ -249,31 +256,9 @@ class Rdma:
         self._do(sys_set_request(self._next_seq(), value), f"setting the RDMA netns mode to {mode}")
 
     def devices(self) -> list[RdmaDevice]:
-        """Every RDMA device this namespace sees, with its first port's netdev (if in this namespace)."""
-        found: list[tuple[int, str]] = []
-        for _, payload in self._answers(dev_dump_request(self._next_seq()), "listing RDMA devices"):
-            attrs = parse_attrs(payload)
-            if ATTR_DEV_INDEX in attrs and ATTR_DEV_NAME in attrs:
-                found.append((_u32(attrs[ATTR_DEV_INDEX]), _str(attrs[ATTR_DEV_NAME])))
-        out = []
-        for index, name in found:
-            netdev: str | None = None
-            netdev_index: int | None = None
-            try:
-                ports = list(self._answers(port_dump_request(self._next_seq(), index), f"listing {name}'s ports"))
-            except NetlinkError as exc:
-                # Removed between the two dumps: it is not there any more.
-                if exc.errno == errno.ENODEV:
-                    continue
-                raise
-            for _, payload in ports:
-                attrs = parse_attrs(payload)
-                if ATTR_NDEV_NAME in attrs:
-                    netdev = _str(attrs[ATTR_NDEV_NAME])
-                    netdev_index = _u32(attrs[ATTR_NDEV_INDEX]) if ATTR_NDEV_INDEX in attrs else None
-                    break
-            out.append(RdmaDevice(index, name, netdev, netdev_index))
-        return out
+        """Every RDMA device this namespace sees."""
+        answers = self._answers(dev_dump_request(self._next_seq()), "listing RDMA devices")
+        return [dev for _, payload in answers if (dev := _device(payload)) is not None]
 
     def device(self, name: str) -> RdmaDevice:
         """The device called ``name`` here; :class:`LinkNotFound` if this namespace has none."""
@@ -282,20 +267,52 @@ class Rdma:
                 return dev
         raise for_errno(f"RDMA device {name}", errno.ENODEV)
 
-    def move(self, name: str, netns: str) -> None:
-        """Move device ``name`` (as this namespace sees it) into the namespace at ``netns``.
+    def get(self, index: int) -> RdmaDevice:
+        """The device of index ``index``, as this namespace names it; :class:`LinkNotFound` if it is not here.
+
+        One answer, however many devices the node has.
+        """
+        what = f"reading RDMA device {index}"
+        try:
+            for _, payload in self._answers(dev_get_request(self._next_seq(), index), what):
+                dev = _device(payload)
+                if dev is not None:
+                    return dev
+        except NetlinkError as exc:
+            # nldev answers an index it does not know in this namespace
+            # with EINVAL (nldev_get_doit), not ENODEV.
+            if exc.errno != errno.EINVAL:
+                raise
+        raise for_errno(f"RDMA device {index}: not in this namespace", errno.ENODEV)
+
+    def find(self, index: int) -> RdmaDevice | None:
+        """:meth:`get`, None when the device is not in this namespace."""
+        try:
+            return self.get(index)
+        except NetlinkError as exc:
+            if exc.errno == errno.ENODEV:
+                return None
+            raise
+
+    def move(self, index: int, netns: str) -> None:
+        """Move device ``index`` (one this namespace sees) into the namespace at ``netns``.
 
         Only from the host's namespace: out of any other, see :func:`move_out`.
+        An index this namespace does not see is refused with EINVAL
+        (:class:`InvalidArgument`), as :meth:`get` finds.
         """
         fd = open_netns(netns)
         try:
-            self.move_by_fd(name, fd, f"moving RDMA device {name} to {netns}")
+            self.move_by_fd(index, fd, f"moving RDMA device {index} to {netns}")
         finally:
             os.close(fd)
 
-    def move_by_fd(self, name: str, netns_fd: int, what: str) -> None:
-        index = self.device(name).index
+    def move_by_fd(self, index: int, netns_fd: int, what: str) -> None:
         self._do(move_request(self._next_seq(), index, netns_fd), what)
+
+    def rename(self, index: int, name: str) -> None:
+        """Rename device ``index`` (one this namespace sees); :class:`LinkExists` when ``name`` is taken here."""
+        self._do(rename_request(self._next_seq(), index, name), f"renaming RDMA device {index} to {name}")
 
     def add_link(self, name: str, link_type: str, netdev: str) -> None:
         """``rdma link add NAME type LINK_TYPE netdev NETDEV``: a software RDMA device on a netdev."""
@@ -310,8 +327,8 @@ class Rdma:
         self._do(dellink_request(self._next_seq(), index), f"removing RDMA device {name}")
 
 
-def move_out(netns: str, name: str, target: str) -> None:
-    """Move device ``name`` out of the namespace at ``netns`` into ``target``.
+def move_out(netns: str, index: int, target: str) -> None:
+    """Move device ``index`` out of the namespace at ``netns`` into ``target``.
 
     The kernel checks the namespace of the *thread* that sends the request,
     not only its socket's: from outside, the device is not found (ENODEV).
@@ -320,12 +337,12 @@ def move_out(netns: str, name: str, target: str) -> None:
     pod's).
     """
     fd = open_netns(target)
-    what = f"moving RDMA device {name} from {netns} to {target}"
+    what = f"moving RDMA device {index} from {netns} to {target}"
 
     def inside() -> None:
         try:
             with Rdma() as handle:
-                handle.move_by_fd(name, fd, what)
+                handle.move_by_fd(index, fd, what)
         except NetlinkError as exc:
             # Carried to the parent as an errno and a text (run_in_netns).
             raise OSError(exc.errno, str(exc)) from exc
@@ -360,18 +377,54 @@ def _error(what: str, code: int, payload: bytes, flags: int) -> NetlinkError:
 
 
 def vf_rdma_devices(root: Path, pci: str) -> list[str]:
-    """The RDMA devices of a PCI function, as sysfs names them (``<function>/infiniband/<name>``).
+    """The RDMA devices of a PCI function that this namespace sees (``<function>/infiniband/<name>``).
 
     None for most NICs; one for an mlx5, irdma or bnxt_re VF; a function
     can have two (mlx5 with a second RDMA personality), which the caller
-    must refuse to guess between.  sysfs shows the names the host's
-    namespace would use: a device moved into a pod is still listed here
-    (it stays a child of its PCI function) under the name it has now.
+    must refuse to guess between.  The RDMA class is namespaced like the
+    net class: in exclusive mode a device moved into another namespace is
+    not listed here (see :func:`vf_verbs_devices`), exactly as a moved
+    netdev leaves ``<function>/net/``.
     """
     try:
         return sorted(os.listdir(pci_dir(root, pci) / "infiniband"))
     except OSError:
         return []
+
+
+def vf_verbs_devices(root: Path, pci: str) -> dict[str, str]:
+    """The RDMA devices of a PCI function in every namespace: their names by character device (``uverbsN``).
+
+    ib_uverbs' class is not namespaced, so its entries under the function
+    (``<function>/infiniband_verbs/uverbsN/ibdev``) show every device,
+    wherever it lives, by the name it has there.  Empty without ib_uverbs.
+    """
+    verbs = pci_dir(root, pci) / "infiniband_verbs"
+    try:
+        entries = sorted(os.listdir(verbs))
+    except OSError:
+        return {}
+    out = {}
+    for entry in entries:
+        try:
+            out[entry] = (verbs / entry / "ibdev").read_text().strip()
+        except OSError:
+            continue  # removed while read: the device is moving or going
+    return out
+
+
+def uverbs_device(root: Path, pci: str, name: str) -> str | None:
+    """The character device (``uverbsN``) of RDMA device ``name``: among its PCI function's, else any (a Soft-RoCE one has no PCI parent)."""
+    for entry, ibdev in vf_verbs_devices(root, pci).items():
+        if ibdev == name:
+            return entry
+    for path in sorted((root / "class" / "infiniband_verbs").glob("uverbs*/ibdev")):
+        try:
+            if path.read_text().strip() == name:
+                return path.parent.name
+        except OSError:
+            continue
+    return None
 
 
 # How often the GID table is read again while the address's entry is awaited.

@@ -123,6 +123,8 @@ def _vf(
         "irqs": _irq_pins(paths, pci),
         "rdmaDevice": device,
         "rdmaWhere": None if device is None else _rdma_where(device, alloc, view),
+        # Its verbs character device now: a move can renumber it.
+        "rdmaUverbsDevice": _uverbs(paths, pci, device),
     }
 
 
@@ -147,12 +149,23 @@ def _rdma_where(device: str, alloc: Allocation | None, view: RdmaView) -> str:
     return "host" if view.host_devices is None else "elsewhere"
 
 
+def _uverbs(paths: Paths, pci: str, device: str | None) -> str | None:
+    if device is None or ", " in device:
+        return None
+    found = rdma.uverbs_device(paths.sys, pci, device)
+    return None if found is None else f"/dev/infiniband/{found}"
+
+
 def _rdma_device(paths: Paths, pci: str, alloc: Allocation | None) -> str | None:
-    """The VF's RDMA device: the one its pod holds (moved there, or a Soft-RoCE one made there), else sysfs' one."""
+    """The VF's RDMA device: the one its pod holds (moved there, or a Soft-RoCE one made there), else the VF's own.
+
+    Its own, wherever it is: the host's sysfs lists only the devices in the
+    host's namespace, ib_uverbs' entries every namespace's.
+    """
     if alloc is not None and alloc.rdma_device is not None:
         return alloc.rdma_device
-    found = rdma.vf_rdma_devices(paths.sys, pci)
-    return ", ".join(found) if found else None
+    found = set(rdma.vf_rdma_devices(paths.sys, pci)) | set(rdma.vf_verbs_devices(paths.sys, pci).values())
+    return ", ".join(sorted(found)) if found else None
 
 
 def gather(

@@ -2,7 +2,8 @@
 
 A self-allocating ADD takes the first free VF.  A VF that cannot carry a
 pod's traffic (no carrier within ADD's bound while its PF has carrier, or
-its ``link_state`` disabled at the PF by another tool) would otherwise be
+its ``link_state`` disabled at the PF by another tool), or whose RDMA
+device another namespace holds (see :mod:`rdma`), would otherwise be
 taken again by the next ADD, and by every ADD after it: kubelet retries the
 sandbox, and lands on the same VF each time.  So ADD rolls the VF back as
 always, records it as set aside in the VF store (why, when, how often) and,
@@ -41,6 +42,7 @@ ADD_BUDGET = 60.0
 
 NO_CARRIER = "no carrier"
 LINK_DISABLED = "link disabled"
+RDMA_ELSEWHERE = "RDMA device elsewhere"
 
 
 class VfUnusable(CNIError):

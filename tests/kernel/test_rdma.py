@@ -48,7 +48,8 @@ def _answer(request: bytes) -> bytes:
     """What nldev would answer: the device dump lists rxe0 (index 1, one port), anything else is acked."""
     _, kind, flags, seq = _header(request)
     if flags & rdma.NLM_F_DUMP:
-        body = rdma.attr_u32(rdma.ATTR_DEV_INDEX, 1) + rdma.attr_u32(rdma.ATTR_PORT_INDEX, 1)
+        # RDMA_NLDEV_ATTR_PORT_INDEX (3): the device's one port.
+        body = rdma.attr_u32(rdma.ATTR_DEV_INDEX, 1) + rdma.attr_u32(3, 1)
         body += rdma.attr_str(rdma.ATTR_DEV_NAME, "rxe0")
         device = struct.pack("=IHHII", 16 + len(body), kind, 2, seq, 0) + body
         return device + struct.pack("=IHHIIi", 20, rdma.NLMSG_DONE, 2, seq, 0, 0)
@@ -134,6 +135,16 @@ def test_moving_a_device_by_netns_fd(netns: str) -> None:
     assert rdma.move_request(_seq(request), 1, fd) == request
 
 
+def test_reading_one_device_by_index() -> None:
+    _, request = iproute2_requests("dev", "show", "rxe0")
+    assert rdma.dev_get_request(_seq(request), 1) == request
+
+
+def test_renaming_a_device() -> None:
+    _, request = iproute2_requests("dev", "set", "rxe0", "name", "mlx5_9")
+    assert rdma.rename_request(_seq(request), 1, "mlx5_9") == request
+
+
 def test_adding_an_rxe_link() -> None:
     _, request = iproute2_requests("link", "add", "rxe7", "type", "rxe", "netdev", "eth3")
     assert rdma.newlink_request(_seq(request), "rxe7", "rxe", "eth3") == request
@@ -196,7 +207,7 @@ def test_a_failure_inside_the_pod_comes_back_as_the_kernel_layers_exception(netn
     if has_rdma_netlink():
         pytest.fail("this host's kernel has RDMA netlink; the guest covers a refusal from inside the pod there")
     with pytest.raises(NetlinkError) as caught:
-        rdma.move_out(f"/run/netns/{netns}", "rxe0", own_netns_path())
+        rdma.move_out(f"/run/netns/{netns}", 1, own_netns_path())
     assert caught.value.errno == errno.EPROTONOSUPPORT
     assert "no RDMA netlink" in str(caught.value)
 
@@ -235,6 +246,17 @@ def test_two_devices_on_one_vf_are_both_reported(tree: Tree) -> None:
 
 def test_a_missing_function_has_none(tree: Tree) -> None:
     assert rdma.vf_rdma_devices(tree.sys, "0000:99:00.1") == []
+    assert rdma.vf_verbs_devices(tree.sys, "0000:99:00.1") == {}
+
+
+def test_a_device_in_another_namespace_shows_only_through_its_verbs_device(tree: Tree) -> None:
+    vfs = _mlx5(tree, {})
+    tree.rdma(vfs[0], "mlx5_2", uverbs=0)
+    tree.rdma(vfs[1], "mlx5_3", uverbs=4, here=False)
+    assert rdma.vf_rdma_devices(tree.sys, vfs[1]) == []
+    assert rdma.vf_verbs_devices(tree.sys, vfs[1]) == {"uverbs4": "mlx5_3"}
+    assert rdma.vf_verbs_devices(tree.sys, vfs[0]) == {"uverbs0": "mlx5_2"}
+    assert rdma.vf_verbs_devices(tree.sys, vfs[2]) == {}
 
 
 def _gid_entry(device: Path, port: int, index: int, gid: str, kind: str | None, netdev: str | None) -> None:

@@ -230,10 +230,17 @@ def test_status_names_each_vfs_rdma_device(node: Tree, tmp_path: Path) -> None:
 def test_status_says_where_each_rdma_device_is(
     node: Tree, tmp_path: Path, view: node_status.RdmaView, where: list[str]
 ) -> None:
-    """Fixture: the kernel's view (mode, devices the host sees), which this host's kernel cannot give."""
+    """Fixture: the kernel's view (mode, devices the host sees), which this host's kernel cannot give.
+
+    The sysfs tree agrees with it: a device the host's namespace does not
+    see is missing from its function's infiniband/ and shows only through
+    its ib_uverbs entry, as the kernel's namespaced class has it.
+    """
     # The fixture's allocated VF 1 has mlx5_1 already.
     for index in (0, 2):
-        node.rdma(f"0000:01:10.{index}", f"mlx5_{index}")
+        name = f"mlx5_{index}"
+        assert view.host_devices is not None
+        node.rdma(f"0000:01:10.{index}", name, uverbs=index + 4, here=name in view.host_devices)
     store = FileStore(tmp_path / "data")
     alloc = store.get("0000:01:10.1")
     assert alloc is not None
@@ -244,3 +251,8 @@ def test_status_says_where_each_rdma_device_is(
         zip(["mlx5_0", "mlx5_1", "mlx5_2"], where, strict=True)
     )
     assert node_status.table(pfs, view.mode)[0] == f"RDMA netns mode {view.mode}"
+    # Wherever a device is, its character device is its function's ib_uverbs entry.
+    assert [pfs[0]["vfs"][i]["rdmaUverbsDevice"] for i in (0, 2)] == [
+        "/dev/infiniband/uverbs4",
+        "/dev/infiniband/uverbs6",
+    ]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sriov_cni.cni import IPAddress
-from sriov_cni.plugin import rdma
-from sriov_cni.vfstore import Allocation
+from sriov_cni.plugin import aside, rdma
+from sriov_cni.vfstore import Allocation, FileStore
 from tests.support.hostkernel import has_rdma_netlink
 from tests.support.pluginlib import Ready, refused
 
@@ -109,3 +109,33 @@ def test_no_gid_index_without_an_address(tmp_path: Path, addresses: list[IPAddre
     """IPAM gave no address (or only a link-local one): no index, and no namespace entered (it does not exist)."""
     alloc = Allocation("0000:01:10.0", "0000:01:00.0", "eth0", 0, "n", "c", "net1", str(tmp_path / "no-netns"), None)
     assert rdma.gid_index(alloc, "mlx5_0", addresses, tmp_path) is None
+
+
+def test_a_vf_whose_rdma_device_another_namespace_holds_is_set_aside_for_the_next(ready: Ready) -> None:
+    """Exclusive mode hides a moved device from the host's sysfs; ib_uverbs' entry (fixture) still names it.
+
+    The pod would get the VF without its device: the VF is set aside and
+    the next one, which has no RDMA device, serves the pod.
+    """
+    node, pod, _ = ready
+    vf0, vf1 = node.pfs[0].vfs
+    verbs = node.sys / "bus" / "pci" / "devices" / vf0.pci / "infiniband_verbs" / "uverbs3"
+    verbs.mkdir(parents=True)
+    (verbs / "ibdev").write_text("mlx5_0\n")
+    res = node.add(node.conf(cniVersion="1.1.0"), netns=pod)
+    assert res.out["interfaces"][0]["pciID"] == vf1.pci
+    record = FileStore(node.data_dir).aside()[vf0.pci]
+    assert record.reason == aside.RDMA_ELSEWHERE and "mlx5_0 is in another network namespace" in record.detail
+
+
+def test_an_infiniband_vf_is_refused_naming_ib_sriov_cni(ready: Ready) -> None:
+    node, pod, before = ready
+    vf = node.pfs[0].vfs[0]
+    assert vf.netdev is not None
+    (node.sys / "bus" / "pci" / "devices" / vf.pci / "net" / vf.netdev / "type").write_text("32\n")
+    res = node.cni("ADD", node.conf(deviceID=vf.pci), netns=pod)
+    refused(res, 100)
+    assert "InfiniBand VF" in res.out["msg"] and "ib-sriov-cni" in res.out["details"]
+    assert node.picture() == before
+    # Without RDMA it is a netdev as any other.
+    assert node.cni("ADD", node.conf(deviceID=vf.pci, rdma="off"), netns=pod).rc == 0

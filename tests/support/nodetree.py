@@ -122,11 +122,21 @@ class Tree:
         if netdev:
             self.netdev(pci, netdev)
 
-    def rdma(self, pci: str, name: str) -> None:
-        """An RDMA device of a PCI function (mlx5, irdma, bnxt_re): <function>/infiniband/<name>."""
-        d = self.devices / pci / "infiniband" / name
-        d.mkdir(parents=True)
-        _write(d / "node_type", "1: CA\n")
+    def rdma(self, pci: str, name: str, *, uverbs: int | None = None, here: bool = True) -> None:
+        """An RDMA device of a PCI function (mlx5, irdma, bnxt_re): <function>/infiniband/<name>.
+
+        ``uverbs``: its character device's number, under the function's
+        infiniband_verbs/ (ib_uverbs); ``here`` False: in another namespace
+        (exclusive mode), so only that entry shows it.
+        """
+        if here:
+            d = self.devices / pci / "infiniband" / name
+            d.mkdir(parents=True)
+            _write(d / "node_type", "1: CA\n")
+        if uverbs is not None:
+            v = self.devices / pci / "infiniband_verbs" / f"uverbs{uverbs}"
+            v.mkdir(parents=True)
+            _write(v / "ibdev", name + "\n")
 
     def affinity(self, irq: int) -> str:
         return (self.proc / "irq" / str(irq) / "smp_affinity_list").read_text().strip()

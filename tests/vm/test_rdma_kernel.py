@@ -22,6 +22,8 @@ from sriov_cni.kernel.netns import own_netns_path
 from sriov_cni.kernel.nlerrors import Busy, InvalidArgument, LinkExists, LinkNotFound, NotSupported
 from sriov_cni.kernel.rdma import Rdma, move_out, vf_rdma_devices
 from sriov_cni.node.rdmamode import EXCLUSIVE_OPTION, OPTION_FILE
+from sriov_cni.plugin import rdma as plugin_rdma
+from sriov_cni.vfstore import Allocation
 from tests.vm.nodecommand import Node
 from tests.vm.vmlib import Sriov
 
@@ -125,12 +127,11 @@ def _listing(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
     rxe("rxa", vfs[0])
     rxe("rxb", vfs[1])
     with Rdma() as host:
-        mine = {(d.index, d.name, d.netdev, d.netdev_index) for d in host.devices()}
-    links = rdma_json("link")
-    devs = {str(d["ifname"]): int(str(d["ifindex"])) for d in rdma_json("dev")}
-    tools = {(devs[str(p["ifname"])], str(p["ifname"]), p["netdev"], p["netdev_index"]) for p in links}
-    assert mine == tools
-    assert {m[2] for m in mine} == set(vfs)
+        mine = {(d.index, d.name) for d in host.devices()}
+        one = {(host.get(index).index, host.get(index).name) for index, _ in mine}
+    tools = {(int(str(d["ifindex"])), str(d["ifname"])) for d in rdma_json("dev")}
+    assert mine == tools == one
+    assert {str(p["netdev"]) for p in rdma_json("link")} == set(vfs)
     # rxe hangs off no PCI function: the VF's sysfs lists no RDMA device.
     for vf in vfs:
         pci = os.path.basename(os.readlink(f"/sys/class/net/{vf}/device"))
@@ -191,7 +192,7 @@ def test_rxe_cannot_move_on_72(vfs: list[str], rxe: Callable[[str, str], None], 
     pod = exclusive()
     rxe("rxstay", vfs[0])
     with Rdma() as host, pytest.raises(NotSupported):
-        host.move("rxstay", f"/run/netns/{pod}")
+        host.move(host.device("rxstay").index, f"/run/netns/{pod}")
     assert "rxstay" in names()
     assert "rxstay" not in names(pod)
 
@@ -203,15 +204,22 @@ def test_moves_in_and_out_of_a_pod_73(
     pod = exclusive()
     rxe("rxmove", vfs[0])
     with Rdma() as host:
-        host.move("rxmove", f"/run/netns/{pod}")
+        index = host.device("rxmove").index
+        host.move(index, f"/run/netns/{pod}")
         assert "rxmove" not in names()
         assert "rxmove" in names(pod)
-        # The host no longer sees it: only a request from inside the pod can move it back.
+        # The host no longer sees it: only a request from inside the pod can
+        # move it back (nldev refuses an index it does not see with EINVAL).
+        with pytest.raises(InvalidArgument):
+            host.move(index, own_netns_path())
+        assert host.find(index) is None
         with pytest.raises(LinkNotFound):
-            host.move("rxmove", own_netns_path())
+            host.get(index)
     with Rdma(f"/run/netns/{pod}") as inside:
         assert [d.name for d in inside.devices()] == ["rxmove"]
-    move_out(f"/run/netns/{pod}", "rxmove", own_netns_path())
+        # Its index is the one it had on the host.
+        assert inside.get(index).name == "rxmove"
+    move_out(f"/run/netns/{pod}", index, own_netns_path())
     assert "rxmove" in names()
     assert "rxmove" not in names(pod)
 
@@ -223,11 +231,12 @@ def test_a_name_clash_on_the_way_back_73(
     pod = exclusive()
     rxe("rxsame", vfs[0])
     with Rdma() as host:
-        host.move("rxsame", f"/run/netns/{pod}")
+        index = host.device("rxsame").index
+        host.move(index, f"/run/netns/{pod}")
     # The host gets a device of the same name meanwhile.
     rxe("rxsame", vfs[1])
     with pytest.raises(LinkExists) as clash:
-        move_out(f"/run/netns/{pod}", "rxsame", own_netns_path())
+        move_out(f"/run/netns/{pod}", index, own_netns_path())
     print(f"name clash: {clash.value}")
     assert "rxsame" in names(pod)
 
@@ -239,7 +248,7 @@ def test_a_dead_pods_device_comes_back_renamed_on_a_clash_73(
     pod = exclusive()
     rxe("rxdie", vfs[0])
     with Rdma() as host:
-        host.move("rxdie", f"/run/netns/{pod}")
+        host.move(host.device("rxdie").index, f"/run/netns/{pod}")
     rxe("rxdie", vfs[1])
     before = names()
     subprocess.run(["ip", "netns", "del", pod], check=True)
@@ -299,3 +308,100 @@ def test_setup_switches_a_fresh_boot_and_defers_while_a_pod_exists_73(
     assert "Traceback" not in deferred.stderr and deferred.stderr == ""
     assert system_mode() == "exclusive"
     assert not (modprobe / OPTION_FILE).exists()
+
+
+# DEL's give-back (sriov_cni.plugin.rdma.give_back) of a device moved into a
+# pod, in each case that left DEL answering "try again" for ever: a record
+# made by hand as ADD makes it, an rxe device standing in for the VF's own.
+
+
+def moved_in(vf: str, name: str, pod: str) -> Allocation:
+    """Move ``name`` into ``pod`` as ADD does, and the record ADD keeps of it."""
+    path = f"/run/netns/{pod}"
+    with Rdma() as host:
+        index = host.device(name).index
+        host.move(index, path)
+    pci = os.path.basename(os.readlink(f"/sys/class/net/{vf}/device"))
+    return Allocation(
+        vf_pci=pci,
+        pf_pci="",
+        pf_netdev="",
+        vf_index=0,
+        network="rdmanet",
+        container_id="c1",
+        ifname="net1",
+        netns=path,
+        netns_inode=os.stat(path).st_ino,
+        rdma_device=name,
+        rdma_index=index,
+    )
+
+
+def host_name(index: int) -> str | None:
+    with Rdma() as host:
+        found = host.find(index)
+    return None if found is None else found.name
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_del_brings_back_a_device_the_pod_renamed_under_its_name_73(
+    vfs: list[str], rxe: Callable[[str, str], None], exclusive: Callable[[], str]
+) -> None:
+    pod = exclusive()
+    rxe("rxren", vfs[0])
+    alloc = moved_in(vfs[0], "rxren", pod)
+    subprocess.run(["ip", "netns", "exec", pod, "rdma", "dev", "set", "rxren", "name", "podsown"], check=True)
+    assert names(pod) == {"podsown"}
+    plugin_rdma.give_back(alloc, SYS)
+    assert alloc.rdma_index is not None and host_name(alloc.rdma_index) == "rxren"
+    assert names(pod) == set()
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_del_brings_back_a_device_whose_name_the_host_took_meanwhile_73(
+    vfs: list[str], rxe: Callable[[str, str], None], exclusive: Callable[[], str]
+) -> None:
+    pod = exclusive()
+    rxe("rxtaken", vfs[0])
+    alloc = moved_in(vfs[0], "rxtaken", pod)
+    rxe("rxtaken", vfs[1])
+    plugin_rdma.give_back(alloc, SYS)
+    assert alloc.rdma_index is not None
+    parked = host_name(alloc.rdma_index)
+    print(f"came back as {parked} beside the host's own rxtaken")
+    assert parked is not None and parked != "rxtaken"
+    assert names(pod) == set()
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_del_succeeds_for_a_device_that_went_while_in_the_pod_73(
+    vfs: list[str], rxe: Callable[[str, str], None], exclusive: Callable[[], str]
+) -> None:
+    pod = exclusive()
+    rxe("rxgone", vfs[0])
+    alloc = moved_in(vfs[0], "rxgone", pod)
+    subprocess.run(["ip", "netns", "exec", pod, "rdma", "link", "delete", "rxgone"], check=True)
+    # Gone while the pod lives: DEL succeeds (it answered "try again" for ever).
+    plugin_rdma.give_back(alloc, SYS)
+    assert "rxgone" not in names()
+
+
+@pytest.mark.rdma_vm("7.3")
+def test_del_after_the_pod_died_renames_the_returned_ibdev_back_73(
+    vfs: list[str], rxe: Callable[[str, str], None], exclusive: Callable[[], str]
+) -> None:
+    pod = exclusive()
+    rxe("rxback", vfs[0])
+    alloc = moved_in(vfs[0], "rxback", pod)
+    rxe("rxback", vfs[1])
+    before = names()
+    subprocess.run(["ip", "netns", "del", pod], check=True)
+    assert alloc.rdma_index is not None
+    index = alloc.rdma_index
+    wait_for(lambda: host_name(index) is not None, "the dead pod's device back on the host")
+    returned = host_name(index)
+    assert returned not in before, returned
+    # The host's own rxback goes; DEL then gives the pod's device its name back.
+    subprocess.run(["rdma", "link", "delete", "rxback"], check=True)
+    plugin_rdma.give_back(alloc, SYS)
+    assert host_name(index) == "rxback"
