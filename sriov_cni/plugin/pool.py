@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -9,6 +10,8 @@ from pathlib import Path
 
 from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
 from sriov_cni.kernel import sysfs
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -71,14 +74,18 @@ def pool_vfs(sys_root: Path, entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
 
     Each PF name is resolved from sysfs once, and a repeated entry adds
     nothing: a long pfNames list costs no more sysfs reads than the PFs it
-    names.
+    names.  An entry whose PF this node does not have is passed over, with
+    a warning, while another entry names one: one network serves a cluster
+    whose node pools have different NICs.  Only when no entry's PF is here
+    is the pool a config error, naming each.
     """
     out: list[sysfs.VF] = []
     seen: set[str] = set()
     done: set[PoolEntry] = set()
     resolved: dict[str, tuple[sysfs.PF, int, dict[int, str]]] = {}
+    missing: dict[str, str] = {}
     for entry in entries:
-        if entry in done:
+        if entry in done or entry.pf in missing:
             continue
         done.add(entry)
         if entry.pf not in resolved:
@@ -86,7 +93,8 @@ def pool_vfs(sys_root: Path, entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
                 pf = sysfs.resolve_pf(sys_root, entry.pf)
                 count = sysfs.numvfs(sys_root, pf.pci)
             except sysfs.SysfsError as exc:
-                raise CNIError(Code.INVALID_CONFIG, f"pfNames entry {str(entry)!r}: {exc}") from exc
+                missing[entry.pf] = f"pfNames entry {str(entry)!r}: {exc}"
+                continue
             resolved[entry.pf] = (pf, count, sysfs.vf_pcis(sys_root, pf.pci))
         pf, count, vfs = resolved[entry.pf]
         runs = entry.runs if entry.runs is not None else ((0, count - 1),) if count else ()
@@ -105,4 +113,8 @@ def pool_vfs(sys_root: Path, entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
                 if pci not in seen:
                     seen.add(pci)
                     out.append(sysfs.VF(pci=pci, index=index, pf=pf))
+    if missing and not resolved:
+        raise CNIError(Code.INVALID_CONFIG, "; ".join(missing.values()))
+    for why in missing.values():
+        logger.warning("%s; the pool's other entries serve", why)
     return out

@@ -265,6 +265,22 @@ def test_a_pool_entry_beyond_the_pf_is_a_config_error(tree: Tree, entry: str, wo
     assert err.value.code == Code.INVALID_CONFIG and words in err.value.msg, err.value.msg
 
 
+def test_a_pf_this_node_lacks_is_passed_over_while_another_entry_serves(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One network for node pools with different NICs: eth9 is another pool's."""
+    vfs = tree.igb(vfs=2)
+    got = pool_vfs(tree.sys, [parse_pool_entry(e) for e in ("eth9#0-3", "eth0", "0000:99:00.0")])
+    assert [vf.pci for vf in got] == [vfs[0], vfs[1]]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("'eth9#0-3'" in w and "other entries serve" in w for w in warned), warned
+    assert any("0000:99:00.0" in w for w in warned), warned
+    with pytest.raises(CNIError) as err:
+        pool_vfs(tree.sys, [parse_pool_entry(e) for e in ("eth9", "eth8")])
+    assert err.value.code == Code.INVALID_CONFIG
+    assert "'eth9'" in err.value.msg and "'eth8'" in err.value.msg, err.value.msg
+
+
 def test_a_vf_sysfs_does_not_list_is_a_config_error(tree: Tree) -> None:
     tree.igb(vfs=3)
     (tree.devices / "0000:01:00.0" / "virtfn1").unlink()
