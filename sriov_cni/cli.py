@@ -169,6 +169,10 @@ def status(as_json: bool, data_dir: Path) -> None:
     else:
         for line in node_status.table(pfs, rdma_mode):
             click.echo(line)
+    # Shown with the rest of the pool, and still a failure: someone must look.
+    damaged = [vf["pci"] for pf in pfs for vf in pf["vfs"] if vf["recordError"]]
+    if damaged:
+        raise CommandError(f"unreadable records of VF {', '.join(damaged)} in {data_dir}: see their state above")
 
 
 @main.command()

@@ -28,6 +28,9 @@ class VfState(enum.Enum):
     IN_USE = "in use"
     # Free, but it did not come up in a pod (see sriov_cni.plugin.aside).
     SET_ASIDE = "set aside"
+    # Its record cannot be read (damaged, or not the store's): no ADD takes
+    # it, since a guess could give it to two pods; status says why.
+    UNREADABLE = "unreadable record"
 
 
 def netns_alive(alloc: Allocation) -> bool:

@@ -91,6 +91,11 @@ class Allocation:
     netns: str
     netns_inode: int | None
     dpdk: bool = False
+    # The pod, as CNI_ARGS names it (K8S_POD_NAMESPACE, K8S_POD_NAME,
+    # K8S_POD_UID); empty when the runtime gives none (podman, ctr).
+    pod_namespace: str = ""
+    pod_name: str = ""
+    pod_uid: str = ""
     created: float = field(default_factory=time.time)
     # None until the snapshot is recorded, which happens before any change.
     original: OriginalState | None = None
@@ -358,6 +363,20 @@ class FileStore:
                 out.append(alloc)
         return out
 
+    def scan(self) -> tuple[list[Allocation], dict[str, str]]:
+        """:meth:`all`, but an unreadable record is reported (why, by its VF's PCI address) instead of raised."""
+        out: list[Allocation] = []
+        bad: dict[str, str] = {}
+        for name in self._record_names():
+            try:
+                alloc = self._read(self.vfs_dir / name)
+            except CNIError as exc:
+                bad[name[: -len(".json")]] = f"{exc.msg}: {exc.details}" if exc.details else exc.msg
+                continue
+            if alloc is not None:
+                out.append(alloc)
+        return out, bad
+
     def ids(self) -> set[str]:
         return {name[: -len(".json")] for name in self._record_names()}
 
@@ -440,6 +459,13 @@ def read_allocations(data_dir: Path) -> list[Allocation]:
     if not (data_dir / "vfs").is_dir():
         return []
     return FileStore(data_dir).all()
+
+
+def scan_allocations(data_dir: Path) -> tuple[list[Allocation], dict[str, str]]:
+    """:func:`read_allocations`, going on past unreadable records, which it names: for ``status``, which must show the rest."""
+    if not (data_dir / "vfs").is_dir():
+        return [], {}
+    return FileStore(data_dir).scan()
 
 
 def read_set_aside(data_dir: Path) -> dict[str, SetAside]:

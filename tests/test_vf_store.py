@@ -139,6 +139,9 @@ def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_a
         "netns",
         "netns_inode",
         "dpdk",
+        "pod_namespace",
+        "pod_name",
+        "pod_uid",
         "created",
         "original",
         "applied",
@@ -210,6 +213,16 @@ def test_a_damaged_record_is_refused_not_read_as_free(files: FileStore, content:
     path.write_bytes(content)
     err = refused(files, path, "unreadable")
     assert "remove the file" in err.details
+
+
+def test_scan_names_an_unreadable_record_and_reads_the_others(files: FileStore) -> None:
+    files.put(allocation(PCI_A))
+    (files.vfs_dir / f"{PCI_B}.json").write_text("{not json")
+    with pytest.raises(CNIError):
+        files.all()
+    found, bad = files.scan()
+    assert [a.vf_pci for a in found] == [PCI_A]
+    assert list(bad) == [PCI_B] and "is unreadable" in bad[PCI_B]
 
 
 def test_an_oversized_record_is_refused(files: FileStore) -> None:

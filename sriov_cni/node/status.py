@@ -22,7 +22,7 @@ from sriov_cni.kernel import cpulist, irqs, netlink, nlerrors, rdma, sysfs
 from sriov_cni.node import irqbalance, rdmamode
 from sriov_cni.paths import Paths
 from sriov_cni.vfstate import VfState, recorded_state, unrecorded_state
-from sriov_cni.vfstore import Allocation, SetAside, read_allocations, read_set_aside
+from sriov_cni.vfstore import Allocation, SetAside, read_set_aside, scan_allocations
 
 
 def _irq_pins(paths: Paths, pci: str) -> list[dict[str, Any]]:
@@ -79,6 +79,7 @@ def _vf(
     pci: str,
     alloc: Allocation | None,
     aside: SetAside | None,
+    unreadable: str | None,
     in_host: Callable[[str], bool],
     view: RdmaView,
 ) -> dict[str, Any]:
@@ -86,6 +87,8 @@ def _vf(
     state = recorded_state(alloc) if alloc is not None else unrecorded_state(bound, netdev, in_host)
     if state is VfState.FREE and aside is not None:
         state = VfState.SET_ASIDE
+    if unreadable is not None:
+        state = VfState.UNREADABLE
     device = _rdma_device(paths, pci, alloc)
     return {
         "index": index,
@@ -93,6 +96,8 @@ def _vf(
         "driver": bound,
         "netdev": netdev,
         "state": state.value,
+        # Why its record cannot be read, when it cannot.
+        "recordError": unreadable,
         # What an attachment's device-info file says of the VF (see deviceinfo).
         "deviceInfo": deviceinfo.facts(paths.sys, pci, pf_pci, alloc.rdma_device if alloc else None),
         "allocation": None
@@ -100,6 +105,9 @@ def _vf(
         else {
             "network": alloc.network,
             "containerID": alloc.container_id,
+            # "namespace/name" as CNI_ARGS gave it; null when the runtime gave none.
+            "pod": f"{alloc.pod_namespace}/{alloc.pod_name}" if alloc.pod_name else None,
+            "podUID": alloc.pod_uid or None,
             "ifname": alloc.ifname,
             "netns": alloc.netns,
             "deviceInfoFile": alloc.device_info_file or None,
@@ -173,7 +181,9 @@ def gather(
 ) -> list[dict[str, Any]]:
     """One record per PF (anything with ``sriov_totalvfs``), VFs in index order."""
     view = RdmaView() if view is None else view
-    allocs = {a.vf_pci: a for a in read_allocations(data_dir)}
+    # A damaged record is shown as such: the rest of the pool still is.
+    records, unreadable = scan_allocations(data_dir)
+    allocs = {a.vf_pci: a for a in records}
     aside = read_set_aside(data_dir)
     try:
         devices = sorted(os.listdir(paths.sys / "bus" / "pci" / "devices"))
@@ -188,7 +198,7 @@ def gather(
         netdev = names[0] if names else None
         mtu, link = _link(paths, netdev)
         vfs = [
-            _vf(paths, pci, i, vf, allocs.get(vf), aside.get(vf), in_host, view)
+            _vf(paths, pci, i, vf, allocs.get(vf), aside.get(vf), unreadable.get(vf), in_host, view)
             for i, vf in sysfs.vf_pcis(paths.sys, pci).items()
         ]
         out.append(
@@ -243,13 +253,15 @@ def table(pfs: list[dict[str, Any]], rdma_mode: str | None = None) -> list[str]:
         )
         if not pf["vfs"]:
             continue
-        rows = [
-            ("VF", "PCI", "DRIVER", "NETDEV", "RDMA", "STATE", "OWNER (network container ifname netns)", "IRQ:CPUS")
-        ]
+        rows = [("VF", "PCI", "DRIVER", "NETDEV", "RDMA", "STATE", "NETWORK", "POD", "IFNAME", "IRQ:CPUS")]
         for vf in pf["vfs"]:
             a = vf["allocation"]
-            owner = f"{a['network']} {a['containerID'][:12]} {a['ifname']} {a['netns']}" if a else "-"
+            # The pod by name where CNI_ARGS named it, else its container;
+            # the netns path and the whole container ID are in --json.
+            owner = (a["network"], a["pod"] or a["containerID"][:12], a["ifname"]) if a else ("-", "-", "-")
             state = vf["state"] + (" (netns gone)" if vf["state"] == VfState.STALE.value else "")
+            if vf["recordError"]:
+                state += f": {vf['recordError']}"
             if a and a["unrestored"]:
                 state += f" (unrestored: {'; '.join(a['unrestored'])})"
             if vf["setAside"] and vf["state"] == VfState.SET_ASIDE.value:
@@ -265,7 +277,7 @@ def table(pfs: list[dict[str, Any]], rdma_mode: str | None = None) -> list[str]:
                     vf["netdev"] or "-",
                     f"{vf['rdmaDevice']}({vf['rdmaWhere']})" if vf["rdmaDevice"] else "-",
                     state,
-                    owner,
+                    *owner,
                     _pins(vf["irqs"]),
                 )
             )

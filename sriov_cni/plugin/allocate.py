@@ -43,6 +43,8 @@ class Attachment:
     network: str
     netns: str
     netns_inode: int | None
+    # The pod's namespace, name and UID from CNI_ARGS, where the runtime gives them.
+    pod: tuple[str, str, str] = ("", "", "")
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,9 @@ def _record(vf: sysfs.VfDevice, attachment: Attachment) -> Allocation:
         netns=attachment.netns,
         netns_inode=attachment.netns_inode,
         dpdk=vf.dpdk,
+        pod_namespace=attachment.pod[0],
+        pod_name=attachment.pod[1],
+        pod_uid=attachment.pod[2],
     )
 
 

@@ -171,7 +171,8 @@ def _load(cmd: CmdArgs) -> NetConf:
 
 def _attachment(cmd: CmdArgs, conf: NetConf) -> allocate.Attachment:
     """What this ADD attaches, with the pod namespace's identity; the namespace must exist."""
-    return allocate.Attachment(cmd.container_id, cmd.ifname, conf.name, cmd.netns, _pod_netns(cmd.netns))
+    pod = (cmd.args.get("K8S_POD_NAMESPACE", ""), cmd.args.get("K8S_POD_NAME", ""), cmd.args.get("K8S_POD_UID", ""))
+    return allocate.Attachment(cmd.container_id, cmd.ifname, conf.name, cmd.netns, _pod_netns(cmd.netns), pod)
 
 
 def _pod_netns(netns: str) -> int:

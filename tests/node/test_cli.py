@@ -72,9 +72,12 @@ def test_setup_writes_the_state_file_given(tree: Tree, tmp_path: Path, monkeypat
     assert json.loads(state.read_text())["pfs"]["0000:01:00.0"]["pins"] == {"31": 0}
 
 
-def _allocate(tmp_path: Path, vf_pci: str, index: int, netns: Path, device_info_file: str = "") -> None:
+def _allocate(
+    tmp_path: Path, vf_pci: str, index: int, netns: Path, device_info_file: str = "", pod: tuple[str, str] = ("", "")
+) -> None:
     alloc = Allocation(vf_pci, "0000:01:00.0", "eth0", index, "net-a", "0123456789abcdef", "net1", str(netns), None)
     alloc.device_info_file = device_info_file
+    alloc.pod_namespace, alloc.pod_name = pod
     FileStore(tmp_path / "data").put(alloc)
 
 
@@ -84,7 +87,9 @@ def node(tree: Tree, tmp_path: Path, fake_netlink: list[str | None]) -> Tree:
     tree.igb("0000:02:00.0", "eth1", total=4)
     alive = tmp_path / "netns-alive"
     alive.write_text("")
-    _allocate(tmp_path, "0000:01:10.1", 1, alive, "/run/k8s.cni.cncf.io/devinfo/cni/net-a-0123_net1")
+    _allocate(
+        tmp_path, "0000:01:10.1", 1, alive, "/run/k8s.cni.cncf.io/devinfo/cni/net-a-0123_net1", ("team-a", "trainer-0")
+    )
     tree.rdma("0000:01:10.1", "mlx5_1")
     _allocate(tmp_path, "0000:01:10.2", 2, tmp_path / "netns-gone")
     return tree
@@ -114,6 +119,8 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
     assert pf0["vfs"][1]["allocation"] == {
         "network": "net-a",
         "containerID": "0123456789abcdef",
+        "pod": "team-a/trainer-0",
+        "podUID": None,
         "ifname": "net1",
         "netns": str(tmp_path / "netns-alive"),
         "deviceInfoFile": "/run/k8s.cni.cncf.io/devinfo/cni/net-a-0123_net1",
@@ -157,11 +164,9 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
         "NETDEV",
         "RDMA",
         "STATE",
-        "OWNER",
-        "(network",
-        "container",
-        "ifname",
-        "netns)",
+        "NETWORK",
+        "POD",
+        "IFNAME",
         "IRQ:CPUS",
     ]
     assert lines[3].split() == [
@@ -172,16 +177,32 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
         "mlx5_1(host)",
         "allocated",
         "net-a",
-        "0123456789ab",
+        "team-a/trainer-0",
         "net1",
-        str(tmp_path / "netns-alive"),
         "103:0-7",
         "104:0-7",
     ]
-    assert lines[4].split()[4:7] == ["-", "stale", "(netns"]
+    # Without a pod name from CNI_ARGS, the container's.
+    assert lines[4].split()[4:10] == ["-", "stale", "(netns", "gone)", "net-a", "0123456789ab"]
+    # A realistic row stays readable in a terminal.
+    assert max(len(line) for line in lines) <= 120
     assert (
         lines[5] == "PF eth1 0000:02:00.0  driver igb  VFs 0/4  MTU 1500  link up  free 0  irqbalance off  IRQs 41:0-7"
     )
+
+
+def test_status_shows_the_pool_around_a_damaged_record_and_then_fails(node: Tree, tmp_path: Path) -> None:
+    (tmp_path / "data" / "vfs" / "0000:01:10.0.json").write_text("{half a record")
+    code, out = invoke(node, "status", "--data-dir", str(tmp_path / "data"))
+    assert code == 1, out
+    lines = out.splitlines()
+    assert "unreadable record: state file" in lines[2] and "is unreadable" in lines[2], lines[2]
+    assert lines[3].split()[5] == "allocated"
+    assert lines[-1] == f"Error: unreadable records of VF 0000:01:10.0 in {tmp_path / 'data'}: see their state above"
+    code, out = invoke(node, "status", "--json", "--data-dir", str(tmp_path / "data"))
+    assert code == 1
+    vf0 = json.loads(out[: out.rindex("}") + 1])["pfs"][0]["vfs"][0]
+    assert vf0["state"] == "unreadable record" and "is unreadable" in vf0["recordError"]
 
 
 def test_status_does_not_create_the_store(node: Tree, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from sriov_cni.vfstore import FileStore
 from tests.support.fakes import ZERO_MAC
 from tests.support.pluginlib import Node, addresses, altname, ipam_reservations, link, link_names, netdev_view, sh
 
@@ -250,3 +251,13 @@ def test_del_undoes_what_the_pod_changed_on_the_netdev(node: Node) -> None:
     back = link(vf.netdev)
     assert back is not None and netdev_view(back) == netdev_view(original)
     assert node.picture() == before
+
+
+def test_the_record_names_the_pod_cni_args_name(node: Node) -> None:
+    """Kubernetes runtimes pass the pod's namespace, name and UID in CNI_ARGS; status and metrics show them."""
+    node.add_pf(2)
+    args = "IgnoreUnknown=true;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=trainer-0;K8S_POD_UID=5f1e;K8S_POD_INFRA_CONTAINER_ID=x"
+    node.add(node.conf(), netns=node.pod(), args=args)
+    node.add(node.conf(), netns=node.pod(), container="ctr2")
+    recorded = {(a.container_id, a.pod_namespace, a.pod_name, a.pod_uid) for a in FileStore(node.data_dir).all()}
+    assert recorded == {("ctr1", "team-a", "trainer-0", "5f1e"), ("ctr2", "", "", "")}
