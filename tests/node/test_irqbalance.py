@@ -30,6 +30,11 @@ from tests.support.nodetree import Tree
 TUNED = "pfs: [{pf: eth0, numVfs: 2, tuning: {}}, {pf: eth1, numVfs: 1}]"
 
 
+def _default_signals() -> None:
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Balancer:
     """A stand-in irqbalance: logs SIGHUP, ends on SIGTERM, and stays a zombie until the test reaps it."""
 
@@ -47,7 +52,10 @@ class Balancer:
         )
         exe.chmod(0o755)
         self.log = tmp / "irqbalance.log"
-        self.proc = subprocess.Popen([str(exe), *args], start_new_session=True)
+        # Its signals start at their defaults, whatever the test run's are:
+        # a shell cannot trap a signal ignored when it started, and a suite
+        # run under nohup has every child start with SIGHUP ignored.
+        self.proc = subprocess.Popen([str(exe), *args], start_new_session=True, preexec_fn=_default_signals)
         self.pid = self.proc.pid
         os.symlink(f"/proc/{self.pid}", tree.proc / str(self.pid))
         ready = tmp / "irqbalance.ready"
