@@ -11,7 +11,8 @@ interpreter first on PATH and ``SRIOV_CNI_VM=1`` set.  Each PF is a QEMU
 
 Usage::
 
-    python3 tests/vm/rig.py [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] -- COMMAND ...
+    python3 tests/vm/rig.py [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB]
+                            [--allow-broken-vfs] -- COMMAND ...
 
 The serial console (boot progress and the command's output) is streamed to
 stdout; the exit status is the command's.  Anything that cannot be prepared
@@ -24,6 +25,13 @@ A pytest command then runs only the tests that had not passed (the rig's
 plugin, rigplugin.py, reports each test to the host as it ends); any other
 command runs again whole.  A second stall fails the run at once, with the
 console's last lines.  ``--timeout`` bounds the whole run, boots included.
+
+The rig refuses a guest in which igb VFs cannot come up: ``--memory`` above
+IGB_VF_MAX_MEMORY_MB (the VFs' registers then answer nothing), unless
+``--allow-broken-vfs`` asks for exactly that.  In the guest it copies to the
+console each igbvf "PF still resetting" that a VF logs again after its probe
+(its reset handshake with the PF failed: it cannot get a link), and the
+watchdog fails the run on the first one, naming the VF.
 
 Importable: :func:`run_in_vm` returns a :class:`VmRun` (exit status, output,
 stalls, each test's outcome and time).
@@ -52,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -158,6 +167,19 @@ BOOT_DEADLINE = 180.0
 COMMAND_STARTED = "vm-init: running command"
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MEMORY_MB = 2048
+# The most guest RAM with which igb VFs come up (2815 MiB measured to work,
+# 2816 not).  From 2816 MiB (0xb0000000) on, q35 keeps 2 GiB of RAM below
+# 4 GiB and maps the rest above it (pc_q35_init); SeaBIOS then puts the root
+# ports' 64-bit prefetchable windows above 4 GiB as well (0xc000000000), and
+# the VF BARs, 64-bit prefetchable in igb's SR-IOV capability, go there.
+# QEMU 10.0 registers a VF's BARs as 32-bit ones (pcie_sriov_vf_register_bar
+# reads the BAR type before igb_pci_realize sets it), so it maps them at the
+# low 32 bits of the address the guest gave them ("info pci": "32 bit memory
+# at 0x00004000"; VF 0's BAR 0 not at all): every VF register reads 0, the
+# VF's reset handshake with the PF fails ("PF still resetting") and the VF
+# never gets a link.  QEMU 10.1.2 has the fix ("pcie_sriov: Fix broken MMIO
+# accesses from SR-IOV VFs", upstream 2e54e5fda779).
+IGB_VF_MAX_MEMORY_MB = 2815
 # Lines in which the guest kernel says it is stuck.  Under TCG a vCPU can
 # miss its timer interrupts for good: the RCU grace-period kthread reports a
 # timer wakeup that never came, tasks then block for minutes, and the guest
@@ -178,6 +200,15 @@ DEFAULT_QUIET_LIMIT = 600.0
 GUEST_SHARE = "/run/sriov-cni-vm"
 PROGRESS_FILE = "progress"
 PASSED_FILE = "passed-before"
+# How the guest's forwarder (forward_vf_resets) marks the kernel lines it
+# copies to the console, as init marks its own.
+KMSG_PREFIX = "vm-kmsg: "
+# igbvf's words when a VF's reset handshake with its PF fails (igbvf_reset),
+# and the ones only igbvf_probe says first when it fails there.
+VF_HANDSHAKE_FAILED = re.compile(r"igbvf (\S+): PF still (resetting|in reset state)")
+# The line the forwarder copies for a VF that cannot come up.
+VF_STUCK = re.compile(rf"{KMSG_PREFIX}\[\s*\d+\.\d+\] igbvf (\S+): PF still resetting")
+PCI_DEVICES = Path("/sys/bus/pci/devices")
 
 
 class RigError(Exception):
@@ -459,12 +490,13 @@ def pytest_args_at(command: list[str]) -> int | None:
     return None
 
 
-def _guest_script(command: list[str], cwd: str, share: str, rerun: bool) -> str:
+def _guest_script(command: list[str], cwd: str, share: str, rerun: bool, watch_vfs: bool = False) -> str:
     """run.sh for init: the command, from ``cwd``, in a clean environment.
 
     A pytest command gets the rig's plugin (rigplugin.py), which reports each
     test's progress to ``share``; on a ``rerun`` it also leaves out the tests
-    that passed in the stalled boot before.
+    that passed in the stalled boot before.  With ``watch_vfs``,
+    forward_vf_resets runs beside the command, on the console alone.
     """
     python_dir = str(Path(sys.executable).parent)
     path = ":".join([python_dir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
@@ -488,8 +520,13 @@ def _guest_script(command: list[str], cwd: str, share: str, rerun: bool) -> str:
         # Last, so the plugin's directory cannot shadow a module of the user's.
         env["PYTHONPATH"] = ":".join(filter(None, (env.get("PYTHONPATH"), str(HERE))))
     assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
+    forwarder = ""
+    if watch_vfs:
+        program = f"import sys; sys.path.insert(0, {str(HERE)!r}); import rig; rig.forward_vf_resets()"
+        # None of the command's output pipe: init's tee would wait for it.
+        forwarder = f"{shlex.join([sys.executable, '-c', program])} </dev/null >/dev/console 2>&1 &\n"
     return (
-        f"cd {shlex.quote(cwd)} || {{ echo 'rig: cannot cd to {cwd} in the guest'; exit 125; }}\n"
+        forwarder + f"cd {shlex.quote(cwd)} || {{ echo 'rig: cannot cd to {cwd} in the guest'; exit 125; }}\n"
         f"exec env -i {assignments} {shlex.join(command)}\n"
     )
 
@@ -571,14 +608,92 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
     return cmd
 
 
+def kmsg_message(record: bytes) -> tuple[float, str]:
+    """The time (seconds since boot) and text of one /dev/kmsg record.
+
+    A record is ``priority,sequence,microseconds,flags;text``, then lines
+    such as `` SUBSYSTEM=pci`` that name the device.
+    """
+    head, _, rest = record.decode(errors="replace").partition(";")
+    return int(head.split(",")[2]) / 1e6, rest.split("\n", 1)[0]
+
+
+def _memory_space_on(device: Path) -> bool:
+    """Whether a PCI function decodes its memory BARs (COMMAND bit 1); False when it is gone."""
+    try:
+        config = (device / "config").read_bytes()
+    except OSError:
+        return False
+    return len(config) > 4 and bool(config[4] & 0x2)
+
+
+def vf_reset_lines(messages: Iterable[tuple[float, str]], devices: Path) -> Iterator[str]:
+    """The console lines for the kernel ``messages`` that say a VF cannot come up.
+
+    igbvf says "PF still resetting" whenever a VF's reset handshake with its
+    PF fails.  On Debian 12's 6.1 every VF says it once as it probes (after
+    "PF still in reset state"): the PF refuses the handshake of a VF that
+    has no MAC yet (later kernels take that as success: "igbvf: Regard vf
+    reset nack as success").  Healthy VFs say it at no other time: not on
+    down and up, MTU or MAC changes, nor in a 120-operation stress run on 14
+    VFs.  A VF whose registers do not answer says it again at its first down
+    or MTU change.  So each one past the first since the VF's probe is a
+    line, unless the VF's memory space is off (a test breaks a VF so, on
+    purpose) or the VF is gone; such a VF gives no line until it probes
+    again, even once the test has turned its memory space back on.
+    """
+    since_probe: dict[str, int] = {}
+    on_purpose: set[str] = set()
+    for seconds, text in messages:
+        failed = VF_HANDSHAKE_FAILED.match(text)
+        if failed is None:
+            continue
+        vf, words = failed.groups()
+        if words == "in reset state":
+            since_probe[vf] = 0
+            on_purpose.discard(vf)
+            continue
+        since_probe[vf] = since_probe.get(vf, 0) + 1
+        if since_probe[vf] < 2 or vf in on_purpose:
+            continue
+        if _memory_space_on(devices / vf):
+            yield f"{KMSG_PREFIX}[{seconds:12.6f}] {text}"
+        else:
+            on_purpose.add(vf)
+
+
+def _kmsg_messages() -> Iterator[tuple[float, str]]:
+    """The kernel's log from its oldest record on, waiting for each new one."""
+    fd = os.open("/dev/kmsg", os.O_RDONLY)
+    while True:
+        try:
+            record = os.read(fd, 8192)
+        except BrokenPipeError:
+            # The kernel's ring overwrote records before they were read; the next read gets the oldest left.
+            continue
+        yield kmsg_message(record)
+
+
+def forward_vf_resets() -> None:
+    """In the guest: copy the lines of vf_reset_lines to the console, for the watchdog.
+
+    igbvf logs at KERN_INFO, which the console (loglevel=4) leaves out.
+    """
+    with open("/dev/console", "w") as console:
+        for line in vf_reset_lines(_kmsg_messages(), PCI_DEVICES):
+            print(line, file=console, flush=True)
+
+
 class Watchdog:
     """Judges from the console, line by line, whether a guest is stuck.
 
     ``feed`` takes each console line as it arrives (from the thread reading
     QEMU's output); ``verdict`` says at any moment why the boot should be
-    ended, or None while the guest is fine: a stall reported by the kernel,
-    no "running command" line within ``boot_deadline`` of QEMU's start, or a
-    silent console for ``quiet_limit`` while the command runs.
+    ended, or None while the guest is fine: a VF that cannot come up (see
+    vf_reset_lines; ``vf_failure`` then says so too, as booting again would
+    not help), a stall reported by the kernel, no "running command" line
+    within ``boot_deadline`` of QEMU's start, or a silent console for
+    ``quiet_limit`` while the command runs.
     """
 
     def __init__(self, boot_deadline: float, quiet_limit: float) -> None:
@@ -588,6 +703,7 @@ class Watchdog:
         self.last_line = self.begun
         self.command_started: float | None = None
         self.stall: str | None = None
+        self.stuck_vf: str | None = None
 
     def feed(self, line: str) -> None:
         now = time.monotonic()
@@ -597,8 +713,22 @@ class Watchdog:
             self.command_started = now
         if self.stall is None and STALL_SIGNS.search(line):
             self.stall = line.strip()
+        if self.stuck_vf is None and (stuck := VF_STUCK.search(line)):
+            self.stuck_vf = stuck.group(1)
+
+    def vf_failure(self) -> str | None:
+        if self.stuck_vf is None:
+            return None
+        return (
+            f"igb VF {self.stuck_vf} cannot come up: its reset handshake with the PF failed again after its probe"
+            " (igbvf: PF still resetting), so its registers do not answer, as in a guest with more than"
+            f" {IGB_VF_MAX_MEMORY_MB} MiB on QEMU before 10.1.2"
+        )
 
     def verdict(self) -> str | None:
+        vf_failure = self.vf_failure()
+        if vf_failure is not None:
+            return vf_failure
         if self.stall is not None:
             return f"the guest kernel reports a stall: {self.stall}"
         now = time.monotonic()
@@ -618,6 +748,7 @@ class Boot:
     ended_by: str | None  # the watchdog's verdict, when it ended the boot
     tail: list[str]  # the console's last lines
     boot_seconds: float | None  # from QEMU's start to the command's, if it started
+    vf_failure: str | None = None  # the watchdog saw a VF that cannot come up
 
 
 # How often the rig looks at the watchdog's verdict, in seconds.
@@ -671,6 +802,7 @@ def _boot(argv: list[str], deadline: float, quiet_limit: float, console: IO[str]
         ended_by=ended_by,
         tail=tail,
         boot_seconds=None if started is None else started - watchdog.begun,
+        vf_failure=watchdog.vf_failure(),
     )
 
 
@@ -733,6 +865,7 @@ def run_boots(
     timeout: float,
     quiet_limit: float,
     console: IO[str] | None,
+    watch_vfs: bool = False,
 ) -> VmRun:
     """Boot ``argv`` (QEMU, with ``results`` shared as ``share`` in the
     guest) until the command has run, and report how it went.
@@ -741,7 +874,10 @@ def run_boots(
     BOOT_ATTEMPTS times in all: nothing of the command has run yet.  A boot
     the watchdog ends after the command started is booted once more, and a
     pytest command then runs only the tests that had not passed; a second
-    stall raises :class:`RigError` with the console's last lines.
+    stall raises :class:`RigError` with the console's last lines.  With
+    ``watch_vfs`` the guest copies igbvf's failed reset handshakes to the
+    console (forward_vf_resets); a VF that cannot come up raises
+    :class:`RigError` at once, as every boot would have it.
     """
     deadline = time.monotonic() + timeout
     progress = results / PROGRESS_FILE
@@ -754,10 +890,13 @@ def run_boots(
     boots = failed = 0
     while True:
         boots += 1
-        (results / "run.sh").write_text(_guest_script(command, cwd, share, rerun=bool(stalls)))
+        (results / "run.sh").write_text(_guest_script(command, cwd, share, rerun=bool(stalls), watch_vfs=watch_vfs))
         with progress.open("a") as f:
             f.write(f"boot\t{boots}\n")
         boot = _boot(argv, deadline, quiet_limit, console)
+        if boot.vf_failure is not None:
+            last = "".join(boot.tail[-15:]).rstrip()
+            raise RigError(f"{boot.vf_failure}; a rig failure, not the command's; last console lines:\n{last}")
         if boot.boot_seconds is not None:
             boot_seconds.append(boot.boot_seconds)
         # Init creates the output file as it starts the command: until then
@@ -809,6 +948,17 @@ def run_boots(
     )
 
 
+def check_memory(memory_mb: int, allow_broken_vfs: bool) -> None:
+    """Refuse guest memory with which igb VFs cannot come up, unless ``allow_broken_vfs``."""
+    if memory_mb > IGB_VF_MAX_MEMORY_MB and not allow_broken_vfs:
+        raise RigError(
+            f"igb VFs cannot come up with guest memory {memory_mb} MiB, above {IGB_VF_MAX_MEMORY_MB} MiB:"
+            " q35 then maps RAM above 4 GiB, the VF BARs go above 4 GiB too, and QEMU before 10.1.2 does not"
+            " map them there (igbvf: PF still resetting, no link); give --memory of at most"
+            f" {IGB_VF_MAX_MEMORY_MB}, or --allow-broken-vfs for a test that wants VFs that never get a link"
+        )
+
+
 def run_in_vm(
     command: list[str],
     *,
@@ -816,6 +966,7 @@ def run_in_vm(
     timeout: float = DEFAULT_TIMEOUT,
     quiet_limit: float = DEFAULT_QUIET_LIMIT,
     memory_mb: int = DEFAULT_MEMORY_MB,
+    allow_broken_vfs: bool = False,
     cwd: str | None = None,
     console: IO[str] | None = None,
     kernel: str = "bookworm",
@@ -826,10 +977,13 @@ def run_in_vm(
     the boots went.  The serial console (boot messages plus the same output)
     is copied to ``console`` as it arrives, if given.  Raises
     :class:`RigError` if the guest cannot be prepared, times out, stalls
-    twice, or dies without reporting a status.
+    twice, or dies without reporting a status; and, unless
+    ``allow_broken_vfs``, if its igb VFs cannot come up (check_memory
+    before booting, the watchdog after).
     """
     if not command:
         raise RigError("no command given")
+    check_memory(memory_mb, allow_broken_vfs)
     art = prepare(kernel)
     with tempfile.TemporaryDirectory(prefix="sriov-cni-vm-") as tmp:
         results = Path(tmp)
@@ -842,6 +996,7 @@ def run_in_vm(
             timeout=timeout,
             quiet_limit=quiet_limit,
             console=console,
+            watch_vfs=not allow_broken_vfs,
         )
 
 
@@ -888,7 +1043,8 @@ def summary(run: VmRun, seconds: float) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run a command as root in a QEMU guest with emulated igb SR-IOV NICs.",
-        usage="%(prog)s [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] -- COMMAND ...",
+        usage="%(prog)s [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] [--allow-broken-vfs]"
+        " -- COMMAND ...",
     )
     parser.add_argument(
         "--kernel",
@@ -904,7 +1060,17 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_QUIET_LIMIT,
         help="seconds the command may print nothing before the guest counts as stalled",
     )
-    parser.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MB, help="guest MiB")
+    parser.add_argument(
+        "--memory",
+        type=int,
+        default=DEFAULT_MEMORY_MB,
+        help=f"guest MiB (igb VFs come up with {IGB_VF_MAX_MEMORY_MB} or less)",
+    )
+    parser.add_argument(
+        "--allow-broken-vfs",
+        action="store_true",
+        help=f"run with --memory above {IGB_VF_MAX_MEMORY_MB}, where igb VFs never get a link, and let VFs stay down",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -920,6 +1086,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout,
             quiet_limit=args.quiet_limit,
             memory_mb=args.memory,
+            allow_broken_vfs=args.allow_broken_vfs,
             console=sys.stdout,
             kernel=args.kernel,
         )

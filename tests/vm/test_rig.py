@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,115 @@ def test_a_stalled_command_that_is_not_pytest_runs_again_whole(tmp_path: Path) -
         f"rig: a boot was ended: the guest kernel reports a stall: {STALL_LINES[1]}",
         "rig: a second boot ran the command again",
     ]
+
+
+# What igbvf logged in the 6.1 guest: each VF's probe (at 2048 MiB, healthy),
+# then, at 3072 MiB, where the VFs' registers read 0, VF 0's first down.
+PROBES = [
+    (4.118101, "igbvf 0000:01:10.0: enabling device (0000 -> 0002)"),
+    (4.127902, "igbvf 0000:01:10.0: PF still in reset state. Is the PF interface up?"),
+    (4.127998, "igbvf 0000:01:10.0: Assigning random MAC address."),
+    (4.128236, "igbvf 0000:01:10.0: PF still resetting"),
+    (4.137511, "igbvf 0000:01:10.2: PF still in reset state. Is the PF interface up?"),
+    (4.137698, "igbvf 0000:01:10.2: PF still resetting"),
+    (15.098769, "igbvf 0000:01:10.2: Link is Up 1000 Mbps Full Duplex"),
+]
+FIRST_DOWN = (26.550007, "igbvf 0000:01:10.0: PF still resetting")
+# The line the guest's forwarder writes for it.
+VF_STUCK_LINE = "vm-kmsg: [   26.550007] igbvf 0000:01:10.0: PF still resetting"
+MEMORY_ON = 0x0406
+# The stand-in for a broken VF clears the memory space bit.
+MEMORY_OFF = 0x0404
+
+
+def _pci_devices(root: Path, commands: dict[str, int]) -> Path:
+    """A /sys/bus/pci/devices with these functions' COMMAND registers."""
+    for name, command in commands.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "config").write_bytes(bytes(4) + command.to_bytes(2, "little") + bytes(58))
+    return root
+
+
+def test_kmsg_records_give_their_time_and_text() -> None:
+    record = b"6,1021,26550007,-;igbvf 0000:01:10.0: PF still resetting\n SUBSYSTEM=pci\n DEVICE=+pci:0000:01:10.0\n"
+    seconds, text = rig.kmsg_message(record)
+    assert (f"{seconds:.6f}", text) == ("26.550007", "igbvf 0000:01:10.0: PF still resetting")
+
+
+def test_each_vf_may_fail_its_handshake_once_as_it_probes(tmp_path: Path) -> None:
+    devices = _pci_devices(tmp_path, {"0000:01:10.0": MEMORY_ON, "0000:01:10.2": MEMORY_ON})
+    assert list(rig.vf_reset_lines(PROBES, devices)) == []
+    # Created again: each probe starts the count anew.
+    assert list(rig.vf_reset_lines(PROBES + PROBES, devices)) == []
+
+
+def test_a_vf_that_fails_its_handshake_again_is_forwarded(tmp_path: Path) -> None:
+    devices = _pci_devices(tmp_path, {"0000:01:10.0": MEMORY_ON, "0000:01:10.2": MEMORY_ON})
+    assert list(rig.vf_reset_lines([*PROBES, FIRST_DOWN], devices)) == [VF_STUCK_LINE]
+    # Without a probe line first (as on kernels whose PF handshake at probe succeeds), from the second.
+    assert list(rig.vf_reset_lines([FIRST_DOWN], devices)) == []
+    assert list(rig.vf_reset_lines([(1.5, FIRST_DOWN[1]), FIRST_DOWN], devices)) == [VF_STUCK_LINE]
+
+
+@pytest.mark.parametrize("commands", [{"0000:01:10.0": MEMORY_OFF}, {}], ids=["memory-space-off", "gone"])
+def test_a_vf_broken_on_purpose_or_gone_is_not(tmp_path: Path, commands: dict[str, int]) -> None:
+    devices = _pci_devices(tmp_path, commands)
+    assert list(rig.vf_reset_lines([*PROBES, FIRST_DOWN, FIRST_DOWN], devices)) == []
+
+
+def test_a_vf_broken_on_purpose_is_not_until_it_probes_again(tmp_path: Path) -> None:
+    devices = _pci_devices(tmp_path, {"0000:01:10.0": MEMORY_OFF, "0000:01:10.2": MEMORY_ON})
+
+    def messages() -> Iterator[tuple[float, str]]:
+        yield from [*PROBES, FIRST_DOWN]
+        # The test turns its memory space back on before the forwarder reads the next line.
+        (devices / "0000:01:10.0" / "config").write_bytes(bytes(4) + MEMORY_ON.to_bytes(2, "little"))
+        yield FIRST_DOWN
+        yield from [*PROBES, FIRST_DOWN]
+
+    assert list(rig.vf_reset_lines(messages(), devices)) == [VF_STUCK_LINE]
+
+
+def test_a_forwarded_vf_failure_ends_the_boot() -> None:
+    dog = rig.Watchdog(boot_deadline=600, quiet_limit=600)
+    dog.feed(rig.COMMAND_STARTED + "\n")
+    # igbvf's own line, as a test printing dmesg shows it, is not the forwarder's.
+    dog.feed(f"[{FIRST_DOWN[0]:12.6f}] {FIRST_DOWN[1]}\n")
+    assert (dog.vf_failure(), dog.verdict()) == (None, None)
+    # After pytest's progress dots, which end without a newline.
+    dog.feed("...." + VF_STUCK_LINE + "\n")
+    verdict = dog.verdict()
+    assert verdict is not None and verdict == dog.vf_failure()
+    assert verdict.startswith("igb VF 0000:01:10.0 cannot come up: its reset handshake with the PF failed again")
+
+
+@pytest.mark.parametrize("after", ["sleep 120", "exit 0"])
+def test_a_vf_failure_fails_the_run_at_once(tmp_path: Path, after: str) -> None:
+    # Whether the watchdog ends the boot or the command ends first.
+    with pytest.raises(rig.RigError) as failed:
+        _shell(tmp_path, f"echo '{VF_STUCK_LINE}'; {after}")
+    message = str(failed.value)
+    assert message.startswith("igb VF 0000:01:10.0 cannot come up:")
+    assert "; a rig failure, not the command's; last console lines:\n" in message
+    assert VF_STUCK_LINE in message.splitlines()
+    # Not booted again: every boot would have the same VFs.
+    assert (tmp_path / "results" / rig.PROGRESS_FILE).read_text() == "boot\t1\n"
+
+
+def test_memory_above_the_limit_is_refused_before_booting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert rig.main(["--memory", "2816", "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rig: igb VFs cannot come up with guest memory 2816 MiB, above 2815 MiB:")
+    assert "--allow-broken-vfs for a test that wants VFs that never get a link" in err
+    rig.check_memory(2815, allow_broken_vfs=False)
+    rig.check_memory(3072, allow_broken_vfs=True)
+
+
+def test_only_a_watched_guest_forwards_vf_failures() -> None:
+    watched = rig._guest_script(["true"], "/src", "/share", rerun=False, watch_vfs=True)
+    first = watched.splitlines()[0]
+    assert "rig.forward_vf_resets()" in first and first.endswith(" </dev/null >/dev/console 2>&1 &")
+    assert "forward_vf_resets" not in rig._guest_script(["true"], "/src", "/share", rerun=False)
 
 
 PLUGIN_DEMO = """
