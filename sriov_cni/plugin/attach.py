@@ -95,6 +95,8 @@ MAC_RETRY_DELAY = 0.1
 # runs, later (seconds on a busy node).
 HOME_WAIT = 10.0
 HOME_POLL = 0.05
+# The name a VF comes home under when another device took its own meanwhile.
+HOME_NAME_TEMPLATE = "sriovvf%d"
 ZERO_MAC = "00:00:00:00:00:00"
 
 
@@ -356,28 +358,35 @@ def _set_effective_mac(ns: Namespace, index: int, mac: str, retry: float) -> Non
         raise CNIError(Code.DEVICE, f"the VF netdev did not take MAC {mac}")
 
 
-def _find_in_pod(links: list[LinkInfo], alloc: Allocation, orig: OriginalState) -> LinkInfo | None:
-    """The VF's netdev among the pod's ``links``, found by PCI address, never by name alone.
+def _identify(links: list[LinkInfo], vf_pci: str, macs: set[str], name: str) -> LinkInfo | None:
+    """The VF's netdev among one namespace's ``links``, found by PCI address, never by name alone.
 
     The name may not be the one recorded (the kernel expands templates like
     net%d, the pod may rename it) and another interface may carry it.
     Kernels from 5.14 report each netdev's parent device; where none is
     reported (older kernels, virtual links), the VF is the parent-less link
-    with the MAC it was given, preferring the recorded name.
+    with one of ``macs``, preferring ``name``.
     """
     for link in links:
-        if link.parent_dev == alloc.vf_pci:
+        if link.parent_dev == vf_pci:
             return link
-    macs = {m for m in (alloc.applied.mac, orig.mac) if m}
     matches = [link for link in links if not link.parent_dev and link.mac in macs]
-    named = [link for link in matches if link.name == alloc.ifname]
+    named = [link for link in matches if link.name == name]
     best = named or matches
     return best[0] if best else None
 
 
+def _find_in_pod(links: list[LinkInfo], alloc: Allocation, orig: OriginalState) -> LinkInfo | None:
+    """The VF's netdev among the pod's ``links``: it has the MAC ADD gave it, or its own."""
+    return _identify(links, alloc.vf_pci, {m for m in (alloc.applied.mac, orig.mac) if m}, alloc.ifname)
+
+
 def _find_home_link(host: Namespace, alloc: Allocation, orig: OriginalState, sys_root: Path) -> LinkInfo | None:
     link = host.find(orig.netdev)
-    if link is not None:
+    # The recorded name may be another device's by now (another VF's netdev
+    # took it while this one was in the pod): only a link whose parent is
+    # this VF, or that reports none (older kernels, veths), is taken for it.
+    if link is not None and link.parent_dev in ("", alloc.vf_pci):
         return link
     # When a pod's namespace is destroyed the kernel hands a physical netdev
     # back to the host under its pod-side name; sysfs knows it by PCI address.
@@ -414,9 +423,16 @@ def restore_netdev(vfc: VfControl, alloc: Allocation, retry: float, sys_root: Pa
         return
     found, pod_alive = _out_of_pod(alloc, orig)
     if found is not None:
-        _move(alloc.netns, found.name, None, orig.netdev, found)
+        try:
+            _move(alloc.netns, found.name, None, orig.netdev, found)
+        except netlink.LinkExists:
+            # Another device took the VF's name on the host meanwhile: the
+            # VF comes home under a free name (the kernel picks the number).
+            _move(alloc.netns, found.name, None, HOME_NAME_TEMPLATE)
     with netlink.open_namespace() as host:
-        link = _home_link(host, alloc, orig, pod_alive, sys_root)
+        # The link just moved, whatever it is called now (a move keeps the MAC).
+        arrived = _identify(host.links(), alloc.vf_pci, {found.mac}, orig.netdev) if found is not None else None
+        link = arrived or _home_link(host, alloc, orig, pod_alive, sys_root)
         if link is None:
             logger.warning("VF %s has no netdev in the host; nothing to restore there", alloc.vf_pci)
             return
@@ -501,10 +517,16 @@ def _home_link(
         # now would leave the VF to come back later, renamed and
         # configured by the pod, with nothing to restore it from.
         link = _await_home_link(host, alloc, orig, sys_root)
-    if link is None and pod_alive and sysfs.pci_dir(sys_root, alloc.vf_pci).exists():
-        # The pod still exists and so does the VF, yet neither side
-        # shows its netdev: reporting success would drop the record
-        # of a VF that may still sit in the pod.
+    if (
+        link is None
+        and pod_alive
+        and sysfs.pci_dir(sys_root, alloc.vf_pci).exists()
+        and sysfs.driver(sys_root, alloc.vf_pci) not in (None, *sysfs.DPDK_DRIVERS)
+    ):
+        # The pod still exists and so does the VF with a netdev driver, yet
+        # neither side shows its netdev: reporting success would drop the
+        # record of a VF that may still sit in the pod.  (A VF unbound from
+        # its driver while in the pod has no netdev anywhere.)
         raise CNIError(
             Code.DEVICE,
             f"VF {alloc.vf_pci} is neither in {alloc.netns} nor in the host network namespace",
@@ -532,7 +554,7 @@ def _restore_link(
     # The pod's altnames go before the rename: one may be the recorded name.
     attempt(lambda: host.del_altnames(link.index, tuple(a for a in link.altnames if a not in orig.altnames)))
     if link.name != orig.netdev:
-        attempt(lambda: host.rename(link.index, orig.netdev))
+        attempt(lambda: _rename_home(host, link, orig.netdev))
     attempt(lambda: host.add_altnames(link.index, tuple(a for a in orig.altnames if a not in link.altnames)))
     if orig.mac and link.mac != orig.mac:
         attempt(lambda: _restore_mac(vfc, host, alloc, orig, link, retry))
@@ -554,6 +576,18 @@ def _restore_link(
         except netlink.NetlinkError as exc:
             failures.append(str(exc))
     return failures
+
+
+def _rename_home(host: Namespace, link: LinkInfo, name: str) -> None:
+    """The VF's recorded name again; when another device holds it now, the VF keeps the one it has, said in the log.
+
+    Holding the VF back would not free the name, and the plugin finds a VF
+    by its PCI address, never by its name.
+    """
+    try:
+        host.rename(link.index, name)
+    except netlink.LinkExists:
+        logger.warning("VF netdev %s is back as %s: another device has taken %s on the host", name, link.name, name)
 
 
 def _restore_mac(

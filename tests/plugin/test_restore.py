@@ -15,10 +15,12 @@ import json
 import os
 from typing import Any
 
+import pytest
+
 from sriov_cni.node import status
 from sriov_cni.paths import Paths
 from sriov_cni.vfstore import FileStore
-from tests.support.pluginlib import Node, altname, link, sh
+from tests.support.pluginlib import Node, altname, ip_json, link, sh
 
 # What the pod changes, as `ip link set` arguments; each outlives a netns move.
 POD_LINK_CHANGES = (
@@ -166,3 +168,35 @@ def test_a_vf_that_cannot_be_restored_keeps_its_record_and_shows_in_status(node:
     [row] = [v for pf in pfs for v in pf["vfs"]]
     assert row["allocation"]["unrestored"] == ["mtu: 1500 (70000)"]
     assert "unrestored: mtu: 1500 (70000)" in "\n".join(status.table(pfs))
+
+
+def test_a_vf_whose_name_another_device_took_comes_home_under_another_and_del_succeeds(
+    node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host device took the VF's name while the VF was in the pod (another VF's netdev, in production).
+
+    DEL cannot give the name back: it brings the VF home under a free one,
+    says so, and never takes the other device for the VF.
+    """
+    vf = node.add_pf(1).vfs[0]
+    assert vf.netdev
+    pod = node.pod()
+    conf = node.conf()
+    node.add(conf, netns=pod, ifname="net1")
+    sh("ip", "link", "add", vf.netdev, "type", "veth", "peer", "name", f"{vf.netdev}x", "netns", node.peer_ns)
+    sh("ip", "link", "set", "dev", vf.netdev, "mtu", "1234")
+    other = link(vf.netdev)
+    assert other is not None
+
+    res = node.cni("DEL", conf, netns=pod, ifname="net1")
+    assert res.rc == 0, res.stdout + res.stderr
+    assert "another device has taken" in capsys.readouterr().err
+    assert link(vf.netdev) == other, "the other device was taken for the VF"
+    homes = [
+        e
+        for e in ip_json("-d", "link", "show")
+        if e.get("address") == f"02:5f:{node.token[:2]}:{node.token[2:4]}:00:00"
+    ]
+    assert len(homes) == 1 and homes[0]["ifname"] != vf.netdev, homes
+    assert node.records() == []
+    assert link("net1", os.path.basename(pod)) is None
