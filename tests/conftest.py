@@ -14,7 +14,8 @@ tests that need a guest on that newer kernel (``rig.py --kernel
 sid|experimental``).  Outside a guest
 they fail like ``sriov_vm`` tests; in a guest on another kernel they are
 deselected (reported as such, never as passed), so one command line serves
-each kernel's boot.
+each kernel's boot.  Likewise ``broken_vfs`` tests run only in a guest whose
+VFs never come up (``SRIOV_CNI_VM_BROKEN_VFS=1``), and only they run there.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import pytest
 pytest_plugins = ("tests.support.treefixtures", "tests.support.nodefixtures", "tests.support.bpf")
 
 VM_ENV = "SRIOV_CNI_VM"
+# Set for a guest run with rig.py --allow-broken-vfs (the rig passes SRIOV_CNI_* on).
+BROKEN_VFS_ENV = "SRIOV_CNI_VM_BROKEN_VFS"
 
 # tests/run.sh passes these to the guest's pytest.
 GUEST_DIRS = ("tests/vm", "tests/stress")
@@ -77,7 +80,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     if os.environ.get(VM_ENV) == "1":
         series = kernel_series(platform.release())
-        other = [item for item in items if _rdma_series(item) not in (None, series)]
+        # A guest whose VFs never come up runs the broken_vfs tests alone;
+        # any other guest runs all but them.
+        broken = os.environ.get(BROKEN_VFS_ENV) == "1"
+        other = [
+            item
+            for item in items
+            if _rdma_series(item) not in (None, series) or (item.get_closest_marker("broken_vfs") is not None) != broken
+        ]
         if other:
             config.hook.pytest_deselected(items=other)
             items[:] = [item for item in items if item not in other]
