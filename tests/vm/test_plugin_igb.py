@@ -20,7 +20,7 @@ import pytest
 from sriov_cni.daemon import install
 from tests.support.daemonlib import Daemon
 from tests.vm.plugincalls import cni, env, host_link, ns_path, records, restored, vfinfo, view
-from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs
+from tests.vm.vmlib import Sriov, ip_json, vf_pci_dirs, wait_until
 
 pytestmark = pytest.mark.sriov_vm
 
@@ -167,7 +167,9 @@ def test_pod_netns_deleted_before_del(igb_pfs: list[str], sriov: Sriov, tmp_path
 
     subprocess.run(["ip", "netns", "delete", pod], check=True)
 
-    # The kernel hands the physical netdev back to the host under its pod name.
+    # The kernel hands the physical netdev back to the host under its pod
+    # name, from its namespace cleanup work: later, on a busy node.
+    wait_until(lambda: host_link("podnet0") is not None, 60, "the VF back from the deleted namespace")
     returned = host_link("podnet0")
     assert returned is not None and returned["address"] == "02:00:00:5a:0c:01"
     assert host_link(vf0) is None

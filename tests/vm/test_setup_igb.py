@@ -170,6 +170,9 @@ def test_status_json_shows_an_allocation_then_the_vf_free(
     assert vf["allocation"] == {
         "network": "net-a",
         "containerID": "cafe01",
+        # The call's CNI_ARGS named no pod.
+        "pod": None,
+        "podUID": None,
         "ifname": name,
         "netns": f"/run/netns/{ns}",
         "deviceInfoFile": None,
