@@ -12,10 +12,13 @@ all in :data:`GUEST_KINDS` (tests/vm/rig.py loads their modules).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.pluginlib import Node, link
 
 
 @dataclass(frozen=True)
@@ -163,3 +166,25 @@ def left_on(netns: str, rider: Rider) -> list[str]:
         assert rider.master in seen, f"the pod's own {rider.master} went too"
         left += [name for name, entry in seen.items() if entry.get("master") == rider.master]
     return left
+
+
+def del_leaves_nothing_of(node: Node, kind: str) -> None:
+    """A pod builds ``kind`` on its VF (veths as VFs, ``node``'s): CHECK names it, DEL removes it, the VF goes home."""
+    vf = node.add_pf(1).vfs[0]
+    assert vf.netdev
+    pod = node.pod()
+    ns = os.path.basename(pod)
+    conf = node.conf()
+    res = node.add(conf, netns=pod, ifname="net1")
+    rider = RIDERS[kind]
+    build(ns, rider)
+
+    check = node.cni("CHECK", dict(conf, prevResult=res.out), netns=pod, ifname="net1")
+    assert check.rc != 0, check.stdout
+    named = rider.made[0] if rider.made else rider.master
+    assert named in check.out["details"] and "DEL" in check.out["details"], check.out
+
+    assert node.cni("DEL", conf, netns=pod, ifname="net1").rc == 0
+    assert left_on(ns, rider) == []
+    assert link(vf.netdev) is not None
+    assert node.records() == []

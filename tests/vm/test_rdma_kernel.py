@@ -25,6 +25,7 @@ from sriov_cni.node.rdmamode import EXCLUSIVE_OPTION, OPTION_FILE
 from sriov_cni.plugin import rdma as plugin_rdma
 from sriov_cni.vfstore import Allocation
 from tests.vm.nodecommand import Node
+from tests.vm.rdmalib import back_to_shared, exclusive_pods
 from tests.vm.vmlib import Sriov
 
 # Driver tests like every other here; rdma_vm names the kernel they need.
@@ -76,41 +77,9 @@ def rxe(vfs: list[str]) -> Iterator[Callable[[str, str], None]]:
 
 @pytest.fixture
 def exclusive() -> Iterator[Callable[[], str]]:
-    """Exclusive mode (set while no other namespace exists); ``pod()`` then makes a namespace.
-
-    At teardown the namespaces go, their devices come back, and the mode is
-    shared again.
-    """
-    made: list[str] = []
-    with Rdma() as host:
-        host.set_netns_mode("exclusive")
-
-    def pod() -> str:
-        name = f"rdpod{len(made)}"
-        subprocess.run(["ip", "netns", "add", name], check=True)
-        made.append(name)
-        return name
-
-    yield pod
-    back_to_shared(made)
-
-
-def back_to_shared(namespaces: list[str]) -> None:
-    """Delete ``namespaces``, then switch to shared mode once the kernel lets it."""
-    for name in namespaces:
-        subprocess.run(["ip", "netns", "del", name], check=False)
-    with Rdma() as host:
-        # The namespaces' teardown finishes in the kernel's cleanup work:
-        # until then the mode cannot change.
-        deadline = time.monotonic() + RETURN_BOUND
-        while True:
-            try:
-                host.set_netns_mode("shared")
-                break
-            except Busy:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    """Exclusive mode; ``pod()`` then makes a namespace (see rdmalib)."""
+    with exclusive_pods("rdpod") as pod:
+        yield pod
 
 
 @pytest.mark.rdma_vm("7.2")

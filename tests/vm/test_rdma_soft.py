@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 
-from sriov_cni.kernel.nlerrors import Busy
-from sriov_cni.kernel.rdma import Rdma
 from sriov_cni.plugin.rdma import soft_name
 from tests.vm.plugincalls import cni, ns_path, records
+from tests.vm.rdmalib import exclusive_pods
 from tests.vm.vmlib import Sriov, vf_pci_dirs
 
 # Driver tests like every other here; rdma_vm names the kernel they need.
@@ -159,20 +158,8 @@ def test_two_pods_move_rdma_traffic_both_ways_72(
 @pytest.fixture
 def exclusive_mode() -> Iterator[None]:
     """Exclusive mode for the test; requested before ``netns``, so it is torn down after the pods are gone."""
-    with Rdma() as host:
-        host.set_netns_mode("exclusive")
-    yield
-    deadline = time.monotonic() + BOUND
-    with Rdma() as host:
-        while True:
-            try:
-                host.set_netns_mode("shared")
-                return
-            except Busy:
-                # Namespaces are torn down by the kernel's cleanup work.
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    with exclusive_pods("unused"):
+        yield
 
 
 @pytest.mark.rdma_vm("7.3")

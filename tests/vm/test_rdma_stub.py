@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 
 from sriov_cni.kernel.netns import own_netns_path
-from sriov_cni.kernel.nlerrors import Busy
 from sriov_cni.kernel.rdma import Rdma, move_out, roce_v2_gid_index, vf_rdma_devices, vf_verbs_devices
 from tests.vm import rdmastub
 from tests.vm.plugincalls import cni, ns_path, records
+from tests.vm.rdmalib import exclusive_pods
 from tests.vm.vmlib import Sriov, vf_pci_dirs, wait_until
 
 pytestmark = [pytest.mark.sriov_vm, pytest.mark.rdma_vm("7.3")]
@@ -231,36 +231,9 @@ def stub(
 
 @pytest.fixture
 def pods() -> Iterator[Callable[[], str]]:
-    """Exclusive mode (set while no other namespace exists); ``pods()`` then makes a namespace.
-
-    At teardown the namespaces go, their devices come back, and the mode is
-    shared again.
-    """
-    made: list[str] = []
-    with Rdma() as host:
-        host.set_netns_mode("exclusive")
-
-    def pod() -> str:
-        name = f"stubpod{len(made)}"
-        subprocess.run(["ip", "netns", "add", name], check=True)
-        made.append(name)
-        return name
-
-    yield pod
-    for name in made:
-        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
-    with Rdma() as host:
-        # The namespaces' teardown finishes in the kernel's cleanup work:
-        # until then the mode cannot change.
-        deadline = time.monotonic() + BOUND
-        while True:
-            try:
-                host.set_netns_mode("shared")
-                return
-            except Busy:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    """Exclusive mode; ``pods()`` then makes a namespace (see rdmalib)."""
+    with exclusive_pods("stubpod") as pod:
+        yield pod
 
 
 def test_each_vf_gets_a_device_under_its_pci_function(

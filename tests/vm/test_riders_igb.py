@@ -10,7 +10,6 @@ kernel lacks most of the kinds; the second's are igb VFs.  The oracle is
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.pluginlib import Node as VethNode
-from tests.support.riders import GUEST_KINDS, RIDERS, build, left_on, links
+from tests.support.riders import GUEST_KINDS, del_leaves_nothing_of, links
 from tests.vm.plugincalls import Pod, cni, conf, ns_path, ping, records, restored, vfinfo
 from tests.vm.vmlib import Sriov
 
@@ -36,19 +35,7 @@ def veth_node(tmp_path: Path) -> Iterator[VethNode]:
 
 @pytest.mark.parametrize("kind", GUEST_KINDS)
 def test_del_removes_every_kind_a_pod_can_build_on_its_vf(veth_node: VethNode, kind: str) -> None:
-    veth_node.add_pf(1)
-    pod = veth_node.pod()
-    ns = os.path.basename(pod)
-    cfg = veth_node.conf()
-    res = veth_node.add(cfg, netns=pod, ifname="net1")
-    rider = RIDERS[kind]
-    build(ns, rider)
-    check = veth_node.cni("CHECK", dict(cfg, prevResult=res.out), netns=pod, ifname="net1")
-    assert check.rc != 0 and "DEL" in check.out["details"], check.stdout
-
-    assert veth_node.cni("DEL", cfg, netns=pod, ifname="net1").rc == 0
-    assert left_on(ns, rider) == []
-    assert veth_node.records() == []
+    del_leaves_nothing_of(veth_node, kind)
 
 
 def sh(netns: str, *cmd: str) -> subprocess.CompletedProcess[str]:
