@@ -242,8 +242,17 @@ def status(as_json: bool, data_dir: Path) -> None:
     default=store.DEFAULT_DATA_DIR,
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="The CNI plugin's store, for the metrics' pool.",
+    help="The CNI plugin's store, for the metrics' pool and the NRI plugin's RDMA pods.",
 )
+@click.option(
+    "--nri-socket",
+    default=daemon_options.NRI_SOCKET,
+    show_default=True,
+    help="The runtime's NRI socket: whenever it exists, the daemon registers there as an NRI plugin "
+    "that gives the containers of pods with an RDMA device its /dev/infiniband devices and the "
+    "network's rdmaMemlock limit.",
+)
+@click.option("--no-nri", is_flag=True, help="Do not run the NRI plugin.")
 def daemon(
     socket_path: str,
     request_timeout: float,
@@ -255,6 +264,8 @@ def daemon(
     proc_irq: Path | None,
     metrics_address: str | None,
     data_dir: Path,
+    nri_socket: str,
+    no_nri: bool,
 ) -> None:
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until SIGTERM).
 
@@ -284,6 +295,7 @@ def daemon(
         data_dir=data_dir,
         paths=_node_paths() if proc_irq is None else replace(_node_paths(), proc_irq=proc_irq),
         measure=Measure.from_env(),
+        nri_socket=None if no_nri else nri_socket,
     )
     try:
         running = server.serve(options)

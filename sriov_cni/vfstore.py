@@ -118,6 +118,10 @@ class Allocation:
     # finds it by that, and gives it back under ``rdma_device``.
     rdma_index: int | None = None
     rdma_soft: bool = False
+    # RLIMIT_MEMLOCK in bytes for the pod's containers (the network's
+    # rdmaMemlock), which the daemon's NRI plugin sets with the device's
+    # character devices; None: unlimited.
+    rdma_memlock: int | None = None
 
     def owned_by(self, container_id: str, ifname: str, network: str | None = None) -> bool:
         return (

@@ -43,18 +43,22 @@ python3 tests/vm/rig.py --timeout 3600 -- python3 -m pytest -ra -v -m sriov_vm t
 # see rig.py): ADD sets each VF aside and fails naming them.
 SRIOV_CNI_VM_BROKEN_VFS=1 python3 tests/vm/rig.py --memory 3072 --allow-broken-vfs --timeout 900 -- \
     python3 -m pytest -ra -v -m sriov_vm tests/vm/test_aside_igb.py || vm_status=$?
+# tests/vm/test_nri_rdma.py runs Debian sid's containerd 2.x (NRI), fetched
+# here once into the rig's cache.
+python3 -m tests.vm.containerd2 || vm_status=$?
 # The RDMA tests need a newer kernel than Debian 12's: one more boot, on
-# Linux 7.3 (Debian experimental, pinned in rig.py), runs both RDMA modules,
-# exclusive mode, Soft-RoCE and a PCI-parented device, and the one kind of device a pod can build on
-# its VF that Debian 12's kernel lacks (HSR).  Their Linux 7.2 variants
-# (rig.py --kernel sid) are left to a run by hand.
+# Linux 7.3 (Debian experimental, pinned in rig.py), runs the RDMA modules
+# (exclusive mode, Soft-RoCE, a PCI-parented device, NRI with containerd
+# 2.x) and the one kind of device a pod can build on its VF that Debian 12's
+# kernel lacks (HSR).  Their Linux 7.2 variants (rig.py --kernel sid) are
+# left to a run by hand.
 # The RDMA stub module (a VF's own RDMA device, with the VF's PCI function as
 # its parent, as mlx5's) is built here against that kernel's headers; the
 # guest sees this machine's files.
 python3 -m tests.vm.rdmastub || vm_status=$?
-python3 tests/vm/rig.py --kernel experimental --timeout 1200 -- \
+python3 tests/vm/rig.py --kernel experimental --timeout 2400 -- \
     python3 -m pytest -ra -v -m sriov_vm tests/vm/test_rdma_kernel.py tests/vm/test_rdma_soft.py \
-    tests/vm/test_rdma_stub.py \
+    tests/vm/test_rdma_stub.py tests/vm/test_nri_rdma.py \
     "tests/vm/test_riders_igb.py::test_del_removes_every_kind_a_pod_can_build_on_its_vf[hsr]" || vm_status=$?
 echo "run.sh: guest part took $(( $(date +%s) - started )) s"
 

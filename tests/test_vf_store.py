@@ -151,6 +151,7 @@ def test_a_record_keeps_pf_settings_in_one_layout_the_snapshot_and_the_applied_a
         "rdma_device",
         "rdma_index",
         "rdma_soft",
+        "rdma_memlock",
     ]
     assert raw["applied"] == {"vlan": [100, 0, 0x8100], "rate": [0, 500], "trust": True}
     # trust is None in the snapshot (a driver that does not report it): absent, as in applied.

@@ -25,10 +25,10 @@ daemon serves the runtime's retries.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from sriov_cni import sizes
 from sriov_cni.daemon import wire
 
 MiB = 1 << 20
@@ -64,8 +64,6 @@ CHILD_OOM_SCORE_ADJ = 1000
 # Values at or above this in a limit file mean no limit (cgroup v1 writes
 # PAGE_COUNTER_MAX in bytes, rounded to the page size).
 _UNLIMITED = 1 << 62
-_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi|K|M|G)?")
-_UNITS = {None: 1, "K": 1000, "M": 1000**2, "G": 1000**3, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
 
 
 class BudgetError(ValueError):
@@ -74,10 +72,10 @@ class BudgetError(ValueError):
 
 def parse_size(text: str) -> int:
     """Bytes from a size as Kubernetes writes one: ``160Mi``, ``200M``, ``167772160``."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None or int(match[1]) == 0:
-        raise BudgetError(f"{text!r} is not a size: give bytes, or a number with Ki, Mi, Gi (or K, M, G)")
-    return int(match[1]) * _UNITS[match[2]]
+    size = sizes.parse(text)
+    if size is None:
+        raise BudgetError(f"{text!r} is not a size: {sizes.EXPECTED}")
+    return size
 
 
 def _read_limit(path: Path) -> int | None:

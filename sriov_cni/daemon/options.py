@@ -39,6 +39,8 @@ CHILD_IDLE = 60.0
 # Seconds a stopping daemon (SIGTERM) waits for the calls it runs to end
 # (--drain-timeout); the DaemonSet's terminationGracePeriodSeconds is above.
 DRAIN_TIMEOUT = 20.0
+# Where containerd 2.x and CRI-O listen for NRI plugins (NRI's default).
+NRI_SOCKET = "/var/run/nri/nri.sock"
 
 
 @dataclass(frozen=True)
@@ -59,5 +61,8 @@ class Options:
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     # Where the calls and the metrics find the node.
     paths: Paths = field(default_factory=Paths)
+    # The runtime's NRI socket the daemon's NRI plugin connects to whenever
+    # it exists (daemon.nri); None: no NRI plugin.
+    nri_socket: str | None = NRI_SOCKET
     # What each child records of its calls (SRIOV_CNI_DAEMON_STATS), None: nothing.
     measure: Measure | None = None

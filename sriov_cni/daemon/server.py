@@ -26,7 +26,9 @@ The daemon is started with one :class:`~options.Options` value.  The
 children are kept in :mod:`childpool`, speak with the daemon over
 :mod:`channel` and serve each call in :mod:`call`; :mod:`measure` says how
 to make them report what each call cost.  The daemon's :class:`Metrics`
-count what its loop sees, served by :mod:`exporter`.
+count what its loop sees, served by :mod:`exporter`.  Where the runtime
+offers NRI, :mod:`nri` gives the containers of pods with an RDMA device
+that device's character devices and a memlock limit.
 """
 
 from __future__ import annotations
@@ -156,6 +158,8 @@ def serve(options: Options) -> int:
     # need not be (a restarted one undoes the exemption it inherits).
     address = options.metrics_address
     served = None if address is None else start_exporter(address, options, metrics)
+    # Read before the daemon exempts itself, for the NRI plugin's process.
+    score = budget.oom_score_adj()
     admitted = budget.admission(options.max_children, options.memory_budget)
     unprotected = budget.protect_daemon()
     listener = _listen(options.socket)
@@ -173,11 +177,28 @@ def serve(options: Options) -> int:
     if served is not None:
         served.serve_in(selector)
     where = "" if served is None else f", metrics on http://{served.address}/metrics"
-    sys.stderr.write(f"sriov-cni daemon {__version__} listening on {options.socket}, {admitted.describe()}{where}\n")
+    nri_note = "" if options.nri_socket is None else f", NRI plugin for {options.nri_socket}"
+    sys.stderr.write(
+        f"sriov-cni daemon {__version__} listening on {options.socket}, {admitted.describe()}{nri_note}{where}\n"
+    )
+    sys.stderr.flush()
+    # After the banner, which the daemon's first line must be: the plugin
+    # writes its own.  Its end of the alive pipe is held open, never
+    # written, as long as the daemon lives: the plugin ends when it closes.
+    if options.nri_socket is not None:
+        _start_nri(options, score)
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
     return _Loop(selector, children, calls, stop, served).run()
+
+
+def _start_nri(options: Options, score: int | None) -> int:
+    """Fork the NRI plugin (daemon.nri) at OOM score ``score``; the daemon's end of its alive pipe."""
+    from sriov_cni.daemon import nri
+
+    assert options.nri_socket is not None
+    return nri.start(nri.Launch(options.nri_socket, options.data_dir, options.paths.sys, score))
 
 
 @dataclass

@@ -8,6 +8,7 @@ import signal
 from sriov_cni.kernel.libc import libc
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def load() -> None:
@@ -20,6 +21,11 @@ def die_with_parent(parent: int) -> None:
     libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it ended before the signal was armed
         os._exit(1)
+
+
+def set_name(name: str) -> None:
+    """Name this process (its ``comm``, at most 15 bytes), for ps and top to tell it from its parent's copies."""
+    libc().prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def outlive_parent() -> None:

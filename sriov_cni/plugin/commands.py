@@ -309,6 +309,9 @@ def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: N
     conf, deps = add.conf, add.deps
     if lease.stale is not None:
         _reclaim_stale(add, vfc, lease.stale)
+    # Saved with the changes' record: the daemon's NRI plugin reads it when
+    # the pod's containers are created.
+    lease.alloc.rdma_memlock = conf.rdma_memlock
     _record_changes(vfc, host, lease, conf.pf_settings)
     aside.refuse_disabled_link(lease.alloc, conf.pf_settings.link_state)
     attach.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sriov_cni import safepath
+from sriov_cni import safepath, sizes
 from sriov_cni.cni import DNS, FIRST_LIST_RESULT, CmdArgs, CNIError, Code, Result, short_repr, version_at_least
 from sriov_cni.kernel import sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
@@ -111,6 +111,9 @@ class NetConf:
     device_info_file: str | None = None
     # What happens to the VF's RDMA device: plugin/rdma.py.
     rdma: str = "auto"
+    # RLIMIT_MEMLOCK for the pod's containers when it gets an RDMA device
+    # (rdmaMemlock, recorded for the daemon's NRI plugin); None: unlimited.
+    rdma_memlock: int | None = None
 
 
 def _invalid(msg: str, details: str = "") -> CNIError:
@@ -326,6 +329,16 @@ def _rdma(conf: Keys) -> str:
     return mode
 
 
+def _rdma_memlock(conf: Keys) -> int | None:
+    value = conf.get("rdmaMemlock")
+    if value is None or value == "unlimited":
+        return None
+    size = sizes.parse(value) if isinstance(value, str) else None
+    if size is None:
+        raise _invalid(f'rdmaMemlock must be "unlimited" or a size such as "64Mi" ({sizes.EXPECTED}), got {value!r}')
+    return size
+
+
 def _prev_result(cmd: CmdArgs) -> Result | None:
     if cmd.conf.get("prevResult") is None:
         return None
@@ -343,6 +356,7 @@ def load(cmd: CmdArgs) -> NetConf:
     link_state = _link_state(conf)
     rate = _rate(conf)
     rdma = _rdma(conf)
+    rdma_memlock = _rdma_memlock(conf)
     prev = _prev_result(cmd)
     settings = PfSettings(
         vlan=vlan,
@@ -367,4 +381,5 @@ def load(cmd: CmdArgs) -> NetConf:
         notes=tuple(conf.notes.entries),
         device_info_file=_device_info_file(conf),
         rdma=rdma,
+        rdma_memlock=rdma_memlock,
     )

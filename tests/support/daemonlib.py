@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sriov_cni.daemon import install
+from sriov_cni.daemon import install, nri
 from tests.support import daemonprocs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,12 +85,14 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 def exporter_of(daemon: int) -> int:
-    """The daemon's metrics exporter: in its process group, with its command line, and not its child."""
+    """The daemon's metrics exporter: in its process group, with its command line, not its child, nor its NRI plugin."""
     cmdline = Path(f"/proc/{daemon}/cmdline").read_bytes()
     children = set(Path(f"/proc/{daemon}/task/{daemon}/children").read_text().split())
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != daemon and entry.name not in children:
             try:
+                if (entry / "comm").read_text().strip() == nri.PROCESS_NAME:
+                    continue
                 if (entry / "cmdline").read_bytes() == cmdline and daemonprocs.group_of(
                     int(entry.name)
                 ) == daemonprocs.group_of(daemon):

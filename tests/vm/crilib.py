@@ -91,12 +91,16 @@ def pause_archive(dest: Path) -> Path:
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w") as tar:
         tar.add(CATATONIT, arcname="catatonit")
-    layer_bytes = layer.getvalue()
+    return image_archive(dest / "pause.tar", PAUSE_IMAGE, layer.getvalue(), {"Entrypoint": ["/catatonit", "-P"]})
+
+
+def image_archive(archive: Path, ref: str, layer_bytes: bytes, image_config: dict[str, Any]) -> Path:
+    """An OCI archive at ``archive`` of image ``ref``: one layer (a tar's bytes) and its config."""
     config = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Entrypoint": ["/catatonit", "-P"]},
+            "config": image_config,
             "rootfs": {"type": "layers", "diff_ids": [_sha(layer_bytes)]},
         }
     ).encode()
@@ -127,12 +131,11 @@ def pause_archive(dest: Path) -> Path:
                     "digest": _sha(manifest),
                     "size": len(manifest),
                     "platform": {"architecture": "amd64", "os": "linux"},
-                    "annotations": {"org.opencontainers.image.ref.name": PAUSE_IMAGE},
+                    "annotations": {"org.opencontainers.image.ref.name": ref},
                 }
             ],
         }
     ).encode()
-    archive = dest / "pause.tar"
     with tarfile.open(archive, "w") as tar:
         files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": index}
         for blob in (layer_bytes, config, manifest):
