@@ -525,3 +525,23 @@ def test_the_plugin_deletes_a_pod_whose_vf_left_its_driver(
     show(f"DEL with {vf.pci} unbound: status {rc}, {res}")
     assert rc == 0, res
     assert records(tmp_path) == []
+
+
+def test_in_shared_mode_required_is_refused_and_auto_leaves_the_device_where_every_pod_sees_it(
+    stub: Callable[[int], list[StubVf]], netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """Shared mode, the kernel's default: ``required`` promises the pod a device of its own, which it cannot get."""
+    [vf] = stub(1)
+    with Rdma() as host:
+        assert host.netns_mode() == "shared"
+    pod = netns()
+    rc, res = cni("ADD", network(tmp_path, vf), container="req", netns=ns_path(pod))
+    assert rc != 0 and res["code"] == 100 and "netns mode is shared" in res["msg"], res
+    assert records(tmp_path) == []
+    rc, res = cni("ADD", dict(network(tmp_path, vf), rdma="auto"), container="auto", netns=ns_path(pod))
+    assert rc == 0, res
+    # Nothing moved: the host sees it still, and so does the pod.
+    assert vf.rdma in view(vf.pci).devs and vf.rdma in view(vf.pci, pod).devs
+    rc, res = cni("DEL", dict(network(tmp_path, vf), rdma="auto"), container="auto", netns=ns_path(pod))
+    assert rc == 0, res
+    assert records(tmp_path) == []
