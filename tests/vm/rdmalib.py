@@ -8,13 +8,16 @@ which the next test expects) once the kernel has finished tearing them down.
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from sriov_cni.kernel.nlerrors import Busy
 from sriov_cni.kernel.rdma import Rdma
+from tests.vm import rig
 
 # The kernel finishes a namespace's teardown (and hands back its RDMA
 # devices) from its cleanup work, within about a second; only a fault takes
@@ -57,3 +60,24 @@ def exclusive_pods(prefix: str) -> Iterator[Callable[[], str]]:
         yield pod
     finally:
         back_to_shared(made)
+
+
+@contextmanager
+def rdma_ucm() -> Iterator[None]:
+    """rdma_ucm (/dev/infiniband/rdma_cm, librdmacm's way in) loaded for the block, then unloaded.
+
+    The rig's initramfs holds only the modules it loads at boot; this one
+    (and what it needs) comes from the running kernel's package in the rig's
+    cache, which the guest sees.
+    """
+    release = platform.release()
+    [kernel] = [k for k in rig.NEWER_KERNELS.values() if k.release == release]
+    root = rig.cache_dir() / f"linux-{kernel.release}_{kernel.version}"
+    modules = ("rdma_ucm", "rdma_cm", "iw_cm", "ib_cm")
+    loaded = [m for m in modules if not Path("/sys/module", m).exists()]
+    subprocess.run(["modprobe", "-d", str(root), "-S", release, "rdma_ucm"], check=True)
+    try:
+        yield
+    finally:
+        if loaded:
+            subprocess.run(["modprobe", "-r", "-d", str(root), "-S", release, *loaded], check=False)

@@ -41,7 +41,7 @@ from cri_api.v1 import api_pb2 as pb
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.vfstore import read_allocations
 from tests.support.daemonlib import Daemon
-from tests.vm import containerd2, rig
+from tests.vm import containerd2, rdmalib
 from tests.vm.crilib import CRI_TIMEOUT, PAUSE_IMAGE, Cri, image_archive, new_pod, pause_archive
 from tests.vm.runtimelib import cgroup2, cni_bin_dir, mounted, render_conflist, run
 from tests.vm.vmlib import Sriov, wait_until
@@ -112,14 +112,9 @@ class DaemonLog:
 
 @pytest.fixture(scope="module")
 def rdma_ucm() -> Iterator[None]:
-    """rdma_ucm (/dev/infiniband/rdma_cm) from the guest kernel's package in the rig's cache; unloaded after."""
-    kernel = rig.NEWER_KERNELS["experimental"]
-    root = rig.cache_dir() / f"linux-{kernel.release}_{kernel.version}"
-    modules = ("rdma_ucm", "rdma_cm", "iw_cm", "ib_cm")
-    loaded = [m for m in modules if not Path("/sys/module", m).exists()]
-    run("modprobe", "-d", str(root), "-S", kernel.release, "rdma_ucm")
-    yield
-    run("modprobe", "-r", "-d", str(root), "-S", kernel.release, *loaded, check=False)
+    """rdma_ucm (/dev/infiniband/rdma_cm), loaded for the module (see rdmalib)."""
+    with rdmalib.rdma_ucm():
+        yield
 
 
 @dataclass

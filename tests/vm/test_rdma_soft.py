@@ -23,7 +23,7 @@ import pytest
 
 from sriov_cni.plugin.rdma import soft_name
 from tests.vm.plugincalls import cni, ns_path, records
-from tests.vm.rdmalib import exclusive_pods
+from tests.vm.rdmalib import exclusive_pods, rdma_ucm
 from tests.vm.vmlib import Sriov, vf_pci_dirs
 
 # Driver tests like every other here; rdma_vm names the kernel they need.
@@ -39,6 +39,9 @@ BOUND = 240.0
 STALL = 120.0
 IB_WRITE_BW_PORT = 18515
 PINGPONG_PORT = 18516
+RPING_PORT = 18517
+# ib_write_bw -R's rdma_cm port (its TCP exchange port is not used with -R).
+IB_WRITE_BW_CM_PORT = 18518
 
 
 def rdma_devs() -> list[str]:
@@ -87,6 +90,20 @@ def wait_listening(pod: str, port: int, server: subprocess.Popen[str]) -> None:
         time.sleep(0.2)
 
 
+def wait_cm_listening(pod: str, port: int, server: subprocess.Popen[str]) -> None:
+    """Until an rdma_cm server listens on ``port``: its listening cm_id shows in ``rdma res`` (no socket does)."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        out = subprocess.run(["rdma", "res", "show", "cm_id"], capture_output=True, text=True).stdout
+        if any("LISTEN" in line and f":{port} " in f"{line} " for line in out.splitlines()):
+            return
+        if server.poll() is not None:
+            pytest.fail(f"the rdma_cm server in {pod} ended before listening: {server.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no rdma_cm listener on {port} in {pod} within {BOUND:.0f} s:\n{out}")
+        time.sleep(0.2)
+
+
 COUNTERS = "/sys/class/infiniband/{}/ports/1/hw_counters/{}"
 
 
@@ -117,9 +134,14 @@ def wait_moving(proc: subprocess.Popen[str], ends: list[tuple[str | None, str]],
 
 
 def run_pair(
-    pods: list[str], counters: list[tuple[str | None, str]], server: list[str], client: list[str], port: int
+    pods: list[str],
+    counters: list[tuple[str | None, str]],
+    server: list[str],
+    client: list[str],
+    port: int,
+    listening: Callable[[str, int, subprocess.Popen[str]], None] = wait_listening,
 ) -> tuple[str, str]:
-    """``server`` in pods[0], then ``client`` in pods[1] once the server listens; both outputs.
+    """``server`` in pods[0], then ``client`` in pods[1] once the server listens (``listening`` says); both outputs.
 
     ``counters``: where each pod's device's packet counters are read (see :func:`packets`), and the device.
     """
@@ -127,7 +149,7 @@ def run_pair(
         ["ip", "netns", "exec", pods[0], *server], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        wait_listening(pods[0], port, srv)
+        listening(pods[0], port, srv)
         cli = subprocess.Popen(
             ["ip", "netns", "exec", pods[1], *client], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -152,7 +174,9 @@ def run_pair(
 def test_two_pods_move_rdma_traffic_both_ways_72(
     igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
 ) -> None:
-    _traffic(igb_pfs, sriov, netns, tmp_path, exclusive=False)
+    """Shared mode, rdma_cm included: rping and ib_write_bw -R connect by the pods' IP addresses."""
+    with rdma_ucm():
+        _traffic(igb_pfs, sriov, netns, tmp_path, exclusive=False)
 
 
 @pytest.fixture
@@ -167,6 +191,30 @@ def test_two_pods_move_rdma_traffic_both_ways_exclusive_73(
     exclusive_mode: None, igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path
 ) -> None:
     _traffic(igb_pfs, sriov, netns, tmp_path, exclusive=True)
+
+
+def _rdma_cm(order: list[str], counters: list[tuple[str | None, str]], server: str, client: str, address: str) -> None:
+    """Through rdma_cm (librdmacm), as ps-lite's RDMA van and UCX connect: by IP address, no GID index given.
+
+    Shared mode only: 7.3's rxe cannot re-create its GSI QP after a move
+    into a namespace, so rdma_cm has nothing to send on in exclusive mode.
+    """
+    _, cli_out = run_pair(
+        order,
+        counters,
+        ["rping", "-s", "-a", address, "-p", str(RPING_PORT)],
+        ["rping", "-c", "-a", address, "-p", str(RPING_PORT), "-C", "20", "-v"],
+        RPING_PORT,
+        wait_cm_listening,
+    )
+    print(f"rping, server {order[0]}, client {order[1]}:\n{cli_out}")
+    assert cli_out.count("ping data: rdma-ping-") == 20, cli_out
+    bw = ["ib_write_bw", "-R", "-F", "-n", "200", "-s", "4096", "--report_gbits", "-p", str(IB_WRITE_BW_CM_PORT)]
+    _, cli_out = run_pair(
+        order, counters, [*bw, "-d", server], [*bw, "-d", client, address], IB_WRITE_BW_CM_PORT, wait_cm_listening
+    )
+    print(f"ib_write_bw -R, server {order[0]}, client {order[1]}:\n{cli_out}")
+    assert "BW average" in cli_out and "rdma_cm QPs\t : ON" in cli_out, cli_out
 
 
 def rdma_devs_in(pod: str) -> list[str]:
@@ -244,6 +292,8 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
         )
         print(f"ibv_rc_pingpong, server {pods[a]}, client {pods[b]}:\n{cli_out}")
         assert "100 iters" in cli_out and "100 iters" in srv_out
+        if not exclusive:
+            _rdma_cm(order, counters, devices[a], devices[b], addresses[a])
 
     for i, pod in enumerate(pods):
         rc, res = cni("DEL", confs[i], container=f"rdma{i}", netns=ns_path(pod))
