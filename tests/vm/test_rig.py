@@ -213,7 +213,10 @@ def test_a_second_stall_fails_the_run_with_the_console(tmp_path: Path) -> None:
         f"the guest stalled again: the guest kernel reports a stall: {STALL_LINES[0]}, during test_demo.py::test_b;"
     )
     _head, _, tail = message.partition("last console lines:\n")
-    assert tail.splitlines()[-1] == STALL_LINES[0]
+    # The fake guest's heartbeat may say a line between the stall and the
+    # rig's look at it (a loaded machine): the stall is the last line else.
+    said = [line for line in tail.splitlines() if line != "fakeguest: console alive"]
+    assert said[-1] == STALL_LINES[0]
     assert "test_demo.py" in tail
 
 
