@@ -9,6 +9,8 @@ Example (every key but ``pfs``, ``pf`` and ``numVfs`` optional)::
         numVfs: 7
         mtu: 9000             # PF MTU is raised to this, never lowered
         vfDriver: kernel      # kernel (default), or vfio-pci or uio_pci_generic (DPDK)
+        adminMacs: true       # each VF an admin MAC, then its driver rebound (default false):
+                              # mlx5 VFs start with node GUID 0, which rdma_cm cannot use
         tuning:               # absent: IRQs and queues are left to the kernel
           irqCpus: local      # local (NUMA node of the PF, default) or a cpulist "2-7"
           excludeCpus: "0"    # removed from irqCpus; isolated CPUs always are
@@ -61,6 +63,7 @@ class PfSpec:
     mtu: int | None
     vf_driver: str
     tuning: TuningSpec | None
+    admin_macs: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ def _tuning(raw: Any, where: str) -> TuningSpec:
 
 
 def _pf(raw: Any, where: str) -> PfSpec:
-    raw = _keys(raw, where, {"pf", "numVfs", "mtu", "vfDriver", "tuning"}, {"pf", "numVfs"})
+    raw = _keys(raw, where, {"pf", "numVfs", "mtu", "vfDriver", "tuning", "adminMacs"}, {"pf", "numVfs"})
     name = raw["pf"]
     if not isinstance(name, str) or not name:
         raise NodeConfigError(f"{where}.pf: must be a netdev name or PCI address")
@@ -148,6 +151,7 @@ def _pf(raw: Any, where: str) -> PfSpec:
         mtu=_int(raw, "mtu", where, None, 68, 65535),
         vf_driver=driver,
         tuning=_tuning(raw["tuning"], f"{where}.tuning") if raw.get("tuning") is not None else None,
+        admin_macs=_bool(raw, "adminMacs", where),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,12 @@ class Links(Protocol):
 
     def open_vf_once(self, pf: str, vf: int, netdev: str) -> None: ...
 
+    def vf_macs(self, pf: str) -> dict[int, str]:
+        """The PF's reading of each VF's MAC (the admin MAC, or zero), by VF index."""
+        ...
+
+    def set_vf_mac(self, pf: str, vf: int, mac: str) -> None: ...
+
 
 class NetlinkLinks:
     def _index(self, ns: netlink.Namespace, netdev: str) -> int:
@@ -58,6 +65,24 @@ class NetlinkLinks:
             firstopen.open_once(pf, vf, netdev)
         except firstopen.FirstOpenError as exc:
             raise SetupError(str(exc)) from exc
+
+    def vf_macs(self, pf: str) -> dict[int, str]:
+        vfc = netlink.KernelVfControl()
+        try:
+            return {index: info.mac or ZERO_MAC for index, info in vfc.vfs(pf).items()}
+        except nlerrors.NetlinkError as exc:
+            raise SetupError(f"{pf}: reading its VFs' MACs: {exc}") from exc
+        finally:
+            vfc.close()
+
+    def set_vf_mac(self, pf: str, vf: int, mac: str) -> None:
+        vfc = netlink.KernelVfControl()
+        try:
+            vfc.set_mac(pf, vf, mac)
+        except nlerrors.NetlinkError as exc:
+            raise SetupError(f"{pf}: setting VF {vf}'s admin MAC {mac}: {exc}") from exc
+        finally:
+            vfc.close()
 
 
 @dataclass
@@ -246,6 +271,62 @@ def _first_open_step(paths: Paths, target: str, spec: PfSpec, pf: sysfs.PF, link
     return Step(target, "new VFs opened and closed once", run)
 
 
+ZERO_MAC = "00:00:00:00:00:00"
+
+
+def admin_mac(pf_mac: str, index: int) -> str:
+    """VF ``index``'s admin MAC, from its PF's: locally administered unicast, the same at every run.
+
+    Hashed rather than counted up from the PF's MAC: a NIC's PFs have
+    consecutive MACs, and PF 0's VF 1 would take PF 1's VF 0's.
+    """
+    digest = hashlib.sha256(f"{pf_mac.lower()}#{index}".encode()).digest()
+    return ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
+
+
+def _admin_mac_step(
+    paths: Paths, target: str, spec: PfSpec, pf: sysfs.PF, allocations: list[Allocation], links: Links
+) -> Step | None:
+    """Each VF without an admin MAC given one, then its driver rebound, so that the driver reads it at probe.
+
+    mlx5 makes a VF's node GUID from the admin MAC it finds when the VF's
+    driver binds; a VF created without one has node GUID 0, and rdma_cm
+    cannot use it (ib_write_bw -R fails in librdmacm).  An admin MAC set
+    before (by an earlier run, or the operator) is kept; an allocated VF is
+    left to its pod.
+    """
+    if not spec.admin_macs or not spec.num_vfs or pf.netdev is None:
+        return None
+    pf_netdev = pf.netdev
+    try:
+        pf_mac = (paths.sys / "class" / "net" / pf_netdev / "address").read_text().strip()
+    except OSError as exc:
+        raise SetupError(f"{pf_netdev}: reading its MAC: {exc.strerror or exc}") from exc
+    taken = {a.vf_pci for a in allocations}
+
+    def wanting() -> dict[int, str]:
+        vfs_now = sysfs.vf_pcis(paths.sys, pf.pci)
+        macs = links.vf_macs(pf_netdev)
+        return {i: vf for i, vf in vfs_now.items() if macs.get(i, ZERO_MAC) == ZERO_MAC and vf not in taken}
+
+    def run() -> str:
+        done = 0
+        for index, vf in sorted(wanting().items()):
+            links.set_vf_mac(pf_netdev, index, admin_mac(pf_mac, index))
+            try:
+                vfs.rebind(paths.sys, vf)
+            except vfs.VfError as exc:
+                raise SetupError(str(exc)) from exc
+            done += 1
+        return f"{done} VFs given an admin MAC and rebound"
+
+    # New VFs have none yet; existing ones are read now.
+    fresh = sysfs.numvfs(paths.sys, pf.pci) != spec.num_vfs
+    if not fresh and not wanting():
+        return Step(target, "every VF has an admin MAC")
+    return Step(target, "VFs without an admin MAC given one, then rebound", run)
+
+
 def _tuning_step(
     paths: Paths, where: str, target: str, tuning: TuningSpec, pf: sysfs.PF, pinned: dict[str, int]
 ) -> tuple[Step, Policy]:
@@ -280,6 +361,9 @@ def _pf_steps(
     if driver_step is not None:
         steps.append(driver_step)
     steps += _link_steps(paths, where, target, spec, pf, links)
+    admin = _admin_mac_step(paths, target, spec, pf, allocations, links)
+    if admin is not None:
+        steps.append(admin)
     first_open = _first_open_step(paths, target, spec, pf, links) if current != spec.num_vfs else None
     if first_open is not None:
         steps.append(first_open)

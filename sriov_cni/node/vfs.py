@@ -145,3 +145,17 @@ def bind(sys_root: Path, vf_pci: str, driver: str | None) -> bool:
     if not _on(after, driver):
         raise VfError(f"{vf_pci} is on {after or 'no driver'} after binding to {driver or 'its kernel driver'}")
     return True
+
+
+def rebind(sys_root: Path, vf_pci: str) -> None:
+    """Unbind the VF from its driver and probe it again, so the driver starts it anew (as at creation)."""
+    current = sysfs.driver(sys_root, vf_pci)
+    if current is None:
+        return
+    try:
+        sysfs.write(sys_root / "bus" / "pci" / "drivers" / current / "unbind", vf_pci)
+        sysfs.write(sys_root / "bus" / "pci" / "drivers_probe", vf_pci)
+    except sysfs.SysfsError as exc:
+        raise VfError(f"rebinding {vf_pci} to {current}: {exc}") from exc
+    if sysfs.driver(sys_root, vf_pci) != current:
+        raise VfError(f"{vf_pci} is on {sysfs.driver(sys_root, vf_pci) or 'no driver'} after rebinding to {current}")

@@ -57,6 +57,7 @@ def test_local_is_the_default_irq_cpus() -> None:
         ),
         ("pfs: [{pf: eth0, numVfs: 2, tuning: {rpsCpus: 1}}]", "pfs[0].tuning.rpsCpus: given while rps is off"),
         ("pfs: [{pf: eth0, numVfs: 2, tuning: {xps: 1}}]", "pfs[0].tuning.xps: must be true or false"),
+        ("pfs: [{pf: eth0, numVfs: 2, adminMacs: yes please}]", "pfs[0].adminMacs: must be true or false"),
         ("pfs: [{pf: eth0, numVfs: 1}, {pf: eth0, numVfs: 2}]", "pfs[1].pf: eth0 is already configured in pfs[0]"),
         ("pfs: []", "pfs: must be a non-empty list"),
         ("nodes: []", "config.nodes: unknown field"),

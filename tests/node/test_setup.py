@@ -312,3 +312,36 @@ def test_vfs_for_dpdk_are_not_opened(tree: Tree, links: FakeLinks, tmp_path: Pat
         links,
     )
     assert not any("opened and closed" in step.what for step in plan.steps)
+
+
+def test_admin_macs_are_set_once_and_each_vf_rebound(
+    tree: Tree, links: FakeLinks, tmp_path: Path, writes: list[tuple[str, str]]
+) -> None:
+    """adminMacs: mlx5 makes a VF's node GUID from the admin MAC its driver finds at bind (rdma_cm needs one)."""
+    vfs = tree.igb(vfs=2)
+    # The kernel's files a rebind writes (recorded here, not acted on: the VF stays on igbvf).
+    (tree.sys / "bus" / "pci" / "drivers" / "igbvf").mkdir(parents=True, exist_ok=True)
+    (tree.sys / "bus" / "pci" / "drivers" / "igbvf" / "unbind").write_text("")
+    (tree.sys / "bus" / "pci" / "drivers_probe").write_text("")
+    config = "pfs: [{pf: eth0, numVfs: 2, adminMacs: true}]\n"
+    # An admin MAC the operator set is kept.
+    links.macs[("eth0", 1)] = "02:00:00:00:00:07"
+    out = run(config, tmp_path, links)
+    assert (
+        "eth0 (0000:01:00.0): VFs without an admin MAC given one, then rebound: 1 VFs given an admin MAC and rebound"
+        in out
+    )
+    pf_mac = (tree.sys / "class" / "net" / "eth0" / "address").read_text().strip()
+    assert links.macs == {("eth0", 0): node_setup.admin_mac(pf_mac, 0), ("eth0", 1): "02:00:00:00:00:07"}
+    mac = links.macs[("eth0", 0)]
+    assert int(mac[:2], 16) & 0x03 == 0x02, "not a locally administered unicast MAC"
+    assert [w for w in writes if "unbind" in w[0] or "drivers_probe" in w[0]] == [
+        ("sys/bus/pci/drivers/igbvf/unbind", vfs[0]),
+        ("sys/bus/pci/drivers_probe", vfs[0]),
+    ]
+    writes.clear()
+    again = run(config, tmp_path, links)
+    assert "eth0 (0000:01:00.0): every VF has an admin MAC: unchanged" in again
+    assert writes == []
+    # Derived, not counted up: VF 1 of one PF is not VF 0 of the next one, whose MAC is one higher.
+    assert node_setup.admin_mac("00:1b:21:00:00:01", 0) != node_setup.admin_mac("00:1b:21:00:00:00", 1)

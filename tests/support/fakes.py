@@ -30,7 +30,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sriov_cni.kernel import netlink, vfsettings
+from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.vfstore import Allocation, Claim, SetAside
 from tests.support.nodetree import Tree
@@ -335,6 +335,8 @@ class FakeLinks:
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
         self.calls: list[tuple[str, str, int | None]] = []
+        # The PF's reading of each VF's MAC, by (PF, VF index); zero when unset.
+        self.macs: dict[tuple[str, int], str] = {}
 
     def set_up(self, netdev: str) -> None:
         self.calls.append(("up", netdev, None))
@@ -346,6 +348,14 @@ class FakeLinks:
 
     def open_vf_once(self, pf: str, vf: int, netdev: str) -> None:
         self.calls.append(("open once", netdev, vf))
+
+    def vf_macs(self, pf: str) -> dict[int, str]:
+        pci = sysfs.resolve_pf(self.tree.sys, pf).pci
+        return {i: self.macs.get((pf, i), ZERO_MAC) for i in sysfs.vf_pcis(self.tree.sys, pci)}
+
+    def set_vf_mac(self, pf: str, vf: int, mac: str) -> None:
+        self.calls.append(("vf mac " + mac, pf, vf))
+        self.macs[(pf, vf)] = mac
 
 
 class FakeHost:

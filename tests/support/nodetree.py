@@ -76,6 +76,8 @@ class Tree:
         os.symlink(self.devices / pci, d / "device")
         _write(d / "mtu", f"{mtu}\n")
         _write(d / "flags", "0x1003\n" if up else "0x1002\n")
+        # A burned-in-looking MAC of its own per netdev name.
+        _write(d / "address", "00:1b:21:" + ":".join(f"{ord(c) % 256:02x}" for c in (name + "  ")[-3:]) + "\n")
         for q in range(rx):
             _write(d / "queues" / f"rx-{q}" / "rps_cpus", "00\n")
             _write(d / "queues" / f"rx-{q}" / "rps_flow_cnt", "0\n")

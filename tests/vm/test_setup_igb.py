@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sriov_cni.kernel import sysfs
+from sriov_cni.node import setup as node_setup
 from sriov_cni.paths import Paths
 from sriov_cni.plugin import tuning
 from sriov_cni.vfstore import Allocation, FileStore
@@ -232,3 +233,51 @@ def test_vfs_setup_created_carry_the_first_pods_traffic_when_add_returns(
         rc, res = cni("DEL", conf, container=f"first{i}", netns=ns_path(pod))
         assert rc == 0, res
     assert [vfinfo(pf, i) for i in range(2)] == before
+
+
+def test_admin_macs_are_set_and_the_vfs_rebound_once_and_pods_still_ping(
+    node: Node, igb_pfs: list[str], netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """``adminMacs``, what igb can show of it: the admin MAC through the PF, the rebind, then traffic.
+
+    (On mlx5 the rebind is what turns the admin MAC into the VF's node
+    GUID, which rdma_cm needs; igb has no node GUID.)
+    """
+    pf = igb_pfs[0]
+    config = f"pfs: [{{pf: {pf}, numVfs: 2, adminMacs: true}}]"
+    done = node.setup(config)
+    assert done.returncode == 0, done.stderr
+    assert "VFs without an admin MAC given one, then rebound: 2 VFs given an admin MAC and rebound" in done.stdout
+    pf_mac = (SYS_NET / pf / "address").read_text().strip()
+    expected = [node_setup.admin_mac(pf_mac, i) for i in range(2)]
+    assert [vfinfo(pf, i)["address"] for i in range(2)] == expected
+    # Rebound: igbvf probed each VF again, and took the admin MAC then.
+    assert [(SYS_NET / name / "address").read_text().strip() for name in vf_netdevs(pf)] == expected
+    again = node.setup(config)
+    assert again.returncode == 0, again.stderr
+    assert "every VF has an admin MAC: unchanged" in again.stdout
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "macnet",
+        "type": "sriov",
+        "pfNames": [pf],
+        "dataDir": str(tmp_path / "plugin"),
+        "ipam": {"type": "sriov-ipam", "subnet": "10.86.0.0/24", "dataDir": str(tmp_path / "ipam")},
+    }
+    pods = [netns(), netns()]
+    results = []
+    for i, pod in enumerate(pods):
+        rc, res = cni("ADD", conf, container=f"mac{i}", netns=ns_path(pod))
+        assert rc == 0, res
+        results.append(res)
+    assert sorted(r["interfaces"][0]["mac"] for r in results) == sorted(expected)
+    for i, pod in enumerate(pods):
+        peer = results[1 - i]["ips"][0]["address"].split("/")[0]
+        ping = subprocess.run(
+            ["ip", "netns", "exec", pod, "ping", "-c", "1", "-W", "5", peer], capture_output=True, text=True
+        )
+        assert ping.returncode == 0, f"{pod} -> {peer}: {ping.stdout}{ping.stderr}"
+    for i, pod in enumerate(pods):
+        rc, res = cni("DEL", conf, container=f"mac{i}", netns=ns_path(pod))
+        assert rc == 0, res
+    assert [vfinfo(pf, i)["address"] for i in range(2)] == expected
