@@ -13,6 +13,7 @@ import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -210,28 +211,7 @@ def test_vfs_setup_created_carry_the_first_pods_traffic_when_add_returns(
     assert "new VFs opened and closed once: 2 VFs" in done.stdout
     before = [vfinfo(pf, i) for i in range(2)]
     assert [b["address"] for b in before] == ["00:00:00:00:00:00"] * 2
-    conf = {
-        "cniVersion": "1.0.0",
-        "name": "firstnet",
-        "type": "sriov",
-        "pfNames": [pf],
-        "dataDir": str(tmp_path / "plugin"),
-        "ipam": {"type": "sriov-ipam", "subnet": "10.85.0.0/24", "dataDir": str(tmp_path / "ipam")},
-    }
-    pods = [netns(), netns()]
-    addresses = []
-    for i, pod in enumerate(pods):
-        rc, res = cni("ADD", conf, container=f"first{i}", netns=ns_path(pod))
-        assert rc == 0, res
-        addresses.append(res["ips"][0]["address"].split("/")[0])
-    for i, pod in enumerate(pods):
-        ping = subprocess.run(
-            ["ip", "netns", "exec", pod, "ping", "-c", "1", "-W", "5", addresses[1 - i]], capture_output=True, text=True
-        )
-        assert ping.returncode == 0, f"{pod} -> {addresses[1 - i]}: {ping.stdout}{ping.stderr}"
-    for i, pod in enumerate(pods):
-        rc, res = cni("DEL", conf, container=f"first{i}", netns=ns_path(pod))
-        assert rc == 0, res
+    two_pods_ping(pf, netns, tmp_path, "firstnet", "10.85.0.0/24")
     assert [vfinfo(pf, i) for i in range(2)] == before
 
 
@@ -256,21 +236,30 @@ def test_admin_macs_are_set_and_the_vfs_rebound_once_and_pods_still_ping(
     again = node.setup(config)
     assert again.returncode == 0, again.stderr
     assert "every VF has an admin MAC: unchanged" in again.stdout
+    results = two_pods_ping(pf, netns, tmp_path, "macnet", "10.86.0.0/24")
+    assert sorted(r["interfaces"][0]["mac"] for r in results) == sorted(expected)
+    assert [vfinfo(pf, i)["address"] for i in range(2)] == expected
+
+
+def two_pods_ping(pf: str, netns: Callable[[], str], tmp_path: Path, name: str, subnet: str) -> list[Any]:
+    """Two pods on ``pf``'s VFs (no ``mac``), each pinging the other once as soon as both ADDs returned, then DEL.
+
+    Returns the ADDs' results.
+    """
     conf = {
         "cniVersion": "1.0.0",
-        "name": "macnet",
+        "name": name,
         "type": "sriov",
         "pfNames": [pf],
         "dataDir": str(tmp_path / "plugin"),
-        "ipam": {"type": "sriov-ipam", "subnet": "10.86.0.0/24", "dataDir": str(tmp_path / "ipam")},
+        "ipam": {"type": "sriov-ipam", "subnet": subnet, "dataDir": str(tmp_path / "ipam")},
     }
     pods = [netns(), netns()]
     results = []
     for i, pod in enumerate(pods):
-        rc, res = cni("ADD", conf, container=f"mac{i}", netns=ns_path(pod))
+        rc, res = cni("ADD", conf, container=f"{name}{i}", netns=ns_path(pod))
         assert rc == 0, res
         results.append(res)
-    assert sorted(r["interfaces"][0]["mac"] for r in results) == sorted(expected)
     for i, pod in enumerate(pods):
         peer = results[1 - i]["ips"][0]["address"].split("/")[0]
         ping = subprocess.run(
@@ -278,6 +267,6 @@ def test_admin_macs_are_set_and_the_vfs_rebound_once_and_pods_still_ping(
         )
         assert ping.returncode == 0, f"{pod} -> {peer}: {ping.stdout}{ping.stderr}"
     for i, pod in enumerate(pods):
-        rc, res = cni("DEL", conf, container=f"mac{i}", netns=ns_path(pod))
+        rc, res = cni("DEL", conf, container=f"{name}{i}", netns=ns_path(pod))
         assert rc == 0, res
-    assert [vfinfo(pf, i)["address"] for i in range(2)] == expected
+    return results
