@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from sriov_cni import nodestate
+from sriov_cni import __version__, nodestate
 from sriov_cni import vfstore as store
 from sriov_cni.cni import CNIError
 from sriov_cni.daemon import budget, client, install, probe
@@ -75,7 +75,8 @@ def _expected() -> tuple[type[Exception], ...]:
     )
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="sriov-cni", message="%(prog)s %(version)s")
 def main() -> None:
     """Node-side SR-IOV: create VFs, pin their IRQs, show who uses them."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sriov_cni import __version__
 from sriov_cni.cli import main
 from sriov_cni.node import setup as node_setup
 from sriov_cni.node import status as node_status
@@ -277,3 +278,13 @@ def test_status_says_where_each_rdma_device_is(
         "/dev/infiniband/uverbs4",
         "/dev/infiniband/uverbs6",
     ]
+
+
+def test_version_and_short_help() -> None:
+    runner = CliRunner()
+    version = runner.invoke(main, ["--version"])
+    assert (version.exit_code, version.output) == (0, f"sriov-cni {__version__}\n")
+    assert runner.invoke(main, ["-V"]).output == version.output
+    for args in (["-h"], ["status", "-h"], ["setup", "-h"]):
+        shown = runner.invoke(main, args)
+        assert shown.exit_code == 0 and shown.output.startswith("Usage: "), (args, shown.output)
