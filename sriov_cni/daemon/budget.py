@@ -71,10 +71,16 @@ class BudgetError(ValueError):
 
 
 def parse_size(text: str) -> int:
-    """Bytes from a size as Kubernetes writes one: ``160Mi``, ``200M``, ``167772160``."""
+    """Bytes from a size as Kubernetes writes one: ``160Mi``, ``200M``, ``167772160``.
+
+    A bare number under a MiB is refused: no daemon runs in that, and
+    ``--memory-budget 160`` meant 160Mi.
+    """
     size = sizes.parse(text)
     if size is None:
         raise BudgetError(f"{text!r} is not a size: {sizes.EXPECTED}")
+    if size < 1 << 20 and text.strip().isdigit():
+        raise BudgetError(f"{text!r} is {size} bytes, less than a MiB: give its unit ({text.strip()}Mi?)")
     return size
 
 

@@ -177,6 +177,11 @@ def test_what_is_not_a_size_is_refused_by_name(text: str) -> None:
         budget.parse_size(text)
 
 
+def test_a_bare_number_under_a_mib_is_taken_for_a_missing_unit() -> None:
+    with pytest.raises(budget.BudgetError, match=r"'160' is 160 bytes, less than a MiB: give its unit \(160Mi\?\)"):
+        budget.parse_size("160")
+
+
 def test_the_daemon_names_its_cap_and_budget_when_it_starts(tmp_path: Path) -> None:
     with Daemon(tmp_path / "run", "--memory-budget", "100Mi") as daemon:
         banner = daemon.banner
