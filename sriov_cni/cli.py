@@ -75,7 +75,12 @@ def _expected() -> tuple[type[Exception], ...]:
     )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# -h as well as --help, on every command: each carries it, since click
+# keeps a command's help option from its first context.
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(context_settings=_CONTEXT)
 @click.version_option(__version__, "-V", "--version", prog_name="sriov-cni", message="%(prog)s %(version)s")
 def main() -> None:
     """Node-side SR-IOV: create VFs, pin their IRQs, show who uses them."""
@@ -87,7 +92,7 @@ def _node_paths() -> Paths:
     return Paths() if given is None else given
 
 
-@main.command(help=SETUP_HELP)
+@main.command(help=SETUP_HELP, context_settings=_CONTEXT)
 @click.option(
     "--config",
     "config_path",
@@ -145,7 +150,7 @@ def setup(
         raise SystemExit(DEFERRED)
 
 
-@main.command()
+@main.command(context_settings=_CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--data-dir",
@@ -176,7 +181,7 @@ def status(as_json: bool, data_dir: Path) -> None:
         raise CommandError(f"unreadable records of VF {', '.join(damaged)} in {data_dir}: see their state above")
 
 
-@main.command()
+@main.command(context_settings=_CONTEXT)
 @click.option(
     "--socket",
     "socket_path",
@@ -309,7 +314,7 @@ def daemon(
     click.echo("sriov-cni daemon: stopped, no call running", err=True)
 
 
-@main.command()
+@main.command(context_settings=_CONTEXT)
 @click.option("--socket", "socket_path", default=client.DEFAULT_SOCKET, show_default=True, help="The daemon's socket.")
 @click.option(
     "--timeout",
@@ -326,7 +331,7 @@ def ready(socket_path: str, timeout: float) -> None:
     click.echo(f"ready: the daemon at {socket_path} ran a call and answered")
 
 
-@main.command("install-cni")
+@main.command("install-cni", context_settings=_CONTEXT)
 @click.option("--dest", default="/opt/cni/bin", show_default=True, help="The runtime's CNI plugin directory.")
 @click.option(
     "--python",
