@@ -79,5 +79,8 @@ def rdma_ucm() -> Iterator[None]:
     try:
         yield
     finally:
+        # rmmod, not modprobe -r: that also removes the dependencies left
+        # unused, ib_uverbs among them, which the boot loaded and later
+        # tests need (their pods then found no device).
         if loaded:
-            subprocess.run(["modprobe", "-r", "-d", str(root), "-S", release, *loaded], check=False)
+            subprocess.run(["rmmod", *loaded], check=False)
