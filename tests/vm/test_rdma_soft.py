@@ -77,30 +77,27 @@ def roce_v2_gid_index(pod: str, device: str, address: str) -> int:
     raise AssertionError(f"{device} has no RoCE v2 GID for {address}:\n{table}")
 
 
-def wait_listening(pod: str, port: int, server: subprocess.Popen[str]) -> None:
+def tcp_listens(pod: str, port: int) -> bool:
+    out = subprocess.run(["ip", "netns", "exec", pod, "ss", "-Hltn"], capture_output=True, text=True).stdout
+    return f":{port} " in out
+
+
+def cm_listens(pod: str, port: int) -> bool:
+    """An rdma_cm server's listening cm_id shows in ``rdma res`` (no socket does)."""
+    out = subprocess.run(["rdma", "res", "show", "cm_id"], capture_output=True, text=True).stdout
+    return any("LISTEN" in line and f":{port} " in f"{line} " for line in out.splitlines())
+
+
+def wait_listening(
+    pod: str, port: int, server: subprocess.Popen[str], listens: Callable[[str, int], bool] = tcp_listens
+) -> None:
+    """Until ``server`` listens on ``port`` in ``pod`` (``listens`` says); fails if it ends first or after BOUND."""
     deadline = time.monotonic() + BOUND
-    while True:
-        out = subprocess.run(["ip", "netns", "exec", pod, "ss", "-Hltn"], capture_output=True, text=True).stdout
-        if f":{port} " in out:
-            return
+    while not listens(pod, port):
         if server.poll() is not None:
             pytest.fail(f"the server in {pod} ended before listening: {server.communicate()}")
         if time.monotonic() > deadline:
             pytest.fail(f"nothing listens on {port} in {pod} within {BOUND:.0f} s")
-        time.sleep(0.2)
-
-
-def wait_cm_listening(pod: str, port: int, server: subprocess.Popen[str]) -> None:
-    """Until an rdma_cm server listens on ``port``: its listening cm_id shows in ``rdma res`` (no socket does)."""
-    deadline = time.monotonic() + BOUND
-    while True:
-        out = subprocess.run(["rdma", "res", "show", "cm_id"], capture_output=True, text=True).stdout
-        if any("LISTEN" in line and f":{port} " in f"{line} " for line in out.splitlines()):
-            return
-        if server.poll() is not None:
-            pytest.fail(f"the rdma_cm server in {pod} ended before listening: {server.communicate()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no rdma_cm listener on {port} in {pod} within {BOUND:.0f} s:\n{out}")
         time.sleep(0.2)
 
 
@@ -139,9 +136,9 @@ def run_pair(
     server: list[str],
     client: list[str],
     port: int,
-    listening: Callable[[str, int, subprocess.Popen[str]], None] = wait_listening,
+    listens: Callable[[str, int], bool] = tcp_listens,
 ) -> tuple[str, str]:
-    """``server`` in pods[0], then ``client`` in pods[1] once the server listens (``listening`` says); both outputs.
+    """``server`` in pods[0], then ``client`` in pods[1] once the server listens (``listens`` says); both outputs.
 
     ``counters``: where each pod's device's packet counters are read (see :func:`packets`), and the device.
     """
@@ -149,7 +146,7 @@ def run_pair(
         ["ip", "netns", "exec", pods[0], *server], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        listening(pods[0], port, srv)
+        wait_listening(pods[0], port, srv, listens)
         cli = subprocess.Popen(
             ["ip", "netns", "exec", pods[1], *client], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -205,13 +202,13 @@ def _rdma_cm(order: list[str], counters: list[tuple[str | None, str]], server: s
         ["rping", "-s", "-a", address, "-p", str(RPING_PORT)],
         ["rping", "-c", "-a", address, "-p", str(RPING_PORT), "-C", "20", "-v"],
         RPING_PORT,
-        wait_cm_listening,
+        cm_listens,
     )
     print(f"rping, server {order[0]}, client {order[1]}:\n{cli_out}")
     assert cli_out.count("ping data: rdma-ping-") == 20, cli_out
     bw = ["ib_write_bw", "-R", "-F", "-n", "200", "-s", "4096", "--report_gbits", "-p", str(IB_WRITE_BW_CM_PORT)]
     _, cli_out = run_pair(
-        order, counters, [*bw, "-d", server], [*bw, "-d", client, address], IB_WRITE_BW_CM_PORT, wait_cm_listening
+        order, counters, [*bw, "-d", server], [*bw, "-d", client, address], IB_WRITE_BW_CM_PORT, cm_listens
     )
     print(f"ib_write_bw -R, server {order[0]}, client {order[1]}:\n{cli_out}")
     assert "BW average" in cli_out and "rdma_cm QPs\t : ON" in cli_out, cli_out
