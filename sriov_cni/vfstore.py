@@ -302,7 +302,6 @@ class FileStore:
             safepath.state_dir(str(self.root))
             safepath.state_dir(str(self.vfs_dir))
             safepath.state_dir(str(self.claims_dir))
-            safepath.state_dir(str(self.aside_dir))
             self._ready = True
 
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
@@ -428,8 +427,18 @@ class FileStore:
         except OSError as exc:
             raise io_error(exc, f"cannot remove {path}") from exc
 
+    def _prepare_aside(self) -> bool:
+        """Whether the set-aside directory exists, checked as the others when it does."""
+        self._prepare()
+        if not os.path.lexists(self.aside_dir):
+            return False
+        safepath.state_dir(str(self.aside_dir))
+        return True
+
     def set_aside(self, record: SetAside) -> None:
         self._prepare()
+        # Made on first use: every CNI call opens the store, few set a VF aside.
+        safepath.state_dir(str(self.aside_dir))
         path = self.aside_dir / f"{record.vf_pci}.json"
         try:
             safepath.replace_file(path, record.to_json().encode(), 0o600)
@@ -437,7 +446,8 @@ class FileStore:
             raise io_error(exc, f"cannot record set-aside VF in {path}") from exc
 
     def aside(self) -> dict[str, SetAside]:
-        self._prepare()
+        if not self._prepare_aside():
+            return {}
         out = {}
         # Usually empty: one directory read per ADD.
         for name in sorted(os.listdir(self.aside_dir)):
@@ -449,8 +459,8 @@ class FileStore:
         return out
 
     def unset_aside(self, vf_pci: str) -> None:
-        self._prepare()
-        self._unlink(self.aside_dir / f"{vf_pci}.json")
+        if self._prepare_aside():
+            self._unlink(self.aside_dir / f"{vf_pci}.json")
 
 
 def read_allocations(data_dir: Path) -> list[Allocation]:
