@@ -15,7 +15,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "install-node.sh: run as root" >&2; exit 1; }
 python3 -m venv "$PREFIX/venv"
 "$PREFIX/venv/bin/pip" install --quiet "$src"
-"$PREFIX/venv/bin/sriov-cni" install-cni --dest "$CNI_BIN"
+"$PREFIX/venv/bin/sriov-cni" install-cni --dest "$CNI_BIN" --create-dest
 install -d -m 0755 /etc/sriov-cni
 install -m 0644 "$src/deploy/node-config.example.yaml" /etc/sriov-cni/node.yaml.example
 install -m 0644 "$src/deploy/sriov-cni-setup.service" "$src/deploy/sriov-cni-daemon.service" /etc/systemd/system/

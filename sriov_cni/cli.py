@@ -331,18 +331,39 @@ def ready(socket_path: str, timeout: float) -> None:
     click.echo(f"ready: the daemon at {socket_path} ran a call and answered")
 
 
-@main.command("install-cni", context_settings=_CONTEXT)
+INSTALL_CNI_HELP = """Write the sriov and sriov-ipam CNI executables: the static shim, which needs only the daemon.
+
+\b
+DEST must exist: a misspelt path is refused and nothing is created, unless
+--create-dest is given. A file already there that sriov-cni did not write
+(the reference Go plugin's sriov, for one) is replaced, with one line on
+stderr naming it, and kept beside it as <name>.orig (an older .orig is
+overwritten); move it back to undo. Our own earlier executables are
+replaced silently.
+"""
+
+
+@main.command("install-cni", context_settings=_CONTEXT, help=INSTALL_CNI_HELP)
 @click.option("--dest", default="/opt/cni/bin", show_default=True, help="The runtime's CNI plugin directory.")
+@click.option(
+    "--create-dest",
+    is_flag=True,
+    help="Create DEST (and missing parents, mode 0755) when it does not exist, instead of refusing.",
+)
 @click.option(
     "--python",
     "python",
     help="Write Python scripts run by this interpreter (a path valid where they run) instead of the shim.",
 )
-def install_cni(dest: str, python: str | None) -> None:
-    """Write the sriov and sriov-ipam CNI executables: the static shim, which needs only the daemon."""
+def install_cni(dest: str, create_dest: bool, python: str | None) -> None:
+    def replacing(old: install.Replaced) -> None:
+        click.echo(f"install-cni: replacing {old.path} ({old.what}); the old file is kept as {old.backup}", err=True)
+
     try:
-        for path in install.install(dest, python):
+        for path in install.install(dest, python, create_dest=create_dest, on_replace=replacing):
             click.echo(f"wrote {path}")
+    except install.MissingDestination as exc:
+        raise CommandError(f"{exc}: check the path, or pass --create-dest to create it") from exc
     except (install.ShimNotBuilt, CNIError) as exc:
         raise CommandError(str(exc)) from exc
     except OSError as exc:

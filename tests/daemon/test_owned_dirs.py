@@ -122,7 +122,7 @@ def test_install_cni_leaves_an_existing_destination_mode_alone(tmp_path: Path) -
 
 def test_install_cni_creates_a_missing_destination_readable_by_all(tmp_path: Path) -> None:
     dest = tmp_path / "opt" / "cni" / "bin"
-    proc = _cli("install-cni", "--dest", str(dest))
+    proc = _cli("install-cni", "--dest", str(dest), "--create-dest")
     assert proc.returncode == 0, proc.stderr
     assert _mode(dest) == 0o755
 

@@ -206,7 +206,9 @@ def test_install_cni_writes_the_shim_atomically_as_both_executables(tmp_path: Pa
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in dest.iterdir()) == ["sriov", "sriov-ipam"], "no temporary files left"
+    # The older plugin is not ours: kept as sriov.orig (tests/daemon/test_install_cni.py).
+    assert sorted(p.name for p in dest.iterdir()) == ["sriov", "sriov-ipam", "sriov.orig"], "no temporary files left"
+    assert (dest / "sriov.orig").read_text() == "an older plugin\n"
     for name in ("sriov", "sriov-ipam"):
         path = dest / name
         assert path.read_bytes() == SHIM.read_bytes()

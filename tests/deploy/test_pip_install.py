@@ -59,7 +59,7 @@ def test_install_cni_writes_the_shim_that_serves_calls_through_the_venvs_daemon(
     shipped = Path(where.stdout.strip())
     assert shipped.is_relative_to(venv), f"the venv runs its own install, not {shipped}"
     dest = tmp_path / "cni-bin"
-    done = run(venv / "bin" / "sriov-cni", "install-cni", "--dest", dest)
+    done = run(venv / "bin" / "sriov-cni", "install-cni", "--dest", dest, "--create-dest")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["sriov", "sriov-ipam"]
     assert (dest / "sriov").read_bytes() == shipped.read_bytes()

@@ -68,7 +68,15 @@ class Node:
         self.sock.parent.mkdir()
         bindir = self.root / "opt" / "cni" / "bin"
         subprocess.run(
-            [sys.executable, "-c", "from sriov_cni.cli import main; main()", "install-cni", "--dest", str(bindir)],
+            [
+                sys.executable,
+                "-c",
+                "from sriov_cni.cli import main; main()",
+                "install-cni",
+                "--dest",
+                str(bindir),
+                "--create-dest",
+            ],
             cwd=REPO,
             check=True,
             capture_output=True,
