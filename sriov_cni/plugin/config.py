@@ -10,6 +10,8 @@ existing NetworkAttachmentDefinitions work unchanged.  New: ``pfNames``
 
 from __future__ import annotations
 
+import difflib
+import json
 import logging
 import re
 from collections.abc import Mapping
@@ -32,6 +34,7 @@ LINK_STATES = {
     "disable": vfsettings.LINK_STATE_DISABLE,
 }
 LOG_LEVELS = ("panic", "error", "warning", "info", "debug")
+DEFAULT_LOG_LEVEL = "info"
 RDMA_MODES = ("auto", "required", "off", "soft")
 
 # Besides ASCII case, Go's encoding/json folds the Kelvin sign onto "k" and
@@ -50,7 +53,9 @@ class Notes:
     entries: list[tuple[int, str]] = field(default_factory=list)
 
     def add(self, level: int, msg: str) -> None:
-        self.entries.append((level, msg))
+        # A section read by several checks (runtimeConfig) would repeat its note.
+        if (level, msg) not in self.entries:
+            self.entries.append((level, msg))
 
 
 class Keys:
@@ -73,8 +78,12 @@ class Keys:
         self._spellings: dict[str, list[str]] = {}
         for k in raw:
             self._spellings.setdefault(_fold(k), []).append(k)
+        # Every key asked for, as the code spells it: what this plugin reads.
+        self.asked: list[str] = []
 
     def get(self, key: str) -> Any:
+        if key not in self.asked:
+            self.asked.append(key)
         others = [k for k in self._spellings.get(_fold(key), ()) if k != key]
         if key in self.raw:
             for other in others:
@@ -233,11 +242,17 @@ class Common:
 
 def _common(conf: Keys) -> Common:
     data_dir = safepath.absolute(_str(conf, "dataDir") or DEFAULT_DATA_DIR, "dataDir")
-    level = (_str(conf, "logLevel") or "info").lower()
+    given = _str(conf, "logLevel")
+    level = (given or DEFAULT_LOG_LEVEL).lower()
     if level not in LOG_LEVELS:
         # The reference plugin falls back the same way; refusing would break
         # existing NetworkAttachmentDefinitions over a log setting.
-        level = "info"
+        conf.notes.add(
+            logging.WARNING,
+            f"logLevel {json.dumps(given)} is not one of {', '.join(json.dumps(v) for v in LOG_LEVELS)}: "
+            f"logging at {json.dumps(DEFAULT_LOG_LEVEL)}",
+        )
+        level = DEFAULT_LOG_LEVEL
     ipam = conf.get("ipam")
     if ipam is not None and not isinstance(ipam, Mapping):
         raise _invalid(f"ipam must be an object, got {ipam!r}")
@@ -345,6 +360,47 @@ def _prev_result(cmd: CmdArgs) -> Result | None:
     return Result.from_dict(cmd.conf["prevResult"], "prevResult")
 
 
+# Top-level keys read outside Keys, or by no one here but valid in any
+# plugin's config: the CNI spec's (libcni and Multus deliver them).
+SPEC_KEYS = ("cniVersion", "name", "type", "args", "capabilities", "runtimeConfig", "prevResult", "ipam", "dns")
+# Keys the reference plugin's decoder takes (fields without a JSON tag)
+# without applying them from a NAD: MTU is overwritten with the VF's own,
+# the others are its cached state.  Not misspellings, so not "unknown".
+REFERENCE_UNUSED = ("MTU", "OrigVfState", "VFID")
+
+
+def _unknown_keys(conf: Keys) -> None:
+    """Note the top-level keys no reader asked for, once every reader has run.
+
+    The known keys are those ``conf`` was asked for (so the list follows
+    the code that reads them) plus SPEC_KEYS; keys match as the reference
+    matches them, case-insensitively.  Never a failure: the reference
+    ignores unknown keys too.
+    """
+    readable = [*conf.asked, *(k for k in SPEC_KEYS if k not in conf.asked)]
+    known = {_fold(k) for k in readable}
+    unused = {_fold(k): k for k in REFERENCE_UNUSED}
+    unknown, ignored = [], []
+    for key in conf.raw:
+        folded = _fold(key)
+        if folded in known:
+            continue
+        if folded in unused:
+            ignored.append(json.dumps(key))
+            continue
+        close = difflib.get_close_matches(folded, [_fold(k) for k in readable], n=1, cutoff=0.7)
+        hint = "" if not close else f" (did you mean {json.dumps(next(k for k in readable if _fold(k) == close[0]))}?)"
+        unknown.append(f"{json.dumps(key)}{hint}")
+    if unknown:
+        conf.notes.add(logging.WARNING, f"ignoring unknown keys: {', '.join(unknown)}")
+    if ignored:
+        conf.notes.add(
+            logging.INFO,
+            f"ignoring {', '.join(ignored)}: the reference plugin reads it from a network config but never "
+            "applies it, and neither does this one",
+        )
+
+
 def load(cmd: CmdArgs) -> NetConf:
     conf = Keys(cmd.conf, Notes())
     common = _common(conf)
@@ -366,6 +422,10 @@ def load(cmd: CmdArgs) -> NetConf:
         trust=_on_off(conf, "trust"),
         link_state=link_state,
     )
+    dns = DNS.from_dict(conf.get("dns"))
+    device_info_file = _device_info_file(conf)
+    # Last: every key this plugin reads has been asked for by now.
+    _unknown_keys(conf)
     return NetConf(
         cni_version=cmd.cni_version,
         name=str(cmd.conf["name"]),
@@ -376,10 +436,10 @@ def load(cmd: CmdArgs) -> NetConf:
         log_file=common.log_file,
         ipam_type=common.ipam_type,
         data_dir=common.data_dir,
-        dns=DNS.from_dict(conf.get("dns")),
+        dns=dns,
         prev_result=prev,
         notes=tuple(conf.notes.entries),
-        device_info_file=_device_info_file(conf),
+        device_info_file=device_info_file,
         rdma=rdma,
         rdma_memlock=rdma_memlock,
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -257,6 +258,41 @@ if command == "ADD":
 """
 
 
+# The notes about keys no reader asked for, per accepted case (every other
+# accepted case gets none): the reference's own test configs carry "vf",
+# which its decoder drops too (VFID has no JSON tag and "vf" is not
+# "vfid"); the Calico IPAM settings belong in the ipam section (Multus
+# re-encodes the config, sorting its keys).
+UNKNOWN_KEY_NOTES: dict[str, list[str]] = {
+    **{
+        case_id: ['WARNING config: ignoring unknown keys: "vf"']
+        for case_id in (
+            "cfgtest-existing-deviceid",
+            "cfgtest-vlan-valid",
+            "cfgtest-proto-8021Q",
+            "cfgtest-proto-8021ad",
+            "cfgtest-vlan-defaults",
+            "cniversion-missing-direct",
+        )
+    },
+    "stx-net3-calico-ipam": ['WARNING config: ignoring unknown keys: "datastore_type", "kubernetes"'],
+    "mtu-key": [
+        'INFO config: ignoring "mtu": the reference plugin reads it from a network config but never applies it, '
+        "and neither does this one"
+    ],
+}
+
+
+_KEY_NOTE = re.compile(
+    r" (?P<level>[A-Z]+) sriov \[[^]]*\] (?P<msg>config: ignoring (unknown keys: |.*never applies it).*)"
+)
+
+
+def _key_notes(log: str) -> list[str]:
+    """The log's notes about unknown or unused keys, as "LEVEL config: ..."."""
+    return [f"{m['level']} {m['msg']}" for m in map(_KEY_NOTE.search, log.splitlines()) if m]
+
+
 def test_every_case_has_its_reference_behaviour_written_down() -> None:
     assert set(REFERENCE) == set(CASES)
     assert set(OURS) <= set(CASES)
@@ -369,7 +405,7 @@ def ipam_calls(log: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_case(node: Node, tmp_path: Path, case_id: str) -> None:
+def test_case(node: Node, tmp_path: Path, case_id: str, capsys: pytest.CaptureFixture[str]) -> None:
     case = CASES[case_id]
     want = OURS.get(case_id, REFERENCE[case_id])
     tmp = tmp_path / "case"
@@ -429,8 +465,11 @@ def test_case(node: Node, tmp_path: Path, case_id: str) -> None:
     else:
         assert [i["name"] for i in out["interfaces"]] == ["net1"]
     assert logging.getLevelName(logging.getLogger("sriov_cni").level) == want.log_level.upper()
+    log = capsys.readouterr().err
     if "logFile" in json.loads(stdin):
-        assert "allocated VF" in (tmp / "plugin.log").read_text()
+        log = (tmp / "plugin.log").read_text()
+        assert "allocated VF" in log
+    assert _key_notes(log) == UNKNOWN_KEY_NOTES.get(case_id, [])
 
     # DEL with the same delivery gives everything back.
     gone = node.run(dict(env, CNI_COMMAND="DEL"), stdin)
@@ -516,3 +555,64 @@ def test_other_spellings_are_logged_and_the_exact_one_wins(node: Node, capsys: p
     assert "config: reading 'Trust' as 'trust'" in log
     assert "spoofchk 'ON' turns spoofchk off" in log
     assert "trust 'on'" not in log
+
+
+# --- keys no reader asks for, and log levels it does not know (issue #46) ---------
+
+
+def test_a_misspelt_key_is_named_with_the_key_it_is_close_to(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    pf = node.add_pf(1)
+    pod = node.pod()
+    conf = node.conf(vlna=100, spoofchek="off", vf=0, logLevel="verbose")
+
+    node.add(conf, netns=pod)
+
+    log = capsys.readouterr().err
+    assert node.fake.state[pf.name][0]["vlan"] == 0, "the misspelt vlan is not applied"
+    assert _key_notes(log) == [
+        'WARNING config: ignoring unknown keys: "vlna" (did you mean "vlan"?), "spoofchek" (did you mean "spoofchk"?), '
+        '"vf"'
+    ]
+    assert (
+        f"WARNING sriov [containerID=ctr1 netns={pod} ifname=net1] config: "
+        'logLevel "verbose" is not one of "panic", "error", "warning", "info", "debug": logging at "info"'
+    ) in log
+    assert logging.getLogger("sriov_cni").level == logging.INFO
+
+
+def test_every_key_the_spec_multus_and_the_reference_pass_is_known(
+    node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pf = node.add_pf(1)
+    pod = node.pod()
+    # The CNI spec's keys, what Multus adds (deviceID, pciBusID), the
+    # reference plugin's keys and this plugin's own, each set to a value
+    # that changes nothing.
+    keys: dict[str, Any] = {
+        "args": {"cni": {}},
+        "capabilities": {"mac": True},
+        "runtimeConfig": {},
+        "dns": {},
+        "vlanQoS": 0,
+        "vlan": 0,
+        "vlanProto": "802.1q",
+        "spoofchk": "",
+        "trust": "",
+        "link_state": "",
+        "min_tx_rate": 0,
+        "max_tx_rate": 0,
+        "logLevel": "debug",
+        "logFile": "",
+        "rdma": "auto",
+        "rdmaMemlock": "unlimited",
+        "master": pf.name,
+        "pfNames": [],
+        "mac": "",
+    }
+    conf = node.conf(**keys)
+    conf["prevResult"] = None
+    conf["deviceID"] = conf["pciBusID"] = ""
+
+    node.add(conf, netns=pod)
+
+    assert _key_notes(capsys.readouterr().err) == []
