@@ -97,6 +97,19 @@ class Allocation:
     pod_name: str = ""
     pod_uid: str = ""
     created: float = field(default_factory=time.time)
+    # The kernel's boot_id when the record was made: a pod of an earlier
+    # boot is gone, whatever its netns path names now.
+    boot_id: str = ""
+    # What the network's IPAM DEL needs to release the attachment's address
+    # when no DEL comes (the pod's namespace died): the network config as
+    # the IPAM plugin reads it, None for a network without IPAM; and the
+    # call's CNI_ARGS and CNI_PATH.
+    ipam_config: dict[str, Any] | None = None
+    cni_args: str = ""
+    cni_path: str = ""
+    # Why the daemon is giving the VF back ("netns gone", "earlier boot"),
+    # recorded before it starts; empty otherwise.
+    giving_back: str = ""
     # None until the snapshot is recorded, which happens before any change.
     original: OriginalState | None = None
     # PF-side settings this allocation applies (restored in reverse order).

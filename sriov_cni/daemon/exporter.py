@@ -319,7 +319,8 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
     states = GaugeMetricFamily(
         "sriov_cni_vfs",
         "The PF's VFs by state: free, allocated, stale (its pod's "
-        "network namespace is gone), in use (not ours, or without a driver), "
+        "network namespace is gone), giving back (the daemon is giving a stale one back), "
+        "in use (not ours, or without a driver), "
         "set aside (free, but it did not come up in a pod)",
         labels=[*pf_labels, "state"],
     )

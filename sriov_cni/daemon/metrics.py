@@ -119,6 +119,13 @@ class Metrics:
             "Metrics exporters the daemon started again after one ended (each a gap in the scrapes)",
             registry=registry,
         )
+        self._given_back = Counter(
+            "sriov_cni_vfs_given_back",
+            "VFs of pods that died without a DEL, given back by the daemon, by why the pod was gone "
+            "(netns gone, earlier boot) and result (given_back, failed: the VF keeps part of its pod)",
+            ["reason", "result"],
+            registry=registry,
+        )
         Info("sriov_cni_build", "The daemon's version", registry=registry).info({"version": __version__})
         # Children running a call: handed one, and not yet reported on.
         self._in_flight: dict[int, _InFlight] = {}
@@ -158,6 +165,10 @@ class Metrics:
     def refused(self, code: int) -> None:
         """The daemon answered a request itself, with ``code``, and ran nothing."""
         self._refused.labels(str(code)).inc()
+
+    def given_back(self, reason: str, result: str) -> None:
+        """The healing process gave a dead pod's VF back (or failed to)."""
+        self._given_back.labels(reason, result).inc()
 
     def exporter_restarted(self) -> None:
         self._restarts.inc()

@@ -28,7 +28,8 @@ children are kept in :mod:`childpool`, speak with the daemon over
 to make them report what each call cost.  The daemon's :class:`Metrics`
 count what its loop sees, served by :mod:`exporter`.  Where the runtime
 offers NRI, :mod:`nri` gives the containers of pods with an RDMA device
-that device's character devices and a memlock limit.
+that device's character devices and a memlock limit.  :mod:`heal` gives back
+the VFs of pods that died without a DEL.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 
 from sriov_cni import __version__, safepath
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon import budget, childpool, intake
+from sriov_cni.daemon import budget, childpool, heal, intake
 from sriov_cni.daemon.exporter import Exporter
 from sriov_cni.daemon.exporter import start as start_exporter
 from sriov_cni.daemon.metrics import Metrics
@@ -187,6 +188,7 @@ def serve(options: Options) -> int:
     # written, as long as the daemon lives: the plugin ends when it closes.
     if options.nri_socket is not None:
         _start_nri(options, score)
+    _start_healing(options, score, metrics, selector)
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()
@@ -199,6 +201,26 @@ def _start_nri(options: Options, score: int | None) -> int:
 
     assert options.nri_socket is not None
     return nri.start(nri.Launch(options.nri_socket, options.data_dir, options.paths.sys, score))
+
+
+def _start_healing(options: Options, score: int | None, metrics: Metrics, selector: selectors.BaseSelector) -> int:
+    """Fork the healing process (daemon.heal), its reports counted in ``metrics``; the daemon's end of its alive pipe."""
+    alive, reports = heal.start(heal.Launch(options.data_dir, options.paths, score))
+    unfinished = b""
+
+    def on_reports() -> None:
+        nonlocal unfinished
+        pairs, unfinished, ended = heal.read_reports(reports, unfinished)
+        for why, result in pairs:
+            metrics.given_back(why, result)
+        if ended:
+            selector.unregister(reports)
+            os.close(reports)
+            sys.stderr.write("sriov-cni daemon: the healing process ended; stale VFs wait for an ADD to reclaim them\n")
+            sys.stderr.flush()
+
+    selector.register(reports, selectors.EVENT_READ, on_reports)
+    return alive
 
 
 @dataclass

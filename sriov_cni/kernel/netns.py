@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import socket
 import stat
@@ -179,3 +180,36 @@ def is_own_netns(path: str) -> bool:
     except (OSError, ValueError):
         return False
     return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
+
+
+def held_elsewhere(inode: int) -> bool:
+    """Whether the network namespace ``inode`` still lives under another name: a bind mount, or a process in it.
+
+    A runtime's netns path is only one handle on a namespace: removing it
+    ends the namespace only if nothing else holds it, and a pod's VF stays
+    in a namespace that lives on.  Mounts are those this process's mount
+    namespace sees; processes, those its PID namespace does.
+    """
+    tag = f"net:[{inode}]"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            # The fourth field is the mounted file's root: an nsfs bind mount shows the namespace there.
+            if any(line.split(" ", 4)[3:4] == [tag] for line in mounts):
+                return True
+    except OSError:
+        pass
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.readlink(f"/proc/{pid}/ns/net") == tag:
+                    return True
+            except OSError:
+                continue  # ended meanwhile, or not ours to read
+    return False
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot's identity (the kernel's random boot_id): a namespace recorded under another is gone."""
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+        return f.read().strip()

@@ -21,7 +21,7 @@ from sriov_cni import deviceinfo
 from sriov_cni.kernel import cpulist, irqs, netlink, nlerrors, rdma, sysfs
 from sriov_cni.node import irqbalance, rdmamode
 from sriov_cni.paths import Paths
-from sriov_cni.vfstate import VfState, recorded_state, unrecorded_state
+from sriov_cni.vfstate import VfState, gone, recorded_state, unrecorded_state
 from sriov_cni.vfstore import Allocation, SetAside, read_set_aside, scan_allocations
 
 
@@ -72,6 +72,12 @@ def rdma_view() -> RdmaView:
         return RdmaView(mode)
 
 
+def _gone(alloc: Allocation, state: VfState) -> str | None:
+    if state is VfState.GIVING_BACK:
+        return alloc.giving_back
+    return gone(alloc) if state is VfState.STALE else None
+
+
 def _vf(
     paths: Paths,
     pf_pci: str,
@@ -111,6 +117,8 @@ def _vf(
             "ifname": alloc.ifname,
             "netns": alloc.netns,
             "deviceInfoFile": alloc.device_info_file or None,
+            # Why the pod is gone ("netns gone", "earlier boot") once it is.
+            "gone": _gone(alloc, state),
             # What its last give-back could not put back: the VF is not
             # handed to another pod until one succeeds.
             "unrestored": alloc.unrestored,
@@ -259,7 +267,7 @@ def table(pfs: list[dict[str, Any]], rdma_mode: str | None = None) -> list[str]:
             # The pod by name where CNI_ARGS named it, else its container;
             # the netns path and the whole container ID are in --json.
             owner = (a["network"], a["pod"] or a["containerID"][:12], a["ifname"]) if a else ("-", "-", "-")
-            state = vf["state"] + (" (netns gone)" if vf["state"] == VfState.STALE.value else "")
+            state = vf["state"] + (f" ({a['gone']})" if a and a["gone"] else "")
             if vf["recordError"]:
                 state += f": {vf['recordError']}"
             if a and a["unrestored"]:

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.kernel import sysfs
+from sriov_cni.kernel import netns, sysfs
 from sriov_cni.plugin.lease import NewLease
 from sriov_cni.vfstate import VfState, netns_alive, recorded_state, unrecorded_state
 from sriov_cni.vfstore import Allocation, Store
@@ -45,6 +45,11 @@ class Attachment:
     netns_inode: int | None
     # The pod's namespace, name and UID from CNI_ARGS, where the runtime gives them.
     pod: tuple[str, str, str] = ("", "", "")
+    # What releasing the attachment's address takes without a DEL (see
+    # Allocation.ipam_config).
+    ipam_config: dict[str, Any] | None = None
+    cni_args: str = ""
+    cni_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
             if isinstance(taken, NewLease):
                 return taken
             owners.append(f"{vf.pci} ({taken})")
-        elif recorded_state(alloc) is VfState.STALE:
+        elif recorded_state(alloc) in (VfState.STALE, VfState.GIVING_BACK):
             stale.append((vf, alloc))
         else:
             owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
@@ -164,10 +169,14 @@ def _record(vf: sysfs.VfDevice, attachment: Attachment) -> Allocation:
         pod_namespace=attachment.pod[0],
         pod_name=attachment.pod[1],
         pod_uid=attachment.pod[2],
+        boot_id=netns.boot_id(),
+        ipam_config=attachment.ipam_config,
+        cni_args=attachment.cni_args,
+        cni_path=attachment.cni_path,
     )
 
 
-def _same_attachment(a: Allocation, b: Allocation) -> bool:
+def same_attachment(a: Allocation, b: Allocation) -> bool:
     """Whether two records are of one attachment (one ADD), whatever that ADD recorded since."""
     return (a.container_id, a.ifname, a.network, a.netns, a.netns_inode, a.created) == (
         b.container_id,
@@ -204,7 +213,7 @@ def _take(store: Store, vf: sysfs.VfDevice, attachment: Attachment, old: Allocat
                 return "taken by another CNI call meanwhile"
         else:
             stale = store.get(vf.pci)
-            if stale is None or not _same_attachment(stale, old) or netns_alive(stale):
+            if stale is None or not same_attachment(stale, old) or netns_alive(stale):
                 claim.drop()
                 return "given back or reclaimed by another CNI call meanwhile"
         new = _record(vf, attachment)

@@ -9,6 +9,7 @@ process.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import sys
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from sriov_cni import __version__, attachments, vfstate
 from sriov_cni.cni import (
@@ -30,6 +31,7 @@ from sriov_cni.cni import (
     IPNetwork,
     Result,
     dispatch,
+    parse_cni_args,
     read_config,
 )
 from sriov_cni.kernel import netlink, sysfs, vfsettings
@@ -147,14 +149,64 @@ def _reclaim(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:
     """Give back a VF whose container died without DEL, as DEL does, and free its address."""
     logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
     _give_back(vfc, stale, add.deps)
-    ipam_type = add.conf.ipam_type
-    if ipam_type and stale.network == add.conf.name:
-        env = dict(add.cmd.env, CNI_CONTAINERID=stale.container_id, CNI_IFNAME=stale.ifname, CNI_NETNS="")
-        dead = replace(add.cmd, command="DEL", container_id=stale.container_id, netns="", ifname=stale.ifname, env=env)
-        try:
-            delegate.run_ipam("DEL", dead, ipam_type)
-        except CNIError as exc:
-            logger.warning("releasing the address of dead container %s: %s", stale.container_id, exc)
+    _release_address(stale, add.cmd.env)
+
+
+# The keys of a network's config an IPAM plugin's DEL reads (host-local's,
+# whereabouts', sriov-ipam's), which a record keeps (see _release_address).
+_IPAM_DEL_KEYS = ("cniVersion", "name", "type", "ipam")
+# Bytes of them a record keeps at most: a record is read back whole only up
+# to vfstore.MAX_RECORD.
+MAX_IPAM_CONFIG = 16 * 1024
+
+
+def _ipam_config(cmd: CmdArgs, conf: NetConf) -> dict[str, Any] | None:
+    """What of the network's config its IPAM's DEL reads; None for a network without IPAM."""
+    if not conf.ipam_type:
+        return None
+    kept = {key: cmd.conf[key] for key in _IPAM_DEL_KEYS if key in cmd.conf}
+    if len(json.dumps(kept)) > MAX_IPAM_CONFIG:
+        raise CNIError(Code.INVALID_CONFIG, f"the ipam section is larger than {MAX_IPAM_CONFIG} bytes")
+    return kept
+
+
+def _release_address(alloc: Allocation, env: Mapping[str, str]) -> None:
+    """The address of an attachment whose DEL never came, released by its network's IPAM as that DEL would have.
+
+    From the record: the network's IPAM config and the call's CNI_ARGS and
+    CNI_PATH; the IPAM plugin runs in ``env`` besides those.  Best effort:
+    a failure is logged (the IPAM's own GC, where it has one, releases it).
+    """
+    conf = alloc.ipam_config
+    ipam = conf.get("ipam") if conf is not None else None
+    ipam_type = ipam.get("type") if isinstance(ipam, dict) else None
+    if conf is None or not isinstance(ipam_type, str) or not ipam_type:
+        return
+    dead_env = dict(
+        env,
+        CNI_COMMAND="DEL",
+        CNI_CONTAINERID=alloc.container_id,
+        CNI_NETNS="",
+        CNI_IFNAME=alloc.ifname,
+        CNI_ARGS=alloc.cni_args,
+        CNI_PATH=alloc.cni_path,
+    )
+    dead = CmdArgs(
+        command="DEL",
+        container_id=alloc.container_id,
+        netns="",
+        ifname=alloc.ifname,
+        args=parse_cni_args(alloc.cni_args),
+        path=tuple(filter(None, alloc.cni_path.split(":"))),
+        stdin=json.dumps(conf).encode(),
+        conf=conf,
+        cni_version=str(conf.get("cniVersion", "")),
+        env=dead_env,
+    )
+    try:
+        delegate.run_ipam("DEL", dead, ipam_type)
+    except CNIError as exc:
+        logger.warning("releasing the address of dead container %s: %s", alloc.container_id, exc)
 
 
 def _configure_log(conf: NetConf | config.Common, container_id: str, netns: str, ifname: str) -> None:
@@ -172,7 +224,17 @@ def _load(cmd: CmdArgs) -> NetConf:
 def _attachment(cmd: CmdArgs, conf: NetConf) -> allocate.Attachment:
     """What this ADD attaches, with the pod namespace's identity; the namespace must exist."""
     pod = (cmd.args.get("K8S_POD_NAMESPACE", ""), cmd.args.get("K8S_POD_NAME", ""), cmd.args.get("K8S_POD_UID", ""))
-    return allocate.Attachment(cmd.container_id, cmd.ifname, conf.name, cmd.netns, _pod_netns(cmd.netns), pod)
+    return allocate.Attachment(
+        cmd.container_id,
+        cmd.ifname,
+        conf.name,
+        cmd.netns,
+        _pod_netns(cmd.netns),
+        pod,
+        _ipam_config(cmd, conf),
+        cmd.env.get("CNI_ARGS", ""),
+        ":".join(cmd.path),
+    )
 
 
 def _pod_netns(netns: str) -> int:
@@ -456,6 +518,39 @@ def _free_vf(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps
             raise
         lease.forget()
     logger.info("gave back VF %s", alloc.vf_pci)
+
+
+def give_back_dead(store: Store, seen: Allocation, deps: Deps, env: Mapping[str, str]) -> str | None:
+    """The VF of a pod that died without DEL (``seen``, its record as read), given back as DEL would, address and all.
+
+    The daemon's healing (see sriov_cni.daemon.heal).  Under the VF's
+    claim, taken without waiting: its holder is a DEL or an ADD, which deal
+    with the VF themselves.  Only while the record is still ``seen``'s and
+    its namespace still gone; marked as being given back first, for
+    ``status``.  Returns why the pod was gone ("netns gone", "earlier
+    boot"), None when nothing was done; raises CNIError when the give-back
+    failed (the record stays, with what the VF kept).
+    """
+    claim = store.claim(seen.vf_pci)
+    if claim is None:
+        return None
+    with Lease(store, seen, claim) as lease:
+        current = store.get(seen.vf_pci)
+        why = None if current is None or not allocate.same_attachment(current, seen) else vfstate.gone(current)
+        if current is None or why is None:
+            return None
+        lease.alloc = current
+        if current.giving_back != why:
+            current.giving_back = why
+            lease.save()
+        try:
+            _give_back(deps.vf_control(), current, deps)
+        except CNIError:
+            lease.save()
+            raise
+        lease.forget()
+    _release_address(current, env)
+    return why
 
 
 def _raise_collected(what: str, errors: list[CNIError]) -> None:

@@ -499,6 +499,10 @@ def test_the_example_alert_rules_are_valid_and_fire_as_the_readme_says(tmp_path:
                         "series": f'sriov_cni_calls_total{{{node},program="sriov",command="ADD",result="101"}}',
                         "values": "0 0 0 0 0+10x16",
                     },
+                    {
+                        "series": f'sriov_cni_vfs_given_back_total{{{node},reason="netns gone",result="failed"}}',
+                        "values": "0x10 1x30",
+                    },
                 ],
                 "alert_rule_test": [
                     {"eval_time": "3m", "alertname": "SriovCniPoolExhausted", "exp_alerts": []},
@@ -543,6 +547,23 @@ def test_the_example_alert_rules_are_valid_and_fire_as_the_readme_says(tmp_path:
                             }
                         ],
                     },
+                    {"eval_time": "8m", "alertname": "SriovCniGiveBackFailed", "exp_alerts": []},
+                    {
+                        "eval_time": "12m",
+                        "alertname": "SriovCniGiveBackFailed",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "reason": "netns gone",
+                                    "result": "failed",
+                                    "instance": "node1:9731",
+                                    "job": "sriov-cni",
+                                }
+                            }
+                        ],
+                    },
+                    {"eval_time": "30m", "alertname": "SriovCniGiveBackFailed", "exp_alerts": []},
                     {"eval_time": "4m", "alertname": "SriovCniCallErrors", "exp_alerts": []},
                     {
                         "eval_time": "20m",

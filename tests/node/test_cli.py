@@ -125,9 +125,11 @@ def test_status_json(node: Tree, tmp_path: Path) -> None:
         "ifname": "net1",
         "netns": str(tmp_path / "netns-alive"),
         "deviceInfoFile": "/run/k8s.cni.cncf.io/devinfo/cni/net-a-0123_net1",
+        "gone": None,
         "unrestored": [],
     }
     assert pf0["vfs"][2]["allocation"]["deviceInfoFile"] is None
+    assert pf0["vfs"][2]["allocation"]["gone"] == "netns gone"
     # The facts ADD writes into an attachment's device-info file, in the spec's layout.
     assert [v["deviceInfo"] for v in pf0["vfs"][:2]] == [
         {"type": "pci", "version": "1.1.0", "pci": {"pci-address": "0000:01:10.0", "pf-pci-address": "0000:01:00.0"}},

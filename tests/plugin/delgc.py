@@ -6,7 +6,7 @@ from typing import Any
 
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.vfstore import Allocation, FileStore, OriginalState
-from tests.support.pluginlib import Node, Outcome, link
+from tests.support.pluginlib import DEBIAN_CNI_DIR, Node, Outcome, link
 
 
 def ok(res: Outcome) -> None:
@@ -14,8 +14,14 @@ def ok(res: Outcome) -> None:
     assert res.stdout == ""
 
 
-def stale_record(node: Node, vf_index: int = 0, **applied: Any) -> Allocation:
-    """A record of a container that died without DEL; its VF is in the host, dirty."""
+def stale_record(
+    node: Node, vf_index: int = 0, ipam_config: dict[str, Any] | None = None, **applied: Any
+) -> Allocation:
+    """A record of a container that died without DEL; its VF is in the host, dirty.
+
+    ``ipam_config``: the network's config as its IPAM's DEL reads it, when
+    the dead container had an address.
+    """
     pf = node.pfs[0]
     vf = pf.vfs[vf_index]
     entry = link(str(vf.netdev))
@@ -48,6 +54,8 @@ def stale_record(node: Node, vf_index: int = 0, **applied: Any) -> Allocation:
         ),
         applied=PfSettings(**applied),
         in_pod=True,
+        ipam_config=ipam_config,
+        cni_path=DEBIAN_CNI_DIR,
     )
     FileStore(node.data_dir).put(alloc)
     return alloc

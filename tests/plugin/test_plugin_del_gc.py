@@ -174,7 +174,7 @@ def test_add_reclaiming_a_stale_vf_gets_the_last_address_of_the_range(node: Node
     node.add_pf(1)
     one_address = [[{"subnet": "10.41.0.0/24", "rangeStart": "10.41.0.9", "rangeEnd": "10.41.0.9"}]]
     conf = node.conf(ipam=node.host_local(ranges=one_address))
-    stale_record(node)
+    stale_record(node, ipam_config={key: conf[key] for key in ("cniVersion", "name", "type", "ipam")})
     held = subprocess.run(
         [f"{DEBIAN_CNI_DIR}/host-local"],
         input=json.dumps(conf),
