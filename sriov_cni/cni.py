@@ -167,12 +167,12 @@ class DNS:
         def strings(key: str) -> list[str]:
             value = raw.get(key) or []
             if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-                raise CNIError(code, f"{what}.{key} must be a list of strings, got {short_repr(value)}")
+                raise CNIError(code, f"{what}.{key} must be a list of strings, got {shown(value)}")
             return list(value)
 
         domain = raw.get("domain") or ""
         if not isinstance(domain, str):
-            raise CNIError(code, f"{what}.domain must be a string, got {short_repr(domain)}")
+            raise CNIError(code, f"{what}.domain must be a string, got {shown(domain)}")
         return cls(
             nameservers=strings("nameservers"), domain=domain, search=strings("search"), options=strings("options")
         )
@@ -186,9 +186,18 @@ _ROUTE_EXTRA = {"mtu": 2**32 - 1, "advmss": 2**32 - 1, "priority": 2**32 - 1, "t
 _INT_MAX = 2**31 - 1
 
 
-def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for error messages about untrusted input."""
-    text = repr(value)
+def shown(value: Any, limit: int = 80) -> str:
+    """``value`` as JSON, cut to ``limit`` characters, for messages about configuration and other untrusted input.
+
+    Written as the user wrote it: ``true``, ``null``, ``"on"`` (not Python's
+    ``True``, ``None``, ``'on'``).  Non-ASCII and control characters are
+    escaped, so the message stays one printable line.
+    """
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        # What JSON has no form for (a YAML date, a circular structure).
+        text = json.dumps(str(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -199,13 +208,13 @@ def bounded_int(value: Any, what: str, high: int) -> int:
     (OverflowError), and a huge value only fails later in the kernel encoder.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{what} {short_repr(value)} is not an integer")
+        raise ValueError(f"{what} {shown(value)} is not an integer")
     try:
         number = int(value)
     except (OverflowError, ValueError):
-        raise ValueError(f"{what} {short_repr(value)} is not an integer") from None
+        raise ValueError(f"{what} {shown(value)} is not an integer") from None
     if isinstance(value, float) and number != value:
-        raise ValueError(f"{what} {short_repr(value)} is not an integer")
+        raise ValueError(f"{what} {shown(value)} is not an integer")
     if not 0 <= number <= high:
         raise ValueError(f"{what} {number} is out of range 0-{high}")
     return number
@@ -455,7 +464,7 @@ def parse_cni_args(raw: str) -> dict[str, str]:
     for pair in filter(None, raw.split(";")):
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise CNIError(Code.INVALID_ENV, "CNI_ARGS is malformed", f"{pair!r} is not KEY=VALUE")
+            raise CNIError(Code.INVALID_ENV, "CNI_ARGS is malformed", f"{shown(pair)} is not KEY=VALUE")
         out[key] = value
     return out
 
@@ -494,22 +503,22 @@ def _parse_invocation(env: Mapping[str, str], stdin: bytes) -> CmdArgs:
     if container_id and not VALID_NAME.fullmatch(container_id):
         raise CNIError(
             Code.INVALID_ENV,
-            f"invalid CNI_CONTAINERID {short_repr(container_id)}",
+            f"invalid CNI_CONTAINERID {shown(container_id)}",
             "must start with a letter or digit and hold only letters, digits, '_', '.' and '-'",
         )
     ifname = _env(env, "CNI_IFNAME")
     if ifname:
         why = validate_ifname(ifname)
         if why:
-            raise CNIError(Code.INVALID_ENV, f"invalid CNI_IFNAME {short_repr(ifname)}: it {why}")
+            raise CNIError(Code.INVALID_ENV, f"invalid CNI_IFNAME {shown(ifname)}: it {why}")
     netns = _env(env, "CNI_NETNS")
     if "\0" in netns or not netns.isprintable():
-        raise CNIError(Code.INVALID_ENV, f"invalid CNI_NETNS {short_repr(netns)}: it must be a printable path")
+        raise CNIError(Code.INVALID_ENV, f"invalid CNI_NETNS {shown(netns)}: it must be a printable path")
     name = conf.get("name")
     if not isinstance(name, str) or not VALID_NAME.fullmatch(name):
         raise CNIError(
             Code.INVALID_CONFIG,
-            f"invalid network name {short_repr(name)}",
+            f"invalid network name {shown(name)}",
             "must start with a letter or digit and hold only letters, digits, '_', '.' and '-'",
         )
     return CmdArgs(

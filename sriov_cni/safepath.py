@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 
-from sriov_cni.cni import CNIError, Code, io_error, short_repr
+from sriov_cni.cni import CNIError, Code, io_error, shown
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -33,11 +33,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def absolute(value: str, key: str) -> str:
     """``value`` as a path from configuration ``key``: absolute, no NUL byte."""
     if "\0" in value or not value.isprintable():
-        raise CNIError(Code.INVALID_CONFIG, f"{key} {short_repr(value)} is not a usable path")
+        raise CNIError(Code.INVALID_CONFIG, f"{key} {shown(value)} is not a usable path")
     if not os.path.isabs(value):
         # A relative path would resolve against whatever directory the
         # runtime happened to start the plugin in.
-        raise CNIError(Code.INVALID_CONFIG, f"{key} {value!r} must be an absolute path")
+        raise CNIError(Code.INVALID_CONFIG, f"{key} {shown(value)} must be an absolute path")
     return os.path.normpath(value)
 
 

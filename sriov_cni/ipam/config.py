@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sriov_cni import safepath
-from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, IPAddress, IPNetwork, Route, short_repr
+from sriov_cni.cni import DNS, CmdArgs, CNIError, Code, IPAddress, IPNetwork, Route, shown
 
 DEFAULT_DATA_DIR = "/var/lib/cni/networks"
 # A resolv.conf is a few hundred bytes; the bound keeps /dev/zero-like
@@ -160,23 +160,23 @@ def store_location(conf: Mapping[str, Any]) -> tuple[str, str]:
 
 def _ip(raw: Any, field: str) -> IPAddress:
     if not isinstance(raw, str):
-        raise _bad(field, f"{raw!r} must be a string")
+        raise _bad(field, f"{shown(raw)} must be a string")
     try:
         return ipaddress.ip_address(raw)
     except ValueError:
-        raise _bad(field, f"{raw!r} is not an IP address") from None
+        raise _bad(field, f"{shown(raw)} is not an IP address") from None
 
 
 def _subnet(raw: Any, field: str) -> IPNetwork:
     if not isinstance(raw, str):
-        raise _bad(field, f"{raw!r} must be a CIDR string")
+        raise _bad(field, f"{shown(raw)} must be a CIDR string")
     try:
         net = ipaddress.ip_network(raw)
     except ValueError:
         try:
             loose = ipaddress.ip_network(raw, strict=False)
         except ValueError:
-            raise _bad(field, f"{raw!r} is not a CIDR subnet") from None
+            raise _bad(field, f"{shown(raw)} is not a CIDR subnet") from None
         raise _bad(field, f"{raw} has host bits set (the subnet is {loose})") from None
     if net.max_prefixlen - net.prefixlen < 2:
         raise _bad(field, f"{raw} is too small to allocate from (needs at least 2 host bits)")
@@ -258,11 +258,11 @@ def _parse_routes(raw: Any) -> tuple[Route, ...]:
             raise _bad(field, "must be an object with dst and optional gw")
         dst = r.get("dst")
         if not isinstance(dst, str):
-            raise _bad(f"{field}.dst", f"{dst!r} must be a CIDR string")
+            raise _bad(f"{field}.dst", f"{shown(dst)} must be a CIDR string")
         try:
             net = ipaddress.ip_network(dst, strict=False)
         except ValueError:
-            raise _bad(f"{field}.dst", f"{dst!r} is not a CIDR") from None
+            raise _bad(f"{field}.dst", f"{shown(dst)} is not a CIDR") from None
         gw = _ip(r["gw"], f"{field}.gw") if r.get("gw") not in (None, "") else None
         if gw is not None and gw.version != net.version:
             raise _bad(f"{field}.gw", f"{gw} is not the same address family as dst {net}")
@@ -275,9 +275,9 @@ def _parse_resolv_conf(raw: Any) -> DNS:
         return DNS()
     field = "ipam.resolvConf"
     if not isinstance(raw, str):
-        raise _bad(field, f"{raw!r} must be a path")
+        raise _bad(field, f"{shown(raw)} must be a path")
     if "\0" in raw:
-        raise _bad(field, f"{short_repr(raw)} is not a usable path")
+        raise _bad(field, f"{shown(raw)} is not a usable path")
     try:
         text = safepath.read_file(raw, MAX_RESOLV_CONF).decode("utf-8", errors="replace")
     except OSError as exc:
@@ -342,7 +342,7 @@ def _requested_strings(cmd: CmdArgs) -> list[tuple[Any, str]]:
         if values is None:
             continue
         if not isinstance(values, list):
-            raise _bad(field, f"{values!r} must be a list of addresses")
+            raise _bad(field, f"{shown(values)} must be a list of addresses")
         out.extend((v, f"{field}[{i}]") for i, v in enumerate(values))
     # The conventions say a runtime that passes addresses in the config
     # means them to replace CNI_ARGS.
@@ -356,7 +356,7 @@ def requested_ips(cmd: CmdArgs, cfg: IPAMConfig) -> dict[int, Requested]:
     out: dict[int, Requested] = {}
     for value, field in _requested_strings(cmd):
         if not isinstance(value, str):
-            raise _bad(field, f"{value!r} must be an address string")
+            raise _bad(field, f"{shown(value)} must be an address string")
         text, _, prefix = value.partition("/")
         ip = _ip(text, field)
         found = cfg.locate(ip)

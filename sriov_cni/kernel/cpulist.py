@@ -10,6 +10,7 @@ pads its answer to the machine's CPU count.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 _GROUP_BITS = 32
@@ -31,9 +32,9 @@ def parse_list(text: str) -> list[int]:
             lo = int(first)
             hi = int(last) if sep else lo
         except ValueError:
-            raise CpuListError(f"{part!r} is not a CPU number or range like 2-5") from None
+            raise CpuListError(f"{json.dumps(part)} is not a CPU number or range like 2-5") from None
         if lo < 0 or hi < lo:
-            raise CpuListError(f"{part!r} is not a CPU range (start must be <= end, both >= 0)")
+            raise CpuListError(f"{json.dumps(part)} is not a CPU range (start must be <= end, both >= 0)")
         cpus.update(range(lo, hi + 1))
     return sorted(cpus)
 
@@ -76,9 +77,9 @@ def parse_mask(text: str) -> list[int]:
         try:
             chunk = int(group, 16)
         except ValueError:
-            raise CpuListError(f"{group!r} is not a hex CPU mask group") from None
+            raise CpuListError(f"{json.dumps(group)} is not a hex CPU mask group") from None
         if chunk >> _GROUP_BITS:
-            raise CpuListError(f"{group!r} is wider than 32 bits")
+            raise CpuListError(f"{json.dumps(group)} is wider than 32 bits")
         value = (value << _GROUP_BITS) | chunk
     return [bit for bit in range(value.bit_length()) if value >> bit & 1]
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from sriov_cni.cni import shown
 from sriov_cni.kernel import cpulist
 
 VF_DRIVERS = ("kernel", "vfio-pci", "uio_pci_generic")
@@ -91,14 +92,14 @@ def _int(raw: dict[str, Any], key: str, where: str, default: int | None, low: in
         return None
     # bool is an int in Python; "numVfs: yes" is a mistake, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise NodeConfigError(f"{where}.{key}: must be an integer from {low} to {high}, got {value!r}")
+        raise NodeConfigError(f"{where}.{key}: must be an integer from {low} to {high}, got {shown(value)}")
     return value
 
 
 def _bool(raw: dict[str, Any], key: str, where: str) -> bool:
     value = raw.get(key, False)
     if not isinstance(value, bool):
-        raise NodeConfigError(f"{where}.{key}: must be true or false, got {value!r}")
+        raise NodeConfigError(f"{where}.{key}: must be true or false, got {shown(value)}")
     return value
 
 
@@ -142,7 +143,7 @@ def _pf(raw: Any, where: str) -> PfSpec:
         raise NodeConfigError(f"{where}.pf: must be a netdev name or PCI address")
     driver = raw.get("vfDriver", "kernel")
     if driver not in VF_DRIVERS:
-        raise NodeConfigError(f"{where}.vfDriver: must be one of {', '.join(VF_DRIVERS)}, got {driver!r}")
+        raise NodeConfigError(f"{where}.vfDriver: must be one of {', '.join(VF_DRIVERS)}, got {shown(driver)}")
     num_vfs = _int(raw, "numVfs", where, None, 0, 65535)
     assert num_vfs is not None  # required above
     return PfSpec(
@@ -165,10 +166,10 @@ def parse(text: str) -> NodeConfig:
     raw = _keys(raw, "config", {"pfs", "irqbalance", "rdmaNetnsMode"}, {"pfs"})
     irqbalance = raw.get("irqbalance", "ban")
     if irqbalance not in IRQBALANCE_MODES:
-        raise NodeConfigError(f"irqbalance: must be one of {', '.join(IRQBALANCE_MODES)}, got {irqbalance!r}")
+        raise NodeConfigError(f"irqbalance: must be one of {', '.join(IRQBALANCE_MODES)}, got {shown(irqbalance)}")
     rdma_mode = raw.get("rdmaNetnsMode")
     if rdma_mode is not None and rdma_mode not in RDMA_NETNS_MODES:
-        raise NodeConfigError(f"rdmaNetnsMode: must be one of {', '.join(RDMA_NETNS_MODES)}, got {rdma_mode!r}")
+        raise NodeConfigError(f"rdmaNetnsMode: must be one of {', '.join(RDMA_NETNS_MODES)}, got {shown(rdma_mode)}")
     pfs = raw["pfs"]
     if not isinstance(pfs, list) or not pfs:
         raise NodeConfigError("pfs: must be a non-empty list")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sriov_cni import safepath, sizes
-from sriov_cni.cni import DNS, FIRST_LIST_RESULT, CmdArgs, CNIError, Code, Result, short_repr, version_at_least
+from sriov_cni.cni import DNS, FIRST_LIST_RESULT, CmdArgs, CNIError, Code, Result, shown, version_at_least
 from sriov_cni.kernel import sysfs, vfsettings
 from sriov_cni.kernel.vfsettings import PfSettings, Rate, Vlan
 from sriov_cni.plugin.pool import PoolEntry, parse_pool_entry
@@ -87,12 +87,14 @@ class Keys:
         others = [k for k in self._spellings.get(_fold(key), ()) if k != key]
         if key in self.raw:
             for other in others:
-                self.notes.add(logging.WARNING, f"ignoring {self.prefix}{other!r}: {self.prefix}{key!r} is set too")
+                self.notes.add(
+                    logging.WARNING, f"ignoring {shown(self.prefix + other)}: {shown(self.prefix + key)} is set too"
+                )
             return self.raw[key]
         if not others:
             return None
         used = others[-1]
-        self.notes.add(logging.INFO, f"reading {self.prefix}{used!r} as {self.prefix}{key!r}")
+        self.notes.add(logging.INFO, f"reading {shown(self.prefix + used)} as {shown(self.prefix + key)}")
         return self.raw[used]
 
     def section(self, key: str) -> Keys | None:
@@ -135,7 +137,7 @@ def _int(conf: Keys, key: str, low: int, high: int) -> int | None:
         return None
     # bool is an int in Python; true/false for a number is a config mistake.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(f"{key} must be an integer, got {value!r}")
+        raise _invalid(f"{key} must be an integer, got {shown(value)}")
     if not low <= value <= high:
         raise _invalid(f"{key} {value} invalid: value must be in the range {low}-{high}")
     return value
@@ -146,7 +148,7 @@ def _str(conf: Keys, key: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise _invalid(f"{conf.prefix}{key} must be a string, got {value!r}")
+        raise _invalid(f"{conf.prefix}{key} must be a string, got {shown(value)}")
     return value
 
 
@@ -159,7 +161,8 @@ def _on_off(conf: Keys, key: str) -> bool | None:
         return None
     if value not in ("on", "off"):
         conf.notes.add(
-            logging.WARNING, f'{key} {value!r} turns {key} off: only exactly "on" turns it on (write "on" or "off")'
+            logging.WARNING,
+            f'{key} {shown(value)} turns {key} off: only exactly "on" turns it on (write "on" or "off")',
         )
     return value == "on"
 
@@ -167,9 +170,9 @@ def _on_off(conf: Keys, key: str) -> bool | None:
 def _mac(value: str, where: str) -> str:
     mac = value.strip().lower()
     if not _MAC.fullmatch(mac):
-        raise _invalid(f"{where} {value!r} is not a MAC address (expected six hex pairs like 02:00:00:00:00:01)")
+        raise _invalid(f"{where} {shown(value)} is not a MAC address (expected six hex pairs like 02:00:00:00:00:01)")
     if int(mac[:2], 16) & 1:
-        raise _invalid(f"{where} {value!r} is a multicast address; a VF needs a unicast MAC")
+        raise _invalid(f"{where} {shown(value)} is a multicast address; a VF needs a unicast MAC")
     return mac
 
 
@@ -178,7 +181,7 @@ def _pool(conf: Keys) -> tuple[PoolEntry, ...]:
     entries: list[str] = []
     if raw is not None:
         if not isinstance(raw, list) or not all(isinstance(e, str) and e for e in raw):
-            raise _invalid(f"pfNames must be a list of PF names or PCI addresses, got {raw!r}")
+            raise _invalid(f"pfNames must be a list of PF names or PCI addresses, got {shown(raw)}")
         entries.extend(raw)
     master = _str(conf, "master")
     if master:
@@ -201,7 +204,7 @@ def _device_id(conf: Keys) -> str | None:
         if value is None or value == "":
             continue
         if not isinstance(value, str) or not sysfs.is_pci_address(value):
-            raise _invalid(f"{key} must be a PCI address like 0000:3b:02.0, got {short_repr(value)}")
+            raise _invalid(f"{key} must be a PCI address like 0000:3b:02.0, got {shown(value)}")
         return value.lower()
     return None
 
@@ -223,7 +226,7 @@ def _effective_mac(conf: Keys, cni_args: Mapping[str, str]) -> str | None:
     if runtime is not None and runtime.get("mac"):
         value = runtime.get("mac")
         if not isinstance(value, str):
-            raise _invalid(f"runtimeConfig.mac must be a string, got {value!r}")
+            raise _invalid(f"runtimeConfig.mac must be a string, got {shown(value)}")
         mac, where = value, "runtimeConfig.mac"
     return _mac(mac, where) if mac else None
 
@@ -255,7 +258,7 @@ def _common(conf: Keys) -> Common:
         level = DEFAULT_LOG_LEVEL
     ipam = conf.get("ipam")
     if ipam is not None and not isinstance(ipam, Mapping):
-        raise _invalid(f"ipam must be an object, got {ipam!r}")
+        raise _invalid(f"ipam must be an object, got {shown(ipam)}")
     # As in the reference, an ipam section without a type runs no IPAM.
     ipam_type = _str(Keys(ipam, conf.notes, "ipam."), "type") if ipam is not None else None
     log_file = _str(conf, "logFile")
@@ -295,7 +298,7 @@ def _vlan(conf: Keys) -> Vlan | None:
     # refused), as in the reference, where it is a non-nil pointer.
     proto_name = conf.get("vlanProto")
     if proto_name is not None and not isinstance(proto_name, str):
-        raise _invalid(f"vlanProto must be a string, got {proto_name!r}")
+        raise _invalid(f"vlanProto must be a string, got {shown(proto_name)}")
     if vlan is None and (qos is not None or proto_name is not None):
         raise _invalid("vlan id must be configured to set vlanQoS or vlanProto")
     if vlan == 0 and qos:
@@ -304,7 +307,7 @@ def _vlan(conf: Keys) -> Vlan | None:
     if proto_name is not None:
         proto = VLAN_PROTOS.get(proto_name.lower())
         if proto is None:
-            raise _invalid(f'vlanProto must be "802.1q" or "802.1ad", got {proto_name!r}')
+            raise _invalid(f'vlanProto must be "802.1q" or "802.1ad", got {shown(proto_name)}')
         if vlan == 0 and proto == vfsettings.VLAN_PROTO_8021AD:
             raise _invalid("vlan id must be non-zero to use vlanProto 802.1ad")
     if vlan is None:
@@ -318,7 +321,7 @@ def _link_state(conf: Keys) -> int | None:
         return None
     state = LINK_STATES.get(name.lower())
     if state is None:
-        raise _invalid(f'link_state must be "auto", "enable" or "disable", got {name!r}')
+        raise _invalid(f'link_state must be "auto", "enable" or "disable", got {shown(name)}')
     return state
 
 
@@ -340,7 +343,7 @@ def _rdma(conf: Keys) -> str:
     if mode is None:
         return "auto"
     if mode not in RDMA_MODES:
-        raise _invalid(f'rdma must be "auto", "required", "off" or "soft", got {mode!r}')
+        raise _invalid(f'rdma must be "auto", "required", "off" or "soft", got {shown(mode)}')
     return mode
 
 
@@ -350,7 +353,9 @@ def _rdma_memlock(conf: Keys) -> int | None:
         return None
     size = sizes.parse(value) if isinstance(value, str) else None
     if size is None:
-        raise _invalid(f'rdmaMemlock must be "unlimited" or a size such as "64Mi" ({sizes.EXPECTED}), got {value!r}')
+        raise _invalid(
+            f'rdmaMemlock must be "unlimited" or a size such as "64Mi" ({sizes.EXPECTED}), got {shown(value)}'
+        )
     return size
 
 

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 
-from sriov_cni.cni import CmdArgs, CNIError, Code, Result, bounded_int, decode_json
+from sriov_cni.cni import CmdArgs, CNIError, Code, Result, bounded_int, decode_json, shown
 from sriov_cni.kernel import lifetime
 
 IN_PROCESS_TYPE = "sriov-ipam"
@@ -23,14 +23,14 @@ IN_PROCESS_TYPE = "sriov-ipam"
 
 def find_plugin(name: str, path: tuple[str, ...]) -> str:
     if not name or "/" in name:
-        raise CNIError(Code.INVALID_CONFIG, f"ipam.type {name!r} is not a plugin name")
+        raise CNIError(Code.INVALID_CONFIG, f"ipam.type {shown(name)} is not a plugin name")
     if not path:
-        raise CNIError(Code.INVALID_ENV, f"CNI_PATH is empty, so the IPAM plugin {name!r} cannot be found")
+        raise CNIError(Code.INVALID_ENV, f"CNI_PATH is empty, so the IPAM plugin {shown(name)} cannot be found")
     for directory in path:
         candidate = os.path.join(directory, name)
         if os.path.isfile(candidate):
             return candidate
-    raise CNIError(Code.INVALID_CONFIG, f"IPAM plugin {name!r} not found in CNI_PATH {':'.join(path)}")
+    raise CNIError(Code.INVALID_CONFIG, f"IPAM plugin {shown(name)} not found in CNI_PATH {':'.join(path)}")
 
 
 def _orphan_guard() -> Callable[[], None] | None:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sriov_cni.cni import CNIError, Code, short_repr, validate_ifname
+from sriov_cni.cni import CNIError, Code, shown, validate_ifname
 from sriov_cni.kernel import sysfs
 
 logger = logging.getLogger(__name__)
@@ -49,22 +49,22 @@ def parse_pool_entry(entry: str) -> PoolEntry:
     """Parse ``"ens1f0"``, ``"ens1f0#0-3"`` or ``"0000:af:00.0#0-3,7"``."""
     pf, sep, spec = entry.partition("#")
     if not pf:
-        raise ValueError(f"{short_repr(entry)} names no PF")
+        raise ValueError(f"{shown(entry)} names no PF")
     if not sysfs.is_pci_address(pf) and validate_ifname(pf) is not None:
-        raise ValueError(f"{short_repr(pf)} is neither a PF netdev name nor a PCI address: it {validate_ifname(pf)}")
+        raise ValueError(f"{shown(pf)} is neither a PF netdev name nor a PCI address: it {validate_ifname(pf)}")
     if not sep:
         return PoolEntry(pf, None)
     runs: list[tuple[int, int]] = []
     for part in spec.split(","):
         m = _RANGE.fullmatch(part.strip())
         if not m:
-            raise ValueError(f"{short_repr(entry)}: {short_repr(part)} is not a VF index or range like 0-3")
+            raise ValueError(f"{shown(entry)}: {shown(part)} is not a VF index or range like 0-3")
         first = int(m.group(1))
         last = int(m.group(2)) if m.group(2) is not None else first
         if last < first:
-            raise ValueError(f"{short_repr(entry)}: range {part!r} ends before it starts")
+            raise ValueError(f"{shown(entry)}: range {shown(part)} ends before it starts")
         if last > MAX_VF_INDEX:
-            raise ValueError(f"{short_repr(entry)}: VF index {last} is above {MAX_VF_INDEX}, the most SR-IOV allows")
+            raise ValueError(f"{shown(entry)}: VF index {last} is above {MAX_VF_INDEX}, the most SR-IOV allows")
         runs.append((first, last))
     return PoolEntry(pf, _merged(runs))
 
@@ -93,7 +93,7 @@ def pool_vfs(sys_root: Path, entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
                 pf = sysfs.resolve_pf(sys_root, entry.pf)
                 count = sysfs.numvfs(sys_root, pf.pci)
             except sysfs.SysfsError as exc:
-                missing[entry.pf] = f"pfNames entry {str(entry)!r}: {exc}"
+                missing[entry.pf] = f"pfNames entry {shown(str(entry))}: {exc}"
                 continue
             resolved[entry.pf] = (pf, count, sysfs.vf_pcis(sys_root, pf.pci))
         pf, count, vfs = resolved[entry.pf]
@@ -101,7 +101,7 @@ def pool_vfs(sys_root: Path, entries: Iterable[PoolEntry]) -> list[sysfs.VF]:
         if runs and runs[-1][1] >= count:
             raise CNIError(
                 Code.INVALID_CONFIG,
-                f"pfNames entry {str(entry)!r} asks for VF {runs[-1][1]}, but {entry.pf} has sriov_numvfs={count}",
+                f"pfNames entry {shown(str(entry))} asks for VF {runs[-1][1]}, but {entry.pf} has sriov_numvfs={count}",
             )
         for first, last in runs:
             for index in range(first, last + 1):

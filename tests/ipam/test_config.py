@@ -24,7 +24,7 @@ BAD_IPAM: list[tuple[str, dict[str, Any], str]] = [
     ("empty set", _ranges([]), "ipam.ranges[0] must be a non-empty list"),
     ("range not an object", _ranges(["10.0.0.0/24"]), "ipam.ranges[0][0] must be an object"),
     ("subnet missing", _ranges([{"gateway": "10.0.0.1"}]), "ipam.ranges[0][0].subnet is missing"),
-    ("subnet not CIDR", _ranges([{"subnet": "ten"}]), "ipam.ranges[0][0].subnet 'ten' is not a CIDR"),
+    ("subnet not CIDR", _ranges([{"subnet": "ten"}]), 'ipam.ranges[0][0].subnet "ten" is not a CIDR'),
     ("v4 too small", _ranges([{"subnet": "10.0.0.0/31"}]), "ipam.ranges[0][0].subnet 10.0.0.0/31 is too small"),
     ("v6 too small", _ranges([{"subnet": "2001:db8::/127"}]), "ipam.ranges[0][0].subnet 2001:db8::/127 is too small"),
     ("host bits", _ranges([{"subnet": "10.0.0.5/24"}]), "ipam.ranges[0][0].subnet 10.0.0.5/24 has host bits set"),
@@ -41,7 +41,7 @@ BAD_IPAM: list[tuple[str, dict[str, Any], str]] = [
     (
         "rangeStart not an address",
         _ranges([{"subnet": "10.2.0.0/24", "rangeStart": "first"}]),
-        "ipam.ranges[0][0].rangeStart 'first' is not an IP address",
+        'ipam.ranges[0][0].rangeStart "first" is not an IP address',
     ),
     (
         "start after end",
@@ -90,7 +90,7 @@ BAD_IPAM: list[tuple[str, dict[str, Any], str]] = [
         "ipam.ranges[0][0] 10.1.0.0/24 (10.1.0.1-10.1.0.254) overlaps ipam 10.1.0.0/24",
     ),
     ("routes not a list", {**_ranges([V4]), "routes": {"dst": "0.0.0.0/0"}}, "ipam.routes must be a list"),
-    ("route dst", {**_ranges([V4]), "routes": [{"dst": "default"}]}, "ipam.routes[0].dst 'default' is not a CIDR"),
+    ("route dst", {**_ranges([V4]), "routes": [{"dst": "default"}]}, 'ipam.routes[0].dst "default" is not a CIDR'),
     (
         "route gw family",
         {**_ranges([V4]), "routes": [{"dst": "0.0.0.0/0"}, {"dst": "10.9.0.0/16", "gw": "2001:db8::1"}]},
@@ -129,7 +129,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str, str]] = [
         "runtimeConfig.ips[0] 10.9.0.5 is not inside",
     ),
     ("gateway", {}, "IgnoreUnknown=1;IP=10.1.0.1", "CNI_ARGS IP 10.1.0.1 is the gateway of ipam.ranges[0][0]"),
-    ("not an address", {"args": {"cni": {"ips": ["ten"]}}}, "", "args.cni.ips[0] 'ten' is not an IP address"),
+    ("not an address", {"args": {"cni": {"ips": ["ten"]}}}, "", 'args.cni.ips[0] "ten" is not an IP address'),
     ("prefix mismatch", {"args": {"cni": {"ips": ["10.1.0.7/16"]}}}, "", "args.cni.ips[0] 10.1.0.7/16 has prefix /16"),
     (
         "two for one set",
@@ -137,7 +137,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str, str]] = [
         "",
         "runtimeConfig.ips[1] 10.1.0.8 and runtimeConfig.ips[0] 10.1.0.7 both fall in ipam.ranges[0]",
     ),
-    ("not a list", {"runtimeConfig": {"ips": "10.1.0.7"}}, "", "runtimeConfig.ips '10.1.0.7' must be a list"),
+    ("not a list", {"runtimeConfig": {"ips": "10.1.0.7"}}, "", 'runtimeConfig.ips "10.1.0.7" must be a list'),
 ]
 
 

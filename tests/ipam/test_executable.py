@@ -36,7 +36,7 @@ def test_errors_are_cni_error_objects_without_tracebacks(exe: Invoke, netconf: M
     assert bad.out == {
         "cniVersion": "1.0.0",
         "code": Code.INVALID_CONFIG,
-        "msg": "ipam.ranges[0][0].subnet '10.3.0.0/33' is not a CIDR subnet",
+        "msg": 'ipam.ranges[0][0].subnet "10.3.0.0/33" is not a CIDR subnet',
     }
     (tmp_path / "file").write_text("")
     io_err = exe("ADD", netconf([[{"subnet": "10.3.0.0/24"}]], dataDir=str(tmp_path / "file" / "sub")))

@@ -42,7 +42,7 @@ def test_setup_dry_run(tree: Tree, tmp_path: Path) -> None:
     "yaml_text, message",
     [
         ("pfs: [{pf: eth0, numVfs: 9}]", "pfs[0].numVfs: 9 is more than eth0 supports (sriov_totalvfs 7)"),
-        ("pfs: [{pf: eth0, numVfs: two}]", "pfs[0].numVfs: must be an integer from 0 to 65535, got 'two'"),
+        ("pfs: [{pf: eth0, numVfs: two}]", 'pfs[0].numVfs: must be an integer from 0 to 65535, got "two"'),
     ],
 )
 def test_setup_errors_are_one_line(tree: Tree, tmp_path: Path, yaml_text: str, message: str) -> None:

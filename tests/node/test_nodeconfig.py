@@ -46,11 +46,16 @@ def test_local_is_the_default_irq_cpus() -> None:
     [
         ("pfs: [{pf: eth0}]", "pfs[0].numVfs: required"),
         ("pfs: [{pf: eth0, numVfs: -1}]", "pfs[0].numVfs: must be an integer from 0 to 65535, got -1"),
-        ("pfs: [{pf: eth0, numVfs: yes}]", "pfs[0].numVfs: must be an integer"),
+        # Values as JSON (true, null), not as Python (True, None).
+        ("pfs: [{pf: eth0, numVfs: yes}]", "pfs[0].numVfs: must be an integer from 0 to 65535, got true"),
+        (
+            "pfs: [{pf: eth0, numVfs: 2, vfDriver: null}]",
+            "pfs[0].vfDriver: must be one of kernel, vfio-pci, uio_pci_generic, got null",
+        ),
         ("pfs: [{pf: eth0, numVfs: 2, mtu: 20}]", "pfs[0].mtu: must be an integer from 68"),
         ("pfs: [{pf: eth0, numVfs: 2, vfDriver: uio}]", "pfs[0].vfDriver: must be one of kernel, vfio-pci"),
         ("pfs: [{pf: eth0, numVfs: 2, numvfs: 3}]", "pfs[0].numvfs: unknown field"),
-        ("pfs: [{pf: eth0, numVfs: 2, tuning: {irqCpus: 3-1}}]", "pfs[0].tuning.irqCpus: '3-1' is not a CPU range"),
+        ("pfs: [{pf: eth0, numVfs: 2, tuning: {irqCpus: 3-1}}]", 'pfs[0].tuning.irqCpus: "3-1" is not a CPU range'),
         (
             "pfs: [{pf: eth0, numVfs: 2, tuning: {rfsFlowEntries: 64}}]",
             "pfs[0].tuning.rfsFlowEntries: RFS steers through RPS",
@@ -63,7 +68,7 @@ def test_local_is_the_default_irq_cpus() -> None:
         ("nodes: []", "config.nodes: unknown field"),
         (
             "irqbalance: disable\npfs: [{pf: eth0, numVfs: 1}]",
-            "irqbalance: must be one of ban, stop, leave, got 'disable'",
+            'irqbalance: must be one of ban, stop, leave, got "disable"',
         ),
         ("pfs: [", "not valid YAML at line 1"),
     ],

@@ -255,7 +255,7 @@ def test_overlapping_pool_entries_name_each_vf_once_in_order(tree: Tree) -> None
     [
         ("eth0#3", "asks for VF 3, but eth0 has sriov_numvfs=3"),
         ("eth0#2-3", "asks for VF 3, but eth0 has sriov_numvfs=3"),
-        ("eth9", "pfNames entry 'eth9'"),
+        ("eth9", 'pfNames entry "eth9"'),
     ],
 )
 def test_a_pool_entry_beyond_the_pf_is_a_config_error(tree: Tree, entry: str, words: str) -> None:
@@ -273,12 +273,12 @@ def test_a_pf_this_node_lacks_is_passed_over_while_another_entry_serves(
     got = pool_vfs(tree.sys, [parse_pool_entry(e) for e in ("eth9#0-3", "eth0", "0000:99:00.0")])
     assert [vf.pci for vf in got] == [vfs[0], vfs[1]]
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert any("'eth9#0-3'" in w and "other entries serve" in w for w in warned), warned
+    assert any('"eth9#0-3"' in w and "other entries serve" in w for w in warned), warned
     assert any("0000:99:00.0" in w for w in warned), warned
     with pytest.raises(CNIError) as err:
         pool_vfs(tree.sys, [parse_pool_entry(e) for e in ("eth9", "eth8")])
     assert err.value.code == Code.INVALID_CONFIG
-    assert "'eth9'" in err.value.msg and "'eth8'" in err.value.msg, err.value.msg
+    assert '"eth9"' in err.value.msg and '"eth8"' in err.value.msg, err.value.msg
 
 
 def test_a_vf_sysfs_does_not_list_is_a_config_error(tree: Tree) -> None:

@@ -549,12 +549,12 @@ def test_other_spellings_are_logged_and_the_exact_one_wins(node: Node, capsys: p
     state = node.fake.state[pf.name][0]
     assert (state["vlan"], state["qos"], state["spoofchk"], state["trust"]) == (10, 3, False, True)
     assert state["link_state"] == DISABLE
-    assert "WARNING sriov [containerID=ctr1" in log and "config: ignoring 'VLAN': 'vlan' is set too" in log
-    assert "config: reading 'vlanqos' as 'vlanQoS'" in log
-    assert "config: reading 'SpoofChk' as 'spoofchk'" in log
-    assert "config: reading 'Trust' as 'trust'" in log
-    assert "spoofchk 'ON' turns spoofchk off" in log
-    assert "trust 'on'" not in log
+    assert "WARNING sriov [containerID=ctr1" in log and 'config: ignoring "VLAN": "vlan" is set too' in log
+    assert 'config: reading "vlanqos" as "vlanQoS"' in log
+    assert 'config: reading "SpoofChk" as "spoofchk"' in log
+    assert 'config: reading "Trust" as "trust"' in log
+    assert 'spoofchk "ON" turns spoofchk off' in log
+    assert 'trust "on"' not in log
 
 
 # --- keys no reader asks for, and log levels it does not know (issue #46) ---------

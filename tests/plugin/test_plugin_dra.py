@@ -181,4 +181,4 @@ def test_device_info_file_must_be_an_absolute_path(node: Node) -> None:
     node.add_pf(1)
     res = node.cni("ADD", node.conf("1.1.0", runtimeConfig={"CNIDeviceInfoFile": "devinfo.json"}), netns=node.pod())
     assert res.rc == 1 and res.code == 7
-    assert res.out["msg"] == "runtimeConfig.CNIDeviceInfoFile 'devinfo.json' must be an absolute path"
+    assert res.out["msg"] == 'runtimeConfig.CNIDeviceInfoFile "devinfo.json" must be an absolute path'

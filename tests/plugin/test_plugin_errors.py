@@ -76,6 +76,28 @@ def test_bad_config_is_code_7(ready: Ready, keys: dict[str, Any]) -> None:
     assert node.fake.calls == []
 
 
+# The value as the config has it, in JSON: what a user wrote and would grep for.
+VALUES_AS_JSON = {
+    "vlan as bool": ({"vlan": True}, "vlan must be an integer, got true"),
+    "pfNames with null": ({"pfNames": [None]}, "pfNames must be a list of PF names or PCI addresses, got [null]"),
+    "ipam as list": ({"ipam": ["host-local"]}, 'ipam must be an object, got ["host-local"]'),
+    "link_state": ({"link_state": "up"}, 'link_state must be "auto", "enable" or "disable", got "up"'),
+    "deviceID": ({"deviceID": False}, "deviceID must be a PCI address like 0000:3b:02.0, got false"),
+    "runtimeConfig.mac": (
+        {"runtimeConfig": {"mac": {"a": None}}},
+        'runtimeConfig.mac must be a string, got {"a": null}',
+    ),
+}
+
+
+@pytest.mark.parametrize("keys, msg", VALUES_AS_JSON.values(), ids=VALUES_AS_JSON.keys())
+def test_config_errors_show_values_as_json(ready: Ready, keys: dict[str, Any], msg: str) -> None:
+    node, pod, _before = ready
+    res = node.cni("ADD", node.conf(**keys), netns=pod)
+    refused(res, 7)
+    assert res.out["msg"] == msg
+
+
 def test_bad_mac_in_cni_args(ready: Ready) -> None:
     node, pod, before = ready
     refused(node.cni("ADD", node.conf(), netns=pod, args="IgnoreUnknown=1;MAC=nonsense"), 7)
