@@ -26,6 +26,9 @@ Per PF, in order: sriov_numvfs (through 0 when the count changes; refused
 while the CNI plugin's store holds allocations on that PF), VF driver,
 MTU (raised, never lowered), link up, queue IRQ pins and queue maps.
 Everything already as asked is left alone, so running it again is safe.
+Each step's outcome goes to stdout; before a step that can take seconds
+(sriov_numvfs takes up to two minutes per PF on mlx5, VF rebinds, waiting
+on irqbalance) one line on stderr says what setup is waiting for.
 What was applied goes to the state file, which `status` and the CNI plugin
 read: the plugin pins each VF's IRQs and sets RPS/XPS in the pod after it
 brings the VF up there.
@@ -143,7 +146,9 @@ def setup(
         if dry_run:
             node_setup.show(plan, paths, click.echo)
             return
-        as_asked = node_setup.execute(plan, paths, click.echo)
+        # Before a step that can take seconds (sriov_numvfs on mlx5 takes up
+        # to two minutes), one line on stderr, so the run does not look hung.
+        as_asked = node_setup.execute(plan, paths, click.echo, lambda line: click.echo(f"setup: {line}", err=True))
     except _expected() as exc:
         raise CommandError(str(exc)) from exc
     if not as_asked and not allow_deferred:

@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,8 +198,15 @@ def _write_script(path: Path, text: str) -> bool:
     return True
 
 
-def ban(proc: Path, script: Path, pf_pcis: list[str]) -> list[str]:
-    """Write the policy script and have the irqbalance using it ask it again; one line per outcome."""
+def _quiet(line: str) -> None:
+    pass
+
+
+def ban(proc: Path, script: Path, pf_pcis: list[str], announce: Callable[[str], None] = _quiet) -> list[str]:
+    """Write the policy script and have the irqbalance using it ask it again; one line per outcome.
+
+    ``announce`` is told before a wait for irqbalance to take the signal.
+    """
     if not pf_pcis and not script.exists():
         return []  # nothing pinned, and no earlier ban to lift
     written = _write_script(script, script_text(pf_pcis))
@@ -209,6 +217,11 @@ def ban(proc: Path, script: Path, pf_pcis: list[str]) -> list[str]:
     ]
     for instance in running(proc):
         if instance.policy_script is not None and os.path.realpath(instance.policy_script) == os.path.realpath(script):
+            if written:
+                announce(
+                    f"irqbalance (pid {instance.pid}): asking it to rescan (waiting up to {HUP_TIMEOUT:.0f} s "
+                    "for it to take the signal)"
+                )
             if written and _rescan(proc, instance):
                 lines.append(f"irqbalance (pid {instance.pid}): uses the policy script: asked to rescan")
             elif written:
@@ -229,11 +242,15 @@ def _systemctl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=60)
 
 
-def stop(proc: Path, systemd_run: Path) -> list[str]:
-    """Stop irqbalance, and disable its unit where systemd runs (``systemd_run`` exists); one line per outcome."""
+def stop(proc: Path, systemd_run: Path, announce: Callable[[str], None] = _quiet) -> list[str]:
+    """Stop irqbalance, and disable its unit where systemd runs (``systemd_run`` exists); one line per outcome.
+
+    ``announce`` is told before each stop that may take seconds.
+    """
     lines = []
     systemd = systemd_run.is_dir() and shutil.which("systemctl") is not None
     if systemd and any(_systemctl(check, "--quiet", UNIT).returncode == 0 for check in ("is-enabled", "is-active")):
+        announce(f"irqbalance: systemctl disable --now {UNIT}")
         done = _systemctl("disable", "--now", UNIT)
         if done.returncode != 0:
             raise OSError(f"systemctl disable --now {UNIT}: {done.stderr.strip() or f'exit status {done.returncode}'}")
@@ -242,6 +259,8 @@ def stop(proc: Path, systemd_run: Path) -> list[str]:
     # SIGTERM.  Nothing then says how it was started, so nothing can disable
     # it: if what started it starts it again, the next setup stops it again.
     stopped = pids(proc)
+    if stopped:
+        announce(f"irqbalance: stopping pid {', '.join(map(str, stopped))} (waiting up to {STOP_TIMEOUT:.0f} s)")
     for pid in stopped:
         try:
             os.kill(pid, signal.SIGTERM)

@@ -93,6 +93,9 @@ class Step:
     # Extra lines for --dry-run, computed only then: reading every IRQ's
     # name is the slowest part of planning.
     details: Callable[[], list[str]] = lambda: []
+    # For a step that can take seconds: the line said before it runs, so
+    # that a run waiting on a driver does not look hung.
+    announce: str | None = None
 
 
 @dataclass
@@ -186,7 +189,13 @@ def _driver_step(
     pending = (fresh and driver is not None) or (not fresh and bool(misplaced()))
     if driver is None and not pending:
         return None
-    return Step(target, f"VFs on {spec.vf_driver}", rebind if pending else None)
+    where_to = "their kernel driver" if driver is None else driver
+    return Step(
+        target,
+        f"VFs on {spec.vf_driver}",
+        rebind if pending else None,
+        announce=f"{pf.netdev or spec.pf}: binding its VFs to {where_to} (each probe may take a second)",
+    )
 
 
 def _check_pf(paths: Paths, where: str, spec: PfSpec, pf: sysfs.PF) -> None:
@@ -209,7 +218,33 @@ def _numvfs_step(
             f"refusing to change {spec.pf} from {current} to {spec.num_vfs} VFs: the change goes through 0 "
             f"and would destroy allocated VFs: {who}"
         )
-    return Step(target, f"sriov_numvfs {current} -> {spec.num_vfs}", functools.partial(_create_vfs, paths, spec, pf))
+    return Step(
+        target,
+        f"sriov_numvfs {current} -> {spec.num_vfs}",
+        functools.partial(_create_vfs, paths, spec, pf),
+        announce=_numvfs_announce(paths, spec, pf, current),
+    )
+
+
+# PF drivers known to take long over an sriov_numvfs write: mlx5 sets up
+# each VF's firmware resources there (up to two minutes for many VFs).
+_SLOW_NUMVFS = {"mlx5_core": "mlx5 may take up to two minutes"}
+
+
+def _numvfs_announce(paths: Paths, spec: PfSpec, pf: sysfs.PF, current: int) -> str:
+    name = pf.netdev or spec.pf
+    if not current:
+        what = f"creating {spec.num_vfs} VFs"
+    elif not spec.num_vfs:
+        what = f"removing its {current} VFs"
+    else:
+        what = f"changing from {current} to {spec.num_vfs} VFs, through 0"
+    slow = _SLOW_NUMVFS.get(sysfs.driver(paths.sys, pf.pci) or "")
+    if slow is None:
+        wait = f"waiting up to {vfs.WRITE_TIMEOUT:.0f} s for the driver"
+    else:
+        wait = slow + (" for each write" if current and spec.num_vfs else "")
+    return f"{name}: {what} ({wait})"
 
 
 def _create_vfs(paths: Paths, spec: PfSpec, pf: sysfs.PF) -> str:
@@ -475,28 +510,37 @@ def _flow_entries(paths: Paths, entries: int) -> str:
     return "done"
 
 
-def _irqbalance(plan_: Plan, paths: Paths) -> list[str]:
+def _irqbalance(plan_: Plan, paths: Paths, announce: Callable[[str], None]) -> list[str]:
     """Ban or stop irqbalance before anything is pinned, so that it cannot move a fresh pin back."""
     try:
         if plan_.irqbalance == "ban":
             script = irqbalance.policy_script(paths.state_file)
-            return irqbalance.ban(paths.proc, script, [pf.pci for pf in plan_.tuned])
+            return irqbalance.ban(paths.proc, script, [pf.pci for pf in plan_.tuned], announce)
         if plan_.irqbalance == "stop":
-            return irqbalance.stop(paths.proc, paths.systemd_run)
+            return irqbalance.stop(paths.proc, paths.systemd_run, announce)
     except OSError as exc:
         raise SetupError(f"irqbalance: {exc.strerror or exc}") from exc
     return []
 
 
-def execute(plan_: Plan, paths: Paths, echo: Callable[[str], None]) -> bool:
+def _quiet(line: str) -> None:
+    pass
+
+
+def execute(plan_: Plan, paths: Paths, echo: Callable[[str], None], announce: Callable[[str], None] = _quiet) -> bool:
     """Run every step, one progress line each, then record what was applied in ``paths.state_file``.
 
-    False when the node is not yet as asked (``plan_.deferred`` says what and when).
+    ``announce`` gets one line before each step that can take seconds
+    (sriov_numvfs, VF rebinds, waiting on irqbalance); ``echo`` gets each
+    step's outcome.  False when the node is not yet as asked
+    (``plan_.deferred`` says what and when).
     """
     state_file = paths.state_file
-    for line in _irqbalance(plan_, paths):
+    for line in _irqbalance(plan_, paths, announce):
         echo(line)
     for step in plan_.steps:
+        if step.run is not None and step.announce is not None:
+            announce(step.announce)
         result = step.run() if step.run is not None else "unchanged"
         echo(f"{step.target}: {step.what}: {result}")
     try:

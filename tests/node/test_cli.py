@@ -14,6 +14,7 @@ from sriov_cni import __version__
 from sriov_cni.cli import main
 from sriov_cni.node import setup as node_setup
 from sriov_cni.node import status as node_status
+from sriov_cni.node import vfs as node_vfs
 from sriov_cni.vfstore import Allocation, FileStore
 from tests.support.nodetree import Tree
 
@@ -290,3 +291,26 @@ def test_version_and_short_help() -> None:
     for args in (["-h"], ["status", "-h"], ["setup", "-h"]):
         shown = runner.invoke(main, args)
         assert shown.exit_code == 0 and shown.output.startswith("Usage: "), (args, shown.output)
+
+
+def test_setup_says_on_stderr_what_it_waits_for_before_a_long_step(
+    tree: Tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree.pf("0000:3b:00.0", None, driver="mlx5_core")
+    numvfs = tree.sys / "bus/pci/devices/0000:3b:00.0/sriov_numvfs"
+
+    def create(sys_root: Path, pf: str, count: int, want_netdevs: bool) -> int:
+        numvfs.write_text(f"{count}\n")
+        return count
+
+    monkeypatch.setattr(node_vfs, "set_numvfs", create)
+    config = tmp_path / "node.yaml"
+    config.write_text("irqbalance: leave\npfs: [{pf: '0000:3b:00.0', numVfs: 6}]\n")
+    result = CliRunner().invoke(
+        main,
+        ["setup", "--config", str(config), "--data-dir", str(tmp_path / "data")],
+        obj=tree.paths(tmp_path / "state.json"),
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr == "setup: 0000:3b:00.0: creating 6 VFs (mlx5 may take up to two minutes)\n"
+    assert result.stdout.splitlines()[0] == "0000:3b:00.0 (0000:3b:00.0): sriov_numvfs 0 -> 6: done"

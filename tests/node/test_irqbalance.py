@@ -123,11 +123,18 @@ def node(tree: Tree) -> Tree:
     return tree
 
 
-def setup(text: str, tmp_path: Path, links: FakeLinks, systemd_run: Path = Paths.systemd_run) -> list[str]:
+def setup(
+    text: str,
+    tmp_path: Path,
+    links: FakeLinks,
+    systemd_run: Path = Paths.systemd_run,
+    said: list[str] | None = None,
+) -> list[str]:
+    """setup's progress lines; ``said`` gets the lines it says before a step that can take seconds."""
     out: list[str] = []
     paths = links.tree.paths(tmp_path / "run" / "node.json", systemd_run)
     plan = node_setup.plan(node_config.parse(text), paths, tmp_path / "data", links)
-    node_setup.execute(plan, paths, out.append)
+    node_setup.execute(plan, paths, out.append, (said if said is not None else []).append)
     return out
 
 
@@ -162,7 +169,9 @@ def test_ban_makes_the_irqbalance_using_the_script_rescan_once(
     policy = script(tmp_path)
     ours = balancers("--foreground", "--interval=2", f"--policyscript={policy}")
     other = balancers("--foreground", "-l", str(tmp_path / "elsewhere"))
-    out = setup(TUNED, tmp_path, links)
+    said: list[str] = []
+    out = setup(TUNED, tmp_path, links, said=said)
+    assert said == [f"irqbalance (pid {ours.pid}): asking it to rescan (waiting up to 30 s for it to take the signal)"]
     assert out[:3] == [
         f"irqbalance: policy script {policy} bans the IRQs of 0000:01:00.0 and their VFs: written",
         f"irqbalance (pid {ours.pid}): uses the policy script: asked to rescan",
@@ -221,7 +230,9 @@ def test_stop_without_systemd_ends_irqbalance(
 ) -> None:
     no_systemd = tmp_path / "no-systemd"
     b = balancers("--foreground")
-    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links, no_systemd)  # sees the unreaped zombie as ended
+    said: list[str] = []
+    out = setup("irqbalance: stop\n" + TUNED, tmp_path, links, no_systemd, said)  # sees the unreaped zombie as ended
+    assert said == [f"irqbalance: stopping pid {b.pid} (waiting up to 10 s)"]
     assert out[0] == (
         f"irqbalance: stopped pid {b.pid} (no systemd: nothing to disable, it stays off until something starts it "
         "again)"

@@ -345,3 +345,67 @@ def test_admin_macs_are_set_once_and_each_vf_rebound(
     assert writes == []
     # Derived, not counted up: VF 1 of one PF is not VF 0 of the next one, whose MAC is one higher.
     assert node_setup.admin_mac("00:1b:21:00:00:01", 0) != node_setup.admin_mac("00:1b:21:00:00:00", 1)
+
+
+def _run_announced(text: str, tmp_path: Path, links: FakeLinks) -> list[str]:
+    """setup's progress lines and the lines it says before each long step (marked "before: "), in order."""
+    both: list[str] = []
+    paths = links.tree.paths(tmp_path / "run" / "node.json")
+    plan = node_setup.plan(node_config.parse(text), paths, tmp_path / "data", links)
+    node_setup.execute(plan, paths, both.append, lambda line: both.append(f"before: {line}"))
+    return both
+
+
+def _numvfs_as_the_kernel(tree: Tree, monkeypatch: pytest.MonkeyPatch, pf_pci: str = "0000:01:00.0") -> None:
+    numvfs = tree.sys / f"bus/pci/devices/{pf_pci}/sriov_numvfs"
+
+    def create(sys_root: Path, pf: str, count: int, want_netdevs: bool) -> int:
+        numvfs.write_text(f"{count}\n")
+        return count
+
+    monkeypatch.setattr(node_vfs, "set_numvfs", create)
+
+
+def test_a_line_is_said_before_sriov_numvfs_is_written_and_not_when_nothing_changes(
+    tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree.igb(vfs=2, up=False)
+    (tree.sys / "bus/pci/devices/0000:01:00.0/sriov_numvfs").write_text("0\n")
+    _numvfs_as_the_kernel(tree, monkeypatch)
+    both = _run_announced("irqbalance: leave\npfs: [{pf: eth0, numVfs: 2}]", tmp_path, links)
+    assert both[:2] == [
+        "before: eth0: creating 2 VFs (waiting up to 120 s for the driver)",
+        "eth0 (0000:01:00.0): sriov_numvfs 0 -> 2: done",
+    ]
+    assert [line for line in both if line.startswith("before: ")] == [both[0]]
+    again = _run_announced("irqbalance: leave\npfs: [{pf: eth0, numVfs: 2}]", tmp_path, links)
+    assert not any(line.startswith("before: ") for line in again)
+
+
+@pytest.mark.parametrize(
+    "now, want, said",
+    [
+        (0, 4, "ens1f0: creating 4 VFs (mlx5 may take up to two minutes)"),
+        (2, 4, "ens1f0: changing from 2 to 4 VFs, through 0 (mlx5 may take up to two minutes for each write)"),
+        (2, 0, "ens1f0: removing its 2 VFs (mlx5 may take up to two minutes)"),
+    ],
+)
+def test_mlx5_is_named_as_the_slow_one(
+    tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, now: int, want: int, said: str
+) -> None:
+    tree.pf("0000:3b:00.0", "ens1f0", numvfs=now, driver="mlx5_core")
+    _numvfs_as_the_kernel(tree, monkeypatch, "0000:3b:00.0")
+    both = _run_announced(f"irqbalance: leave\npfs: [{{pf: ens1f0, numVfs: {want}}}]", tmp_path, links)
+    assert both[0] == f"before: {said}"
+    assert both[1] == f"ens1f0 (0000:3b:00.0): sriov_numvfs {now} -> {want}: done"
+
+
+def test_a_line_is_said_before_the_vfs_are_rebound(
+    tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree.igb(vfs=2)
+    monkeypatch.setattr(node_vfs, "bind", lambda sys_root, vf, driver: True)
+    (tree.sys / "bus/pci/drivers/vfio-pci").mkdir(parents=True, exist_ok=True)
+    both = _run_announced("irqbalance: leave\npfs: [{pf: eth0, numVfs: 2, vfDriver: vfio-pci}]", tmp_path, links)
+    i = both.index("before: eth0: binding its VFs to vfio-pci (each probe may take a second)")
+    assert both[i + 1] == "eth0 (0000:01:00.0): VFs on vfio-pci: 2 VFs rebound"
