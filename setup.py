@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import struct
 import subprocess
 import tempfile
 
@@ -67,11 +68,45 @@ class WithShim(Distribution):
         return True
 
 
+PT_INTERP = 3
+# What a static program needs of a Linux system: its kernel, no libc. The
+# shim's glibc says "for GNU/Linux 3.2.0"; manylinux2014 (glibc 2.17,
+# CentOS 7's kernel 3.10) and musllinux 1.1 systems all have newer ones.
+STATIC_TAGS = ("manylinux_2_17_{arch}", "manylinux2014_{arch}", "musllinux_1_1_{arch}")
+
+
+def is_static(path: str) -> bool:
+    """Whether ELF file ``path`` has no program interpreter: the kernel runs it without the system's ld.so or libc."""
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if header[:4] != b"\x7fELF":
+            return False
+        # e_phoff, then e_phentsize and e_phnum, where ELF64 and ELF32 put them.
+        order = "<" if header[5] == 1 else ">"
+        offsets = (order + "Q", 32, 54) if header[4] == 2 else (order + "I", 28, 42)
+        (phoff,) = struct.unpack_from(offsets[0], header, offsets[1])
+        phentsize, phnum = struct.unpack_from(order + "HH", header, offsets[2])
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    return all(struct.unpack_from(order + "I", table, i * phentsize)[0] != PT_INTERP for i in range(phnum))
+
+
 class PlatformWheel(bdist_wheel):
-    """Tagged for this platform, for any Python 3: the shim links no Python."""
+    """Tagged for this platform, for any Python 3: the shim links no Python.
+
+    A static shim (the Makefile links it -static) needs no libc of the
+    system, so a linux_<arch> wheel is tagged for every manylinux and
+    musllinux system of that architecture instead; a shim that is not
+    static (a CC that ignores -static) keeps the linux_<arch> tag.
+    """
 
     def get_tag(self) -> tuple[str, str, str]:
-        return ("py3", "none", super().get_tag()[2])
+        plat = super().get_tag()[2]
+        shim = os.path.join(self.get_finalized_command("build_py").build_lib, SHIM)
+        if plat.startswith("linux_") and os.path.exists(shim) and is_static(shim):
+            arch = plat.removeprefix("linux_")
+            plat = ".".join(tag.format(arch=arch) for tag in STATIC_TAGS)
+        return ("py3", "none", plat)
 
 
 setup(distclass=WithShim, cmdclass={"build_py": BuildWithShim, "bdist_wheel": PlatformWheel})

@@ -40,10 +40,13 @@ apt_update_once() {
 # ib_write_bw and rdmacm-utils; iproute2 brings the rdma tool, and strace
 # records what that tool sends (tests/kernel/test_rdma.py).  Not Debian's
 # rdma-core package: it pulls in a systemd upgrade and nothing the tests use.
+# file is tests/test_packaging.py's oracle for a static shim (the wheel's
+# tag depends on it); git lists the files that test builds from.
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
            iputils-ping ca-certificates python3-pip podman containerd runc
            gcc libc6-dev make time mmdebstrap catatonit ethtool
-           ibverbs-providers ibverbs-utils perftest rdmacm-utils strace)
+           ibverbs-providers ibverbs-utils perftest rdmacm-utils strace
+           file git)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
