@@ -494,8 +494,16 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
     _raise_collected(f"giving back VF {alloc.vf_pci}", errors)
 
 
-def _free_vf(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps) -> None:
-    """DEL's and GC's give-back under the VF's claim (waited for ``deps.claim_wait``): the VF restored, its record gone."""
+def _free_vf(
+    vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps, released: Callable[[], None] = lambda: None
+) -> None:
+    """DEL's and GC's give-back under the VF's claim (waited for ``deps.claim_wait``): the VF restored, its record gone.
+
+    ``released`` runs once the VF is back, before its record goes: DEL
+    waits there for its IPAM DEL, so a DEL killed before the address is
+    released leaves the record, for the runtime's next DEL or the daemon
+    (once the pod is gone) to release it.
+    """
     claim = store.claim(alloc.vf_pci, wait=deps.claim_wait)
     if claim is None:
         raise CNIError(
@@ -516,6 +524,7 @@ def _free_vf(vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps
             # (alloc.unrestored), for `sriov-cni status` to show.
             lease.save()
             raise
+        released()
         lease.forget()
     logger.info("gave back VF %s", alloc.vf_pci)
 
@@ -568,6 +577,17 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
     # an IPAM DEL finishing after the answer would race the runtime's next
     # ADD for this container and release the address it got.
     ipam = delegate.IpamCall("DEL", cmd, common.ipam_type) if common.ipam_type else None
+    awaited = False
+
+    def await_ipam() -> None:
+        nonlocal awaited
+        if ipam is not None and not awaited:
+            awaited = True
+            try:
+                ipam.result()
+            except CNIError as exc:
+                errors.insert(0, exc)
+
     try:
         store = deps.store(common.data_dir)
         alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
@@ -575,15 +595,11 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
             logger.info("no VF is allocated to this attachment; nothing to give back")
         else:
             try:
-                _free_vf(deps.vf_control(), store, alloc, deps)
+                _free_vf(deps.vf_control(), store, alloc, deps, await_ipam)
             except CNIError as exc:
                 errors.append(exc)
     finally:
-        if ipam is not None:
-            try:
-                ipam.result()
-            except CNIError as exc:
-                errors.insert(0, exc)
+        await_ipam()
     _raise_collected("DEL", errors)
 
 

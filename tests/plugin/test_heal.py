@@ -12,7 +12,9 @@ driver and the daemon's event-driven sweeps.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ from sriov_cni.daemon.heal import Healer
 from sriov_cni.kernel import netns
 from sriov_cni.vfstore import FileStore
 from tests.plugin.delgc import ok
-from tests.support.pluginlib import Node, ipam_reservations, link, sh
+from tests.support.daemonlib import wait_for
+from tests.support.pluginlib import DEBIAN_CNI_DIR, Node, ipam_reservations, link, sh
 
 IPAMS = ["host-local", "sriov-ipam"]
 
@@ -153,7 +156,9 @@ def test_a_vf_another_call_holds_is_left_to_it_and_a_late_del_finds_nothing(node
     vf = node.pfs[0].vfs[0].pci
     _pod_dies(node, pod)
     store = FileStore(node.data_dir)
-    with store.claim(vf):
+    claim = store.claim(vf)
+    assert claim is not None
+    with claim:
         # A DEL or an ADD holds the VF: it deals with it.
         _healer(node).sweep()
         assert [a.container_id for a in store.all()] == ["racing"]
@@ -186,3 +191,51 @@ def test_an_ipam_section_too_large_for_a_record_is_refused_before_anything_is_ta
     res = node.cni("ADD", node.conf(ipam=node.host_local(routes=routes)), netns=node.pod(), container="big")
     assert res.rc != 0 and res.code == 7 and "ipam section" in res.out["msg"], res.stdout
     assert _without_pods(node.picture()) == _without_pods(before)
+
+
+SLOW_IPAM = """#!/bin/sh
+# host-local, whose DEL waits while {slow} exists (after saying it started).
+if [ "$CNI_COMMAND" = DEL ] && [ -e {slow} ]; then
+    touch {started}
+    while [ -e {slow} ]; do sleep 0.05; done
+fi
+exec {host_local}
+"""
+
+
+def test_a_del_killed_before_its_address_was_released_leaves_the_record_for_the_healing(
+    node: Node, tmp_path: Path
+) -> None:
+    node.add_pf(1)
+    clean = node.picture()
+    bin_dir, slow, started = tmp_path / "bin", tmp_path / "slow", tmp_path / "started"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "slow-ipam"
+    wrapper.write_text(SLOW_IPAM.format(slow=slow, started=started, host_local=f"{DEBIAN_CNI_DIR}/host-local"))
+    wrapper.chmod(0o755)
+    conf = node.conf(vlan=12, ipam=dict(node.host_local(), type="slow-ipam"))
+    path = f"{bin_dir}:{DEBIAN_CNI_DIR}"
+    pod = node.pod()
+    node.add(conf, netns=pod, container="killed", path=path)
+    slow.touch()
+    # The runtime's DEL, killed (with the IPAM plugin it runs) while the address is being released.
+    child = multiprocessing.get_context("fork").Process(
+        target=node.cni, args=("DEL", conf), kwargs={"netns": pod, "container": "killed", "path": path}
+    )
+    child.start()
+    wait_for(started.exists)
+    os.kill(child.pid or 0, signal.SIGKILL)
+    child.join(30)
+    # The VF is back; its record stays until the address is released.
+    assert link(str(node.pfs[0].vfs[0].netdev)) is not None
+    assert [a.container_id for a in FileStore(node.data_dir).all()] == ["killed"]
+    assert len(ipam_reservations(node.ipam_dir, "sriov-net")) == 1
+    slow.unlink()
+    # No DEL comes again: the pod's namespace goes.
+    sh("ip", "netns", "del", os.path.basename(pod))
+    node.pods.remove(pod)
+
+    _healer(node).sweep()
+
+    assert _without_pods(node.picture()) == _without_pods(clean)
+    assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
