@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sriov_cni.kernel import netns, sysfs
+from sriov_cni.paths import Paths
 from sriov_cni.vfstore import Allocation
 
 # Why a recorded namespace is gone (gone(), and the daemon's metrics).
@@ -41,30 +42,31 @@ class VfState(enum.Enum):
     UNREADABLE = "unreadable record"
 
 
-def gone(alloc: Allocation) -> str | None:
+def gone(alloc: Allocation, proc: Path) -> str | None:
     """Why the allocation's network namespace is gone ("earlier boot", "netns gone"), or None while it lives.
 
     A namespace whose path was removed may live on, held by a bind mount or
-    a process elsewhere; it is gone only when nothing holds it.
+    a process elsewhere (``proc``: the node's procfs); it is gone only when
+    nothing holds it.
     """
     if alloc.boot_id and alloc.boot_id != netns.boot_id():
         return EARLIER_BOOT
     inode = netns.netns_inode(alloc.netns)
     if inode is not None and (alloc.netns_inode is None or inode == alloc.netns_inode):
         return None
-    if alloc.netns_inode is not None and netns.held_elsewhere(alloc.netns_inode):
+    if alloc.netns_inode is not None and netns.held_elsewhere(alloc.netns_inode, proc):
         return None
     return NETNS_GONE
 
 
-def netns_alive(alloc: Allocation) -> bool:
+def netns_alive(alloc: Allocation, proc: Path) -> bool:
     """Whether the allocation's network namespace still exists (and is the same one)."""
-    return gone(alloc) is None
+    return gone(alloc, proc) is None
 
 
-def recorded_state(alloc: Allocation) -> VfState:
+def recorded_state(alloc: Allocation, proc: Path) -> VfState:
     """A VF the store holds a record of: allocated while that record's namespace lives, else stale or being given back."""
-    if netns_alive(alloc):
+    if netns_alive(alloc, proc):
         return VfState.ALLOCATED
     return VfState.GIVING_BACK if alloc.giving_back else VfState.STALE
 
@@ -83,8 +85,8 @@ def unrecorded_state(driver: str | None, netdev: str | None, in_host: Callable[[
     return VfState.IN_USE
 
 
-def vf_state(sys_root: Path, vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
+def vf_state(paths: Paths, vf_pci: str, alloc: Allocation | None, in_host: Callable[[str], bool]) -> VfState:
     """Classify one VF, reading sysfs only when it has no record."""
     if alloc is not None:
-        return recorded_state(alloc)
-    return unrecorded_state(*sysfs.driver_and_netdev(sys_root, vf_pci), in_host)
+        return recorded_state(alloc, paths.proc)
+    return unrecorded_state(*sysfs.driver_and_netdev(paths.sys, vf_pci), in_host)

@@ -18,7 +18,7 @@ then the address through the network's own IPAM).  It sweeps the records:
   dead namespace's VF netdev home and announces it) or withdraws a
   namespace's id (:mod:`sriov_cni.kernel.linkevents`);
 * every :data:`SWEEP` seconds, for what announces nothing (a VF on a DPDK
-  driver) and for a give-back that failed.
+  driver); sooner after a give-back that failed (:data:`RETRY`).
 
 A record whose namespace lives is left alone, however its path went (a
 bind mount elsewhere keeps it alive; see :func:`sriov_cni.vfstate.gone`),
@@ -52,6 +52,10 @@ from sriov_cni.vfstore import Allocation, FileStore, scan_allocations
 PROCESS_NAME = "sriov-cni-heal"
 # Seconds between sweeps when nothing is announced.
 SWEEP = 60.0
+# Seconds before a sweep after one in which a give-back failed (a full
+# state directory, a driver that refused), doubled while they keep failing,
+# up to SWEEP.
+RETRY = 2.0
 # Seconds between sweeps at most as often: a host whose links change all
 # the time (carrier flaps) must not keep the process reading records.
 MIN_GAP = 0.2
@@ -104,18 +108,21 @@ def _run(launch: Launch, alive: int, reports: int) -> None:  # pragma: no cover 
     logging.getLogger("sriov_cni.plugin").setLevel(logging.WARNING)
     healer = Healer(launch.data_dir, Deps(paths=launch.paths), os.environ, reports)
     events = LinkEvents()
-    healer.sweep()
-    next_sweep = time.monotonic() + SWEEP
+    retry = RETRY
     while True:
-        ready, _, _ = select.select([alive, events.fileno()], [], [], max(0.0, next_sweep - time.monotonic()))
-        if alive in ready:
-            return
-        if events.fileno() in ready and not events.drain():
-            continue
+        if healer.sweep():  # a give-back failed: again soon, then less and less often
+            wait, retry = retry, min(SWEEP, 2 * retry)
+        else:
+            wait, retry = SWEEP, RETRY
+        next_sweep = time.monotonic() + wait
+        while True:
+            ready, _, _ = select.select([alive, events.fileno()], [], [], max(0.0, next_sweep - time.monotonic()))
+            if alive in ready:
+                return
+            if not ready or events.drain():
+                break
         time.sleep(max(0.0, healer.last_sweep + MIN_GAP - time.monotonic()))
         events.drain()
-        healer.sweep()
-        next_sweep = time.monotonic() + SWEEP
 
 
 class Healer:
@@ -130,17 +137,19 @@ class Healer:
         # VFs already said to wait for their netdev, so a wait is logged once.
         self._waiting: set[str] = set()
 
-    def sweep(self) -> None:
-        """Give back every VF whose pod is gone and whose netdev, if it has one, is home."""
+    def sweep(self) -> bool:
+        """Give back every VF whose pod is gone and whose netdev, if it has one, is home; whether a give-back failed."""
         self.last_sweep = time.monotonic()
         # Read without creating it: a node where the plugin never ran has no store.
         records, unreadable = scan_allocations(self.data_dir)
         for pci, problem in unreadable.items():
             logger.warning("VF %s: %s", pci, problem)
+        failed = False
         for alloc in records:
-            why = gone(alloc)
+            why = gone(alloc, self.deps.paths.proc)
             if why is not None and self._home(alloc, why):
-                self._give_back(alloc)
+                failed = not self._give_back(alloc) or failed
+        return failed
 
     def _home(self, alloc: Allocation, why: str) -> bool:
         """Whether the kernel has brought the VF's netdev back to the host, where the pod had it.
@@ -163,21 +172,22 @@ class Healer:
             )
         return False
 
-    def _give_back(self, alloc: Allocation) -> None:
+    def _give_back(self, alloc: Allocation) -> bool:
+        """Give back one VF; whether that did not fail."""
         started = time.monotonic()
         who = _who(alloc)
         try:
             done = give_back_dead(FileStore(self.data_dir), alloc, self.deps, self.env)
         except CNIError as exc:
             logger.error("VF %s of %s: giving it back failed: %s", alloc.vf_pci, who, exc)
-            self._report(alloc.giving_back or gone(alloc) or "", FAILED)
-            return
+            self._report(alloc.giving_back or gone(alloc, self.deps.paths.proc) or "", FAILED)
+            return False
         except Exception as exc:  # one VF's failure must not end the healing of the others
             logger.error("VF %s of %s: giving it back failed: %r", alloc.vf_pci, who, exc)
-            self._report(gone(alloc) or "", FAILED)
-            return
+            self._report(gone(alloc, self.deps.paths.proc) or "", FAILED)
+            return False
         if done is None:
-            return  # another call holds it, or it changed meanwhile
+            return True  # another call holds it, or it changed meanwhile
         logger.info(
             "gave back VF %s (PF %s VF %d) of %s: %s, no DEL came (%.2f s)",
             alloc.vf_pci,
@@ -188,6 +198,7 @@ class Healer:
             time.monotonic() - started,
         )
         self._report(done, GIVEN_BACK)
+        return True
 
     def _report(self, why: str, result: str) -> None:
         if self.reports is not None:

@@ -182,13 +182,14 @@ def is_own_netns(path: str) -> bool:
     return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
 
 
-def held_elsewhere(inode: int) -> bool:
+def held_elsewhere(inode: int, proc: Path) -> bool:
     """Whether the network namespace ``inode`` still lives under another name: a bind mount, or a process in it.
 
     A runtime's netns path is only one handle on a namespace: removing it
     ends the namespace only if nothing else holds it, and a pod's VF stays
     in a namespace that lives on.  Mounts are those this process's mount
-    namespace sees; processes, those its PID namespace does.
+    namespace sees; processes, those its PID namespace does (``proc``: the
+    node's procfs).
     """
     tag = f"net:[{inode}]"
     try:
@@ -198,10 +199,10 @@ def held_elsewhere(inode: int) -> bool:
                 return True
     except OSError:
         pass
-    for pid in os.listdir("/proc"):
+    for pid in os.listdir(proc):
         if pid.isdigit():
             try:
-                if os.readlink(f"/proc/{pid}/ns/net") == tag:
+                if os.readlink(proc / pid / "ns" / "net") == tag:
                     return True
             except OSError:
                 continue  # ended meanwhile, or not ours to read

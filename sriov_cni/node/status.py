@@ -72,10 +72,10 @@ def rdma_view() -> RdmaView:
         return RdmaView(mode)
 
 
-def _gone(alloc: Allocation, state: VfState) -> str | None:
+def _gone(alloc: Allocation, state: VfState, proc: Path) -> str | None:
     if state is VfState.GIVING_BACK:
         return alloc.giving_back
-    return gone(alloc) if state is VfState.STALE else None
+    return gone(alloc, proc) if state is VfState.STALE else None
 
 
 def _vf(
@@ -90,7 +90,7 @@ def _vf(
     view: RdmaView,
 ) -> dict[str, Any]:
     bound, netdev = sysfs.driver_and_netdev(paths.sys, pci)
-    state = recorded_state(alloc) if alloc is not None else unrecorded_state(bound, netdev, in_host)
+    state = recorded_state(alloc, paths.proc) if alloc is not None else unrecorded_state(bound, netdev, in_host)
     if state is VfState.FREE and aside is not None:
         state = VfState.SET_ASIDE
     if unreadable is not None:
@@ -118,7 +118,7 @@ def _vf(
             "netns": alloc.netns,
             "deviceInfoFile": alloc.device_info_file or None,
             # Why the pod is gone ("netns gone", "earlier boot") once it is.
-            "gone": _gone(alloc, state),
+            "gone": _gone(alloc, state, paths.proc),
             # What its last give-back could not put back: the VF is not
             # handed to another pod until one succeeds.
             "unrestored": alloc.unrestored,

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import netns, sysfs
+from sriov_cni.paths import Paths
 from sriov_cni.plugin.lease import NewLease
 from sriov_cni.vfstate import VfState, netns_alive, recorded_state, unrecorded_state
 from sriov_cni.vfstore import Allocation, Store
@@ -97,14 +98,14 @@ def _unrecorded_free(
             yield device
 
 
-def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: Host, sys_root: Path) -> NewLease:
+def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: Host, paths: Paths) -> NewLease:
     """Take the first free VF among ``candidates``, claim it and record it for ``attachment``.
 
     A stale VF (its container died without DEL) is taken only when no VF is
     free; the caller must put it back as it was before using it.  A VF whose
     claim another call holds (an ADD taking it, a DEL giving it back) is
     passed over.  Failure messages speak of the named VF, or of the pool.
-    ``sys_root``: the sysfs the candidates were read from.
+    ``paths``: the node's sysfs (the candidates were read from it) and procfs.
     """
 
     def in_host(name: str) -> bool:
@@ -112,8 +113,8 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
 
     # The common case reads no record: the first VF that looks free, whose
     # claim no other call holds and which still has no record, is taken.
-    for device in _unrecorded_free(sys_root, candidates, store.ids(), in_host):
-        taken = _take(store, device, attachment, None)
+    for device in _unrecorded_free(paths.sys, candidates, store.ids(), in_host):
+        taken = _take(store, device, attachment, None, paths.proc)
         if isinstance(taken, NewLease):
             return taken
     # No VF that looked free could be taken.  The records are read, to
@@ -125,20 +126,20 @@ def reserve(store: Store, candidates: Candidates, attachment: Attachment, host: 
     for vf in candidates.vfs:
         alloc = store.get(vf.pci) if vf.pci in recorded else None
         if alloc is None:
-            device = sysfs.describe(sys_root, vf)
+            device = sysfs.describe(paths.sys, vf)
             if _judged(device, in_host) is not VfState.FREE:
                 owners.append(f"{vf.pci} (its netdev is not in the host network namespace)")
                 continue
-            taken = _take(store, device, attachment, None)
+            taken = _take(store, device, attachment, None, paths.proc)
             if isinstance(taken, NewLease):
                 return taken
             owners.append(f"{vf.pci} ({taken})")
-        elif recorded_state(alloc) in (VfState.STALE, VfState.GIVING_BACK):
+        elif recorded_state(alloc, paths.proc) in (VfState.STALE, VfState.GIVING_BACK):
             stale.append((vf, alloc))
         else:
             owners.append(f"{vf.pci} (container {alloc.container_id}, netns {alloc.netns})")
     for vf, old in stale:
-        taken = _take(store, sysfs.describe(sys_root, vf), attachment, old)
+        taken = _take(store, sysfs.describe(paths.sys, vf), attachment, old, paths.proc)
         if isinstance(taken, NewLease):
             return taken
         owners.append(f"{vf.pci} ({taken})")
@@ -188,11 +189,13 @@ def same_attachment(a: Allocation, b: Allocation) -> bool:
     )
 
 
-def _take(store: Store, vf: sysfs.VfDevice, attachment: Attachment, old: Allocation | None) -> NewLease | str:
+def _take(
+    store: Store, vf: sysfs.VfDevice, attachment: Attachment, old: Allocation | None, proc: Path
+) -> NewLease | str:
     """``vf`` claimed and recorded for ``attachment``; or why not, as the "no free VF" error says it.
 
     ``old`` is the stale record the VF was chosen by, None for a VF chosen
-    as free.
+    as free; ``proc``: the node's procfs, to tell that its namespace is gone.
     """
     claim = store.claim(vf.pci)
     if claim is None:
@@ -213,7 +216,7 @@ def _take(store: Store, vf: sysfs.VfDevice, attachment: Attachment, old: Allocat
                 return "taken by another CNI call meanwhile"
         else:
             stale = store.get(vf.pci)
-            if stale is None or not same_attachment(stale, old) or netns_alive(stale):
+            if stale is None or not same_attachment(stale, old) or netns_alive(stale, proc):
                 claim.drop()
                 return "given back or reclaimed by another CNI call meanwhile"
         new = _record(vf, attachment)

@@ -342,7 +342,7 @@ def _reserve(
 ) -> NewLease:
     """:func:`allocate.reserve`, its "no free VF" naming the VFs this ADD tried and those set aside."""
     try:
-        return allocate.reserve(store, candidates, att, host, add.deps.paths.sys)
+        return allocate.reserve(store, candidates, att, host, add.deps.paths)
     except CNIError as exc:
         if exc.code != Code.NO_FREE_VF:
             raise
@@ -545,7 +545,11 @@ def give_back_dead(store: Store, seen: Allocation, deps: Deps, env: Mapping[str,
         return None
     with Lease(store, seen, claim) as lease:
         current = store.get(seen.vf_pci)
-        why = None if current is None or not allocate.same_attachment(current, seen) else vfstate.gone(current)
+        why = (
+            None
+            if current is None or not allocate.same_attachment(current, seen)
+            else vfstate.gone(current, deps.paths.proc)
+        )
         if current is None or why is None:
             return None
         lease.alloc = current
@@ -750,7 +754,7 @@ def cmd_status(cmd: CmdArgs, deps: Deps) -> None:
         vfs = aside.ordered(vfs, store.aside(), time.time())
         with netlink.open_namespace() as host:
             states = [
-                vfstate.vf_state(deps.paths.sys, vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None)
+                vfstate.vf_state(deps.paths, vf.pci, store.get(vf.pci), lambda name: host.find(name) is not None)
                 for vf in vfs
             ]
         usable = sum(s in (vfstate.VfState.FREE, vfstate.VfState.STALE) for s in states)

@@ -392,6 +392,7 @@ def concurrency(bench: Bench, work: Path, shim: Path, base_env: dict[str, str], 
 
 def scale(work: Path) -> list[str]:
     """Median time of ``allocate.reserve`` while a pool of N VFs fills, generated sysfs, memory store."""
+    from sriov_cni.paths import Paths
     from sriov_cni.plugin import allocate, pool
     from tests.support.fakes import FakeHost, MemoryVfStore
     from tests.support.nodetree import Tree
@@ -412,7 +413,7 @@ def scale(work: Path) -> list[str]:
         for n in range(size):
             attachment = allocate.Attachment(f"c-{n}", "net1", "net", netns, inode)
             t0 = time.perf_counter()
-            lease = allocate.reserve(store, allocate.Candidates(candidates), attachment, host, sys_root)
+            lease = allocate.reserve(store, allocate.Candidates(candidates), attachment, host, Paths(sys=sys_root))
             spent[size].append(time.perf_counter() - t0)
             lease.claim.drop()
 

@@ -20,6 +20,7 @@ from sriov_cni import vfstate
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import sysfs
 from sriov_cni.kernel.vfsettings import PfSettings
+from sriov_cni.paths import Paths
 from sriov_cni.plugin import allocate
 from sriov_cni.plugin.lease import NewLease
 from sriov_cni.plugin.pool import parse_pool_entry, pool_vfs
@@ -54,7 +55,7 @@ def take(
         chosen = allocate.Candidates.of_named(sysfs.describe(tree.sys, vf))
     else:
         chosen = allocate.Candidates(candidates)
-    return allocate.reserve(store, chosen, attachment(container), host or FakeHost(tree.sys), tree.sys)
+    return allocate.reserve(store, chosen, attachment(container), host or FakeHost(tree.sys), Paths(sys=tree.sys))
 
 
 class Meanwhile:
@@ -295,10 +296,10 @@ def test_vf_states(tree: Tree, tmp_path: Path) -> None:
     tree.vf("0000:01:00.0", 2, "0000:01:10.2", None)
     host = {"eth0v0"}
     vf0 = "0000:01:10.0"
-    free = vfstate.vf_state(tree.sys, vf0, None, host.__contains__)
-    elsewhere = vfstate.vf_state(tree.sys, vf0, None, lambda name: False)
-    dpdk = vfstate.vf_state(tree.sys, "0000:01:10.1", None, lambda name: False)
-    no_netdev = vfstate.vf_state(tree.sys, "0000:01:10.2", None, host.__contains__)
+    free = vfstate.vf_state(Paths(sys=tree.sys), vf0, None, host.__contains__)
+    elsewhere = vfstate.vf_state(Paths(sys=tree.sys), vf0, None, lambda name: False)
+    dpdk = vfstate.vf_state(Paths(sys=tree.sys), "0000:01:10.1", None, lambda name: False)
+    no_netdev = vfstate.vf_state(Paths(sys=tree.sys), "0000:01:10.2", None, host.__contains__)
     assert (free, elsewhere, dpdk, no_netdev) == (
         vfstate.VfState.FREE,
         vfstate.VfState.IN_USE,
@@ -316,7 +317,7 @@ def test_vf_states(tree: Tree, tmp_path: Path) -> None:
         (str(tmp_path / "gone"), None, vfstate.VfState.STALE),
     ]:
         alloc.netns, alloc.netns_inode = path, inode
-        assert vfstate.vf_state(tree.sys, vf0, alloc, host.__contains__) is state, (path, inode)
+        assert vfstate.vf_state(Paths(sys=tree.sys), vf0, alloc, host.__contains__) is state, (path, inode)
 
 
 def record(store: Store, vf: sysfs.VF, container: str, netns: str) -> Allocation:
