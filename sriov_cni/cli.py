@@ -253,7 +253,8 @@ def status(as_json: bool, data_dir: Path) -> None:
     default=store.DEFAULT_DATA_DIR,
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="The CNI plugin's store, for the metrics' pool and the NRI plugin's RDMA pods.",
+    help="The CNI plugin's store (the networks' default dataDir): the metrics' pool, the NRI plugin's RDMA pods, "
+    "and the VFs of dead pods the daemon gives back.",
 )
 @click.option(
     "--nri-socket",
@@ -264,6 +265,12 @@ def status(as_json: bool, data_dir: Path) -> None:
     "network's rdmaMemlock limit.",
 )
 @click.option("--no-nri", is_flag=True, help="Do not run the NRI plugin.")
+@click.option(
+    "--no-heal",
+    is_flag=True,
+    help="Do not give back the VFs of pods that died without a DEL (from --data-dir's store); "
+    "they wait for an ADD that finds no free VF, or for CNI GC.",
+)
 def daemon(
     socket_path: str,
     request_timeout: float,
@@ -277,6 +284,7 @@ def daemon(
     data_dir: Path,
     nri_socket: str,
     no_nri: bool,
+    no_heal: bool,
 ) -> None:
     """Run the daemon that serves the sriov and sriov-ipam CNI executables (root only, until SIGTERM).
 
@@ -307,6 +315,7 @@ def daemon(
         paths=_node_paths() if proc_irq is None else replace(_node_paths(), proc_irq=proc_irq),
         measure=Measure.from_env(),
         nri_socket=None if no_nri else nri_socket,
+        heal=not no_heal,
     )
     try:
         running = server.serve(options)

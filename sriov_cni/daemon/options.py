@@ -64,5 +64,8 @@ class Options:
     # The runtime's NRI socket the daemon's NRI plugin connects to whenever
     # it exists (daemon.nri); None: no NRI plugin.
     nri_socket: str | None = NRI_SOCKET
+    # Whether the daemon gives back the VFs of pods that died without a DEL
+    # (daemon.heal), from the store at data_dir.
+    heal: bool = True
     # What each child records of its calls (SRIOV_CNI_DAEMON_STATS), None: nothing.
     measure: Measure | None = None

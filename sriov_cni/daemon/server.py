@@ -188,7 +188,8 @@ def serve(options: Options) -> int:
     # written, as long as the daemon lives: the plugin ends when it closes.
     if options.nri_socket is not None:
         _start_nri(options, score)
-    _start_healing(options, score, metrics, selector)
+    if options.heal:
+        _start_healing(options, score, metrics, selector)
     if unprotected:
         sys.stderr.write(f"sriov-cni daemon: warning: {unprotected}\n")
     sys.stderr.flush()

@@ -144,7 +144,7 @@ def expected_pool(status: dict[str, Any]) -> Samples:
         out[key("sriov_cni_pf_vfs", **labels)] = pf["numVfs"]
         out[key("sriov_cni_pf_vfs_max", **labels)] = pf["totalVfs"]
         states = Counter(vf["state"] for vf in pf["vfs"])
-        for state in ("free", "allocated", "stale", "in use", "set aside", "unreadable record"):
+        for state in ("free", "allocated", "stale", "giving back", "in use", "set aside", "unreadable record"):
             out[key("sriov_cni_vfs", **labels, state=state)] = states[state]
         for vf in pf["vfs"]:
             if vf["setAside"] is not None:
@@ -662,6 +662,7 @@ def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> 
             "SriovCniCallErrors": "ok",
             "SriovCniDaemonDown": "ok",
             "SriovCniVfSetAside": "ok",
+            "SriovCniGiveBackFailed": "ok",
         }
     finally:
         prometheus.terminate()
