@@ -195,6 +195,19 @@ def test_status_table(node: Tree, tmp_path: Path) -> None:
     )
 
 
+def test_status_shows_a_vf_the_daemon_is_giving_back_and_why(node: Tree, tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "data")
+    stale = store.get("0000:01:10.2")
+    assert stale is not None
+    stale.giving_back, stale.boot_id = "earlier boot", "an earlier boot"
+    store.put(stale)
+    _code, out = invoke(node, "status", "--data-dir", str(tmp_path / "data"))
+    assert out.splitlines()[4].split()[4:9] == ["-", "giving", "back", "(earlier", "boot)"]
+    _code, out = invoke(node, "status", "--json", "--data-dir", str(tmp_path / "data"))
+    vf2 = json.loads(out)["pfs"][0]["vfs"][2]
+    assert (vf2["state"], vf2["allocation"]["gone"]) == ("giving back", "earlier boot")
+
+
 def test_status_shows_the_pool_around_a_damaged_record_and_then_fails(node: Tree, tmp_path: Path) -> None:
     (tmp_path / "data" / "vfs" / "0000:01:10.0.json").write_text("{half a record")
     code, out = invoke(node, "status", "--data-dir", str(tmp_path / "data"))

@@ -73,6 +73,10 @@ DEBIAN_CNI_DIR = "/usr/lib/cni"
 NETWORKS = ("stress-a", "stress-b")
 TMPFS_SIZE = "8m"
 IPAM_HANG_EXTRA = 2.0
+# Seconds the daemon may take to give back a lost pod's VF: it sweeps when
+# the VF's netdev comes home, and again within seconds after a give-back
+# that failed (a full state directory); only a hang or a bug takes this long.
+HEAL_BOUND = 120.0
 # Faults that entitle a DEL or a CHECK of a live attachment to an error answer
 # (a proper CNI error object still; answer_problems checks that part).
 EXCUSES = frozenset({"kill", "ipam_fail", "ipam_hang", "enospc", "daemon_restart"})
@@ -564,7 +568,7 @@ class Attachment:
     netns_name: str
     network: str
     ifname: str = "net1"
-    state: str = "new"  # new, live, failed, unknown, deleted, retired
+    state: str = "new"  # new, live, failed, unknown, deleted, retired, lost
     # The VF may be in the pod: after an ADD that succeeded or was killed (its
     # call, or the daemon's child serving it), until a DEL succeeds.
     may_hold: bool = False
@@ -606,6 +610,7 @@ class Driver:
         deadline: float,
         work: Path,
         ipam_exe: Path,
+        heals: bool = False,
     ) -> None:
         self.node = node
         self.transport = transport
@@ -633,6 +638,8 @@ class Driver:
         self.started = 0
         self.enospc_left = 0
         self.pings = 0
+        # A daemon that gives back the VFs of pods lost without a DEL serves the calls.
+        self.heals = heals
 
     # -- configs
 
@@ -689,7 +696,7 @@ class Driver:
             return "GC", None
         if r < 0.06:
             return "STATUS", None
-        active = [a for a in self.attachments if a.state != "retired" and a.container not in self.busy]
+        active = [a for a in self.attachments if a.state not in ("retired", "lost") and a.container not in self.busy]
         if len(active) < 2 * len(self.node.vf_pcis) and self.rng.random() < 0.35:
             return "ADD", self.new_attachment()
         if not active:
@@ -702,6 +709,9 @@ class Driver:
             # once DELeted, the pod is retired below like any other).
             return "DEL", att
         if att.state == "live":
+            if self.heals and self.rng.random() < 0.08:
+                self.lose(att)
+                return "STATUS", None
             return self.rng.choices(["CHECK", "DEL", "ADD"], [3, 2, 0.2])[0], att
         if att.state in ("failed", "unknown"):
             # What a runtime does after a failed or timed-out ADD: DEL it, or retry.
@@ -715,6 +725,33 @@ class Driver:
             return "DEL", att
         self.retire(att)
         return "STATUS", None
+
+    def lose(self, att: Attachment) -> None:
+        """The runtime loses the pod: its netns goes and no DEL ever comes (the daemon gives its VF back)."""
+        self.node.delete_netns(att.netns_name)
+        att.netns_gone = True
+        att.state = "lost"
+        self.faults["pod_lost"] += 1
+
+    def check_healed(self) -> None:
+        """Every lost pod's VF given back without a DEL or GC, within HEAL_BOUND seconds."""
+        lost = {a.container for a in self.attachments if a.state == "lost"}
+        deadline = time.monotonic() + HEAL_BOUND
+        while True:
+            store = FileStore(self.data_dir)
+            left = (
+                sorted(a.container_id for a in store.all() if a.container_id in lost) if store.vfs_dir.is_dir() else []
+            )
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for container in left:
+            self.violate(f"the VF of lost pod {container} was not given back without a DEL")
+        # Their addresses too, before the final GC's IPAM GC could release them.
+        for network in NETWORKS:
+            for owner in _owners(self.ipam_dir / network):
+                if owner in lost:
+                    self.violate(f"IPAM of {network} still holds an address of lost pod {owner}")
 
     def retire(self, att: Attachment) -> None:
         """The runtime removes the pod: its netns goes, and no VF may be left in it."""
@@ -730,7 +767,7 @@ class Driver:
         return [
             {"containerID": a.container, "ifname": a.ifname}
             for a in self.attachments
-            if a.state not in ("deleted", "retired")
+            if a.state not in ("deleted", "retired", "lost")
         ]
 
     # -- running
@@ -983,7 +1020,9 @@ class Driver:
         self.check_kernel()
 
     def finish(self, start_pf: dict[str, Any], start_host: dict[str, NetdevView | None]) -> None:
-        """GC everything, then the node must be as it was."""
+        """GC everything, then the node must be as it was; with a daemon that heals, lost pods' VFs first."""
+        if self.heals:
+            self.check_healed()
         for network in NETWORKS:
             conf = self.conf(network)
             conf["cni.dev/valid-attachments"] = []
@@ -1024,6 +1063,14 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _owners(directory: Path) -> set[str]:
+    """The containers holding addresses in a host-local-layout store (host-local and sriov-ipam share it)."""
+    out = set()
+    for address in _addresses(directory):
+        out.add((directory / address).read_text().split("\n")[0].strip())
+    return out
 
 
 def _addresses(directory: Path) -> set[str]:
@@ -1067,10 +1114,11 @@ def stress(
             socket_path = str(work / "daemon" / "plugin.sock")
             # Started by ExecTransport itself, not daemonlib.Daemon: a fault may
             # kill it and restart it, and nobody reads its stderr in a long run.
-            daemon = command_line(socket_path)
+            # It heals the plugin's store: pods the run loses are its to give back.
+            daemon = command_line(socket_path, "--data-dir", str(state.path / "sriov"))
             transport = ExecTransport([str(shims / "sriov")], daemon, socket_path)
             ipam_exe = shims / "sriov-ipam"
-        driver = Driver(node, transport, state, rng, concurrency, deadline, work, ipam_exe)
+        driver = Driver(node, transport, state, rng, concurrency, deadline, work, ipam_exe, heals=node_kind == "igb")
         start_pf, start_host = node.pf_side(), node.host_netdevs()
         started = time.monotonic()
         driver.run(ops)

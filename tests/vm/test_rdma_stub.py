@@ -34,6 +34,7 @@ import pytest
 
 from sriov_cni.kernel.netns import own_netns_path
 from sriov_cni.kernel.rdma import Rdma, move_out, roce_v2_gid_index, vf_rdma_devices, vf_verbs_devices
+from tests.support.daemonlib import Daemon
 from tests.vm import rdmastub
 from tests.vm.plugincalls import cni, ns_path, records
 from tests.vm.rdmalib import exclusive_pods
@@ -368,6 +369,28 @@ def test_the_plugin_moves_the_vf_device_in_and_out(
     show(f"after DEL of a dead pod, host:\n{back.text}")
     assert back.vf_dir == [vf.rdma] and back.links[vf.rdma] == vf.netdev
     assert records(tmp_path) == []
+
+
+def test_the_daemon_gives_back_the_vf_and_its_device_of_a_pod_that_died_without_del(
+    stub: Callable[[int], list[StubVf]], pods: Callable[[], str], tmp_path: Path, show: Callable[[str], None]
+) -> None:
+    [vf] = stub(1)
+    info = tmp_path / "devinfo.json"
+    conf = network(tmp_path, vf, info)
+    with Daemon(tmp_path / "run", "--data-dir", str(tmp_path), "--no-nri"):
+        dead = pods()
+        rc, res = cni("ADD", conf, container="lost", netns=ns_path(dead))
+        assert rc == 0, res
+        assert list(view(vf.pci, dead).devs) == [vf.rdma] and info.exists()
+        # No DEL comes: the namespace goes, and the kernel hands the device
+        # and the VF's netdev back, the device first.
+        subprocess.run(["ip", "netns", "del", dead], check=True)
+        wait_until(lambda: records(tmp_path) == [], BOUND, "the daemon to give the VF back")
+    back = view(vf.pci)
+    show(f"given back by the daemon, host:\n{back.text}")
+    assert back.vf_dir == [vf.rdma] and back.links[vf.rdma] == vf.netdev
+    assert not info.exists()
+    assert list((tmp_path / "ipam" / "stubnet").glob("10.*")) == []
 
 
 def test_the_device_goes_when_its_vf_is_unbound(
