@@ -13,7 +13,7 @@ from sriov_cni.kernel import rtnl
 from sriov_cni.kernel.links import translate
 from sriov_cni.kernel.nlerrors import LinkNotFound
 from sriov_cni.kernel.rtnl import Rtnl, message
-from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, Vlan
+from sriov_cni.kernel.vfsettings import VLAN_PROTO_8021Q, PfSettings, Rate, VfStats, Vlan
 
 # pyroute2's table gives IFLA_VF_VLAN_INFO 14 bytes, but the kernel's
 # struct ifla_vf_vlan_info is 16 (two bytes of tail padding), and kernels
@@ -42,6 +42,14 @@ _VF_MAC = struct.Struct("=I32s")  # struct ifla_vf_mac
 _VF_U32S = struct.Struct("=III")  # ifla_vf_vlan (vf, vlan, qos), ifla_vf_rate (vf, min, max)
 _VF_SETTING = struct.Struct("=II")  # ifla_vf_spoofchk, _trust, _link_state: vf, setting
 _VLAN_PROTO = struct.Struct("!H")  # ifla_vf_vlan_info's __be16 vlan_proto, after vf, vlan, qos
+_IFLA_VF_STATS = _VF["IFLA_VF_STATS"]
+# VfStats' fields by the number of their attribute in IFLA_VF_STATS, each a u64.
+_STATS = {
+    number: name.removeprefix("IFLA_VF_STATS_").lower()
+    for name, number in rtnl.numbers(_ifinfmsg.vflist.vfinfo.vf_stats).items()
+    if name != "IFLA_VF_STATS_PAD"
+}
+_U64 = struct.Struct("=Q")
 
 
 def _vf_info(vfinfo: memoryview) -> tuple[int, PfSettings] | None:
@@ -81,6 +89,53 @@ def _vf_info(vfinfo: memoryview) -> tuple[int, PfSettings] | None:
         trust=None if trust is None else bool(trust),
         link_state=setting("IFLA_VF_LINK_STATE"),
     )
+
+
+def vf_stats(answer: bytes) -> dict[int, VfStats]:
+    """Each VF's counters in a PF's RTM_NEWLINK answer, by VF index; none when the kernel left them out."""
+    vflist = rtnl.attributes(answer).get(_IFLA_VFINFO_LIST)
+    out: dict[int, VfStats] = {}
+    for vfinfo in rtnl.attributes(vflist[0], 0).get(_IFLA_VF_INFO, []) if vflist else []:
+        attrs = rtnl.attributes(vfinfo, 0)
+        named, stats = attrs.get(_VF["IFLA_VF_MAC"]), attrs.get(_IFLA_VF_STATS)
+        if not named or not stats:
+            continue
+        values = {
+            _STATS[number]: _U64.unpack_from(payloads[0])[0]
+            for number, payloads in rtnl.attributes(stats[0], 0).items()
+            if number in _STATS and len(payloads[0]) >= _U64.size
+        }
+        out[_VF_MAC.unpack_from(named[0])[0]] = VfStats(**values)
+    return out
+
+
+class KernelVfStats:
+    """:class:`~sriov_cni.kernel.vfsettings.VfStatsReader` through the kernel: one RTM_GETLINK per PF.
+
+    The metrics' read, apart from :meth:`KernelVfControl.vfs`, which asks
+    the kernel to leave the counters out for the plugin's sake.  One GET of
+    the PF by name: the kernel holds RTNL while it fills that one answer,
+    never for a dump of the node's links.
+    """
+
+    def __init__(self, sock: Rtnl | None = None) -> None:
+        self._rtnl = sock
+
+    def vf_stats(self, pf: str) -> dict[int, VfStats]:
+        if self._rtnl is None:
+            self._rtnl = Rtnl()
+        msg = message(_ifinfmsg, {}, [("IFLA_IFNAME", pf), ("IFLA_EXT_MASK", RTEXT_FILTER_VF)])
+        try:
+            with translate(f"reading VF counters of {pf}"):
+                [answer] = self._rtnl.request(RTM_GETLINK, msg)
+        except LinkNotFound as exc:
+            raise LinkNotFound(f"PF {pf} not found ({exc})", errno.ENODEV) from exc
+        return vf_stats(answer)
+
+    def close(self) -> None:
+        if self._rtnl is not None:
+            self._rtnl.close()
+            self._rtnl = None
 
 
 class KernelVfControl:

@@ -90,3 +90,30 @@ class VfControl(Protocol):
     def set_link_state(self, pf: str, vf: int, state: int) -> None: ...
 
     def set_rate(self, pf: str, vf: int, min_tx_rate: int, max_tx_rate: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class VfStats:
+    """One VF's traffic as its PF counts it (the kernel's IFLA_VF_STATS), from the VF's side.
+
+    ``rx_*`` is what the VF received, ``tx_*`` what it sent; ``broadcast``
+    and ``multicast`` are packets it received (as mlx5 and ice fill them).
+    A driver without the operation (``ndo_get_vf_stats``) reports zeros.
+    """
+
+    rx_packets: int = 0
+    tx_packets: int = 0
+    rx_bytes: int = 0
+    tx_bytes: int = 0
+    broadcast: int = 0
+    multicast: int = 0
+    rx_dropped: int = 0
+    tx_dropped: int = 0
+
+
+class VfStatsReader(Protocol):
+    """The PF's counters of each of its VFs, by VF index: one request per PF."""
+
+    def vf_stats(self, pf: str) -> dict[int, VfStats]: ...
+
+    def close(self) -> None: ...
