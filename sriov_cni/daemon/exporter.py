@@ -30,7 +30,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -40,11 +40,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from sriov_cni.daemon import budget
+from sriov_cni.daemon import budget, podmetrics
 from sriov_cni.daemon.metrics import Metrics
 from sriov_cni.daemon.options import Options
 from sriov_cni.kernel import lifetime, sysfs
-from sriov_cni.node import status
+from sriov_cni.kernel.vfcontrol import KernelVfStats
+from sriov_cni.kernel.vfsettings import VfStatsReader
+from sriov_cni.node import rdmamode, status
 from sriov_cni.paths import Paths
 from sriov_cni.vfstate import VfState
 
@@ -84,6 +86,8 @@ class _Launch:
     paths: Paths
     # The daemon's oom_score_adj before it protected itself (start).
     score: int | None
+    # Where the attachments' VF counters are read (Options.vf_stats).
+    vf_stats: Callable[[], VfStatsReader] = KernelVfStats
 
 
 class Exporter:
@@ -242,7 +246,9 @@ def start(address: tuple[str, int], options: Options, metrics: Metrics) -> Expor
     # own to: the value the kubelet gave the container (by its QoS class)
     # and this first exporter keeps.  Not 0: a restarted exporter should be
     # no more and no less the OOM killer's choice than the first one.
-    launch = _Launch(address, options.data_dir, options.paths, budget.oom_score_adj())
+    launch = _Launch(
+        address, options.data_dir, options.paths, budget.oom_score_adj(), options.vf_stats or KernelVfStats
+    )
     ours, alive = _fork(launch)
     ready, _, _ = select.select([ours], [], [], START_TIMEOUT)
     answer = ours.recv(4096) if ready else f"Ethe metrics exporter did not start within {START_TIMEOUT:g} s".encode()
@@ -262,6 +268,7 @@ class _Scrape(Collector):
         self._daemon = daemon
         self._data_dir = launch.data_dir
         self._paths = launch.paths
+        self._sources = podmetrics.Sources(launch.vf_stats, lambda: rdmamode.KernelRdmaModes().get())
         # Scrapes run in threads of their own; held by the exporter until
         # it told the daemon it listens (_exporter).
         self.lock = threading.Lock()
@@ -277,6 +284,7 @@ class _Scrape(Collector):
         if text is not None:
             yield from text_string_to_metric_families(text)
         yield from pool(self._paths, self._data_dir)
+        yield from _attachments(self._paths, self._data_dir, self._sources)
 
     def _ask_daemon(self) -> str | None:
         with self.lock:
@@ -371,6 +379,17 @@ def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
         for where in sorted(set(wheres)):
             rdma_devices.add_metric([*labels, where], wheres.count(where))
     yield from (numvfs, totalvfs, states, dpdk, allocations, rdma_modes, rdma_devices, set_aside)
+
+
+def _attachments(paths: Paths, data_dir: Path, sources: podmetrics.Sources) -> Iterator[Metric]:
+    """The per-attachment series (podmetrics); none for a scrape that cannot read the records."""
+    try:
+        # Read whole before the first is yielded: a failure shows no half set.
+        found = list(podmetrics.attachments(paths.sys, data_dir, sources))
+    except Exception as exc:  # a scrape shows the pool's failure (sriov_cni_pool_up); this one serves the rest
+        sys.stderr.write(f"sriov-cni daemon: metrics: cannot read the attachments' counters: {exc}\n")
+        return
+    yield from found
 
 
 def _exporter(daemon: socket.socket, alive: int, launch: _Launch) -> None:  # pragma: no cover - runs in the exporter

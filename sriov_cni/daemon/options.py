@@ -10,11 +10,13 @@ every 20 s among them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.daemon.measure import Measure
+from sriov_cni.kernel.vfsettings import VfStatsReader
 from sriov_cni.paths import Paths
 from sriov_cni.vfstore import DEFAULT_DATA_DIR
 
@@ -69,3 +71,6 @@ class Options:
     heal: bool = True
     # What each child records of its calls (SRIOV_CNI_DAEMON_STATS), None: nothing.
     measure: Measure | None = None
+    # Where the metrics read the attachments' VF counters, None: the PFs'
+    # (KernelVfStats); tests without SR-IOV hardware give their own.
+    vf_stats: Callable[[], VfStatsReader] | None = None

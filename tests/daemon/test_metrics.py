@@ -26,15 +26,13 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from prometheus_client.parser import text_string_to_metric_families
 
 from sriov_cni import __version__, cli
 from sriov_cni.daemon import budget
 from sriov_cni.vfstore import FileStore, SetAside
-from tests.support.daemonlib import REPO, SHIM, Daemon, command_line, exporter_of, wait_for
-from tests.support.hostnode import HostNode
+from tests.support.daemonlib import command_line, exporter_of, wait_for
+from tests.support.metricsrig import RULES, Rig, Samples, key
 
-RULES = REPO / "deploy" / "prometheus-rules.yaml"
 POOL = {
     "sriov_cni_pf_vfs",
     "sriov_cni_pf_vfs_max",
@@ -45,76 +43,6 @@ POOL = {
     "sriov_cni_rdma_devices",
     "sriov_cni_vf_set_aside_failures",
 }
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
-    return name, frozenset(labels.items())
-
-
-class Rig:
-    """Two PFs (three VFs; two VFs, one bound to vfio-pci) and the daemon serving metrics on loopback."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp = tmp_path
-        self.node = HostNode(tmp_path / "node", 1, 3)
-        self.node.node.add_pf(2, total=4, dpdk=(1,))
-        self.pfs = self.node.node.pfs
-        self.pods = [self.node.node.pod() for _ in range(3)]
-        self.state = tmp_path / "state"
-        self.bin = tmp_path / "bin"
-        self.bin.mkdir()
-        for name in ("sriov", "sriov-ipam"):
-            (self.bin / name).symlink_to(SHIM)
-        # Two calls per child: children end after their calls too.
-        self.daemon = Daemon(
-            tmp_path / "run", "calls=2", "metrics=127.0.0.1:0", f"data={self.state}", program=self.node.daemon_command
-        )
-        self.socket, self.proc, banner = self.daemon.socket, self.daemon.proc, self.daemon.banner
-        assert "metrics on http://" in banner, banner
-        self.url = banner.split("metrics on ")[1].strip()
-        self.address = urllib.parse.urlparse(self.url).netloc
-
-    def conf(self, network: str = "net-a", pf: int = 0) -> bytes:
-        return json.dumps(
-            {
-                "cniVersion": "1.0.0",
-                "name": network,
-                "type": "sriov",
-                "pfNames": [self.pfs[pf].name],
-                "dataDir": str(self.state),
-            }
-        ).encode()
-
-    def env(self, command: str, pod: int) -> dict[str, str]:
-        return {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "CNI_COMMAND": command,
-            "CNI_CONTAINERID": f"pod{pod}",
-            "CNI_NETNS": self.pods[pod],
-            "CNI_IFNAME": "net1",
-            "CNI_PATH": "/usr/lib/cni",
-            "SRIOV_CNI_SOCKET": str(self.socket),
-        }
-
-    def call(self, command: str, pod: int, conf: bytes, program: str = "sriov") -> tuple[int, dict[str, Any]]:
-        # The timeout only keeps a broken daemon from hanging the suite.
-        proc = subprocess.run(
-            [str(self.bin / program)], input=conf, env=self.env(command, pod), capture_output=True, timeout=120
-        )
-        return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else {})
-
-    def scrape(self) -> Samples:
-        with urllib.request.urlopen(self.url, timeout=30) as answer:
-            text = answer.read().decode()
-        return {key(s.name, **s.labels): s.value for f in text_string_to_metric_families(text) for s in f.samples}
-
-    def running(self) -> list[int]:
-        return self.daemon.children()
-
-    def close(self) -> None:
-        self.daemon.stop()
-        self.node.close()
 
 
 @pytest.fixture
@@ -657,12 +585,17 @@ def test_prometheus_scrapes_the_pool_and_the_calls(rig: Rig, tmp_path: Path) -> 
             return loaded if loaded and "unknown" not in loaded.values() else None
 
         health = wait_for(rules)
+        # The alerts, and the per-pod traffic's recording rules.
+        recorded = {
+            r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "record" in r
+        }
         assert health == {
             "SriovCniPoolExhausted": "ok",
             "SriovCniCallErrors": "ok",
             "SriovCniDaemonDown": "ok",
             "SriovCniVfSetAside": "ok",
             "SriovCniGiveBackFailed": "ok",
+            **dict.fromkeys(recorded, "ok"),
         }
     finally:
         prometheus.terminate()

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     # module, and must not load the node command's modules or pyroute2 for it.
     from sriov_cni.cni import IPAddress
     from sriov_cni.ipam.store import Owner, ReservationStore
-    from sriov_cni.kernel.vfsettings import VfControl
+    from sriov_cni.kernel.vfsettings import VfControl, VfStatsReader
     from sriov_cni.node.setup import Links
     from sriov_cni.plugin.allocate import Host
     from sriov_cni.vfstore import FileStore, Store
@@ -49,6 +49,35 @@ ZERO_MAC = "00:00:00:00:00:00"
 
 
 # --- the PF side ----------------------------------------------------------------
+
+
+class FileVfStats:
+    """:class:`~sriov_cni.kernel.vfsettings.VfStatsReader` from a JSON file: ``{pf: {vf index: {field: n}}}``.
+
+    A file, so a test changes the counters a daemon's exporter (a process
+    forked from the fixture's) reads.  A PF the file does not name has
+    every VF at zero (as a driver without ``ndo_get_vf_stats``); a PF
+    named with ``null`` cannot be read.  Counts the requests per PF.
+    """
+
+    def __init__(self, path: Path, requests: Path | None = None) -> None:
+        self.path = path
+        self.requests = requests
+
+    def vf_stats(self, pf: str) -> dict[int, vfsettings.VfStats]:
+        if self.requests is not None:
+            with self.requests.open("a") as log:
+                log.write(pf + "\n")
+        table = json.loads(self.path.read_text()) if self.path.exists() else {}
+        if pf in table and table[pf] is None:
+            raise netlink.LinkNotFound(f"PF {pf} not found")
+        found = table.get(pf) or {}
+        return {int(vf): vfsettings.VfStats(**fields) for vf, fields in found.items()} | {
+            vf: vfsettings.VfStats() for vf in range(256) if str(vf) not in found
+        }
+
+    def close(self) -> None:
+        pass
 
 
 def default_vf_state(index: int) -> dict[str, Any]:
@@ -375,6 +404,7 @@ def _conforms(
     host: FakeHost,
     file_store: FileStore,
     reservations: MemoryReservationStore,
-) -> tuple[VfControl, Store, Links, Host, Store, ReservationStore]:
+    vf_stats: FileVfStats,
+) -> tuple[VfControl, Store, Links, Host, Store, ReservationStore, VfStatsReader]:
     # Checked by mypy: each fake satisfies the protocol it stands in for.
-    return vfc, store, links, host, file_store, reservations
+    return vfc, store, links, host, file_store, reservations, vf_stats

@@ -12,7 +12,9 @@ benchmark's configurations ask for no PF-side settings.
         [calls=N] [metrics=HOST:PORT data=DIR]
 
 ``calls=N`` is the daemon's ``--calls-per-child``, ``metrics`` and ``data``
-its ``--metrics-address`` and ``--data-dir``.
+its ``--metrics-address`` and ``--data-dir``; ``vfstats=FILE`` gives the
+PFs' VF counters its exporter reads (``FileVfStats``: a veth's PF side
+has none), with ``vfstats_log=FILE`` recording each PF read.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from sriov_cni.daemon import install, server  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
 from sriov_cni.vfstore import FileStore  # noqa: E402
-from tests.support.fakes import FakeVfControl  # noqa: E402
+from tests.support.fakes import FakeVfControl, FileVfStats  # noqa: E402
 from tests.support.pluginlib import Node  # noqa: E402
 
 try:
@@ -134,6 +136,10 @@ def main() -> None:
     if "metrics" in options:
         kwargs["metrics_address"] = parse_address(options["metrics"])
         kwargs["data_dir"] = Path(options["data"])
+    if "vfstats" in options:
+        log = Path(options["vfstats_log"]) if "vfstats_log" in options else None
+        stats = FileVfStats(Path(options["vfstats"]), log)
+        kwargs["vf_stats"] = lambda: stats
     try:
         from sriov_cni.daemon.options import Options
     except ImportError:  # a baseline revision from before the daemon took one options value
