@@ -384,6 +384,10 @@ def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: N
         logger.info("the pod's RDMA device: %s", rdma_device)
     ipam_result = _address(lease.alloc, index, add.ipam)
     deviceinfo.publish(conf.device_info_file, lease, deps.paths.sys, ipam_result)
+    if index is not None:
+        # Last: the VF's driver trains its link (seconds on a VF's first
+        # open) while the addresses, routes and device-info are set.
+        carrier.await_carrier(deps.paths.sys, lease.alloc, index, deps.carrier_wait)
     return _result(conf, iface, ipam_result)
 
 
@@ -435,7 +439,6 @@ def _attach(conf: NetConf, lease: NewLease, deps: Deps) -> tuple[Interface, int]
     # the node's tuning is applied now, not at setup.
     for warning in tuning.apply_vf_tuning(deps.paths, lease.vf, alloc.netns, alloc.ifname):
         logger.warning("tuning: %s", warning)
-    carrier.await_carrier(deps.paths.sys, alloc, link.index, deps.carrier_wait)
     return Interface(alloc.ifname, link.mac, link.mtu, alloc.netns, pci_id=alloc.vf_pci), link.index
 
 
