@@ -142,8 +142,11 @@ class Metrics:
 
     def handed(self, pid: int, body: bytes) -> None:
         """The daemon handed child ``pid`` the call whose request is ``body``."""
-        _, program, _, env = wire.decode_request(body)
-        self._in_flight[pid] = _InFlight(program, command_label(env.get("CNI_COMMAND", "")), time.monotonic())
+        # Only what the labels need: decoding a 1 MiB environment here would
+        # stall the daemon's loop for every caller (see wire.decode_head).
+        _, program, _ = wire.decode_head(body)
+        command = command_label(wire.env_value(body, "CNI_COMMAND") or "")
+        self._in_flight[pid] = _InFlight(program, command, time.monotonic())
 
     def reported(self, pid: int, report: Reported) -> None:
         """Child ``pid`` reported the call it was handed."""

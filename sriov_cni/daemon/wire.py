@@ -77,6 +77,26 @@ def decode_head(body: bytes) -> tuple[str, str, str]:
     return version, program, cwd
 
 
+def env_value(body: bytes, key: str) -> str | None:
+    """One variable of a request body's environment, as :func:`decode_request` reads it, the rest left undecoded.
+
+    For the daemon's loop, which counts each call by its CNI command: the
+    last entry of the name wins, as in the decoded environment.
+    """
+    env_start = 0
+    for _ in range(3):
+        env_start = body.find(b"\0", env_start) + 1
+        if env_start == 0:
+            return None
+    needle = b"\0" + key.encode("utf-8", "surrogateescape") + b"="
+    found = body.rfind(needle, env_start - 1)
+    if found < 0:
+        return None
+    start = found + len(needle)
+    end = body.find(b"\0", start)
+    return body[start : None if end < 0 else end].decode("utf-8", "surrogateescape")
+
+
 def decode_request(body: bytes) -> tuple[str, str, str, dict[str, str]]:
     """The fields of a request body.  Raises ValueError for one without its three first fields.
 

@@ -87,6 +87,27 @@ def test_the_head_decodes_as_the_whole_request_begins(body: bytes) -> None:
     assert wire.decode_head(body) == wire.decode_request(body)[:3]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"1.2\0sriov\0/",
+        b"1.2\0sriov\0/\0CNI_COMMAND=ADD",
+        b"1.2\0sriov\0/\0CNI_COMMAND=ADD\0X=1\0CNI_COMMAND=DEL\0Y=2",
+        # In the head, not the environment: a working directory of that name.
+        b"1.2\0sriov\0CNI_COMMAND=DEL\0CNI_COMMAND=ADD",
+        b"1.2\0sriov\0CNI_COMMAND=DEL",
+        b"1.2\0sriov\0/\0XCNI_COMMAND=DEL\0CNI_COMMAND=",
+        b"1.2\0sriov",
+    ],
+)
+def test_one_variable_is_found_as_the_decoded_environment_has_it(body: bytes) -> None:
+    try:
+        env = wire.decode_request(body)[3]
+    except ValueError:
+        env = {}
+    assert wire.env_value(body, "CNI_COMMAND") == env.get("CNI_COMMAND")
+
+
 def test_a_body_without_its_three_first_fields_has_no_head() -> None:
     with pytest.raises(ValueError, match="without version, program and working directory"):
         wire.decode_head(b"1.2\0sriov")
