@@ -149,7 +149,12 @@ def _reclaim(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:
     """Give back a VF whose container died without DEL, as DEL does, and free its address."""
     logger.info("reclaiming VF %s from container %s (netns %s is gone)", stale.vf_pci, stale.container_id, stale.netns)
     _give_back(vfc, stale, add.deps)
-    _release_address(stale, add.cmd.env)
+    try:
+        _release_address(stale, add.cmd.env)
+    except CNIError as exc:
+        # This ADD goes on: the address is the dead pod's network's to
+        # collect (its IPAM's GC), and failing the pod would not free it.
+        logger.warning("releasing the address of dead container %s: %s", stale.container_id, exc)
 
 
 # The keys of a network's config an IPAM plugin's DEL reads (host-local's,
@@ -174,8 +179,8 @@ def _release_address(alloc: Allocation, env: Mapping[str, str]) -> None:
     """The address of an attachment whose DEL never came, released by its network's IPAM as that DEL would have.
 
     From the record: the network's IPAM config and the call's CNI_ARGS and
-    CNI_PATH; the IPAM plugin runs in ``env`` besides those.  Best effort:
-    a failure is logged (the IPAM's own GC, where it has one, releases it).
+    CNI_PATH; the IPAM plugin runs in ``env`` besides those.  Raises the
+    IPAM plugin's CNIError.
     """
     conf = alloc.ipam_config
     ipam = conf.get("ipam") if conf is not None else None
@@ -203,10 +208,7 @@ def _release_address(alloc: Allocation, env: Mapping[str, str]) -> None:
         cni_version=str(conf.get("cniVersion", "")),
         env=dead_env,
     )
-    try:
-        delegate.run_ipam("DEL", dead, ipam_type)
-    except CNIError as exc:
-        logger.warning("releasing the address of dead container %s: %s", alloc.container_id, exc)
+    delegate.run_ipam("DEL", dead, ipam_type)
 
 
 def _configure_log(conf: NetConf | config.Common, container_id: str, netns: str, ifname: str) -> None:
@@ -541,7 +543,8 @@ def give_back_dead(store: Store, seen: Allocation, deps: Deps, env: Mapping[str,
     its namespace still gone; marked as being given back first, for
     ``status``.  Returns why the pod was gone ("netns gone", "earlier
     boot"), None when nothing was done; raises CNIError when the give-back
-    failed (the record stays, with what the VF kept).
+    or the address's release failed (the record stays, with what the VF
+    kept, for the next try).
     """
     claim = store.claim(seen.vf_pci)
     if claim is None:
@@ -561,11 +564,13 @@ def give_back_dead(store: Store, seen: Allocation, deps: Deps, env: Mapping[str,
             lease.save()
         try:
             _give_back(deps.vf_control(), current, deps)
+            # Before the record goes, as DEL releases it: a record gone is
+            # an address released, and a failed release is tried again.
+            _release_address(current, env)
         except CNIError:
             lease.save()
             raise
         lease.forget()
-    _release_address(current, env)
     return why
 
 

@@ -239,3 +239,41 @@ def test_a_del_killed_before_its_address_was_released_leaves_the_record_for_the_
 
     assert _without_pods(node.picture()) == _without_pods(clean)
     assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
+
+
+FAILING_IPAM = """#!/bin/sh
+# host-local, whose DEL fails while {failing} exists.
+if [ "$CNI_COMMAND" = DEL ] && [ -e {failing} ]; then
+    echo '{{"cniVersion": "1.0.0", "code": 11, "msg": "store unreachable"}}'
+    exit 1
+fi
+exec {host_local}
+"""
+
+
+def test_a_release_that_fails_keeps_the_record_until_it_succeeds(node: Node, tmp_path: Path) -> None:
+    node.add_pf(1)
+    clean = node.picture()
+    bin_dir, failing = tmp_path / "bin", tmp_path / "failing"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "failing-ipam"
+    wrapper.write_text(FAILING_IPAM.format(failing=failing, host_local=f"{DEBIAN_CNI_DIR}/host-local"))
+    wrapper.chmod(0o755)
+    conf = node.conf(vlan=13, ipam=dict(node.host_local(), type="failing-ipam"))
+    pod = node.pod()
+    node.add(conf, netns=pod, container="lost", path=f"{bin_dir}:{DEBIAN_CNI_DIR}")
+    _pod_dies(node, pod)
+    failing.touch()
+
+    assert _healer(node).sweep()  # failed
+
+    [kept] = FileStore(node.data_dir).all()
+    assert (kept.container_id, kept.giving_back) == ("lost", "netns gone")
+    assert len(ipam_reservations(node.ipam_dir, "sriov-net")) == 1
+    failing.unlink()
+    node.sysfs_rename(node.pfs[0].vfs[0], str(node.pfs[0].vfs[0].netdev))
+
+    assert not _healer(node).sweep()
+
+    assert _without_pods(node.picture()) == _without_pods(clean)
+    assert ipam_reservations(node.ipam_dir, "sriov-net") == set()
