@@ -178,6 +178,7 @@ def test_status_json_shows_an_allocation_then_the_vf_free(
         "ifname": name,
         "netns": f"/run/netns/{ns}",
         "deviceInfoFile": None,
+        "gone": None,
         "unrestored": [],
     }
     # What a pod on this VF is told of it (igb: no RDMA device).
