@@ -18,8 +18,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +25,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sriov_cni.daemon import install
 from sriov_cni.vfstore import FileStore
-from tests.support.daemonlib import Daemon
 from tests.support.pluginlib import ipam_reservations
-from tests.vm.plugincalls import CNI_PATH, host_link, ns_path, ping, vfinfo, view
+from tests.vm.plugincalls import host_link, ns_path, ping, vfinfo, view
+from tests.vm.shimnode import ShimNode
 from tests.vm.vmlib import Sriov, wait_until
 
 pytestmark = pytest.mark.sriov_vm
@@ -46,36 +43,12 @@ RANGES = {
 }
 
 
-class Node:
-    """The daemon (its store at ``work/state``), the shim as ``sriov``, and the pods' namespaces."""
+class Node(ShimNode):
+    """The shim and the daemon over the test's store, on one PF, with two networks (host-local, sriov-ipam)."""
 
     def __init__(self, work: Path, pf: str) -> None:
-        self.work, self.pf = work, pf
-        self.state = work / "state"
-        self.bin = work / "bin"
-        self.bin.mkdir()
-        for name in ("sriov", "sriov-ipam"):
-            (self.bin / name).symlink_to(install.SHIM)
-        self.daemon: Daemon | None = None
-        self.url = ""
-        self.namespaces: list[str] = []
-
-    def start(self) -> None:
-        self.daemon = Daemon(
-            self.work / "run", "--data-dir", str(self.state), "--metrics-address", "127.0.0.1:0", "--no-nri"
-        )
-        self.url = self.daemon.banner.split("metrics on ")[1].strip()
-
-    def stop(self) -> None:
-        if self.daemon is not None:
-            self.daemon.stop()
-        self.daemon = None
-
-    def pod(self) -> str:
-        name = f"heal-{uuid.uuid4().hex[:8]}"
-        subprocess.run(["ip", "netns", "add", name], check=True)
-        self.namespaces.append(name)
-        return name
+        super().__init__(work)
+        self.pf = pf
 
     def conf(self, ipam: str, vlan: int, mac: str) -> dict[str, Any]:
         return {
@@ -91,56 +64,23 @@ class Node:
             "ipam": {"type": ipam, "dataDir": str(self.work / "ipam"), "ranges": [[RANGES[ipam]]]},
         }
 
-    def start_call(self, command: str, conf: dict[str, Any], container: str, pod: str) -> subprocess.Popen[bytes]:
-        """The runtime's call, the shim on its way, its stdin already written."""
-        assert self.daemon is not None
-        env = {
-            "CNI_COMMAND": command,
-            "CNI_CONTAINERID": container,
-            "CNI_NETNS": ns_path(pod),
-            "CNI_IFNAME": "net1",
-            "CNI_PATH": CNI_PATH,
-            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=heal;K8S_POD_NAME={container}",
-            "SRIOV_CNI_SOCKET": str(self.daemon.socket),
-        }
-        config = self.work / f"{command}-{container}.json"
-        config.write_text(json.dumps(conf))
-        with config.open("rb") as stdin:
-            return subprocess.Popen(
-                [str(self.bin / "sriov")], stdin=stdin, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
+    def add_or_del(self, command: str, conf: dict[str, Any], container: str, pod: str) -> dict[str, Any]:
+        return self.call(command, conf, container, pod, self.args(container))
 
-    def call(self, command: str, conf: dict[str, Any], container: str, pod: str) -> dict[str, Any]:
-        proc = self.start_call(command, conf, container, pod)
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, (command, container, stdout, stderr)
-        out: dict[str, Any] = json.loads(stdout) if stdout.strip() else {}
-        return out
-
-    def daemon_calls(self) -> list[int]:
-        assert self.daemon is not None
-        return self.daemon.children()
-
-    def records(self) -> list[str]:
-        return sorted(a.container_id for a in FileStore(self.state).all()) if (self.state / "vfs").is_dir() else []
+    @staticmethod
+    def args(container: str) -> str:
+        return f"IgnoreUnknown=1;K8S_POD_NAMESPACE=heal;K8S_POD_NAME={container}"
 
     def given_back(self) -> dict[tuple[str, str], float]:
-        with urllib.request.urlopen(self.url, timeout=30) as answer:
-            text = answer.read().decode()
         return {
             (s.labels["reason"], s.labels["result"]): s.value
-            for family in text_string_to_metric_families(text)
+            for family in text_string_to_metric_families(self.scrape())
             for s in family.samples
             if s.name == "sriov_cni_vfs_given_back_total"
         }
 
     def reservations(self) -> set[str]:
         return set().union(*(ipam_reservations(self.work / "ipam", f"heal-{ipam}") for ipam in RANGES))
-
-    def close(self) -> None:
-        self.stop()
-        for name in self.namespaces:
-            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 
 @pytest.fixture
@@ -161,8 +101,8 @@ def _pair(node: Node, tag: str, ipams: tuple[str, str] = ("host-local", "sriov-i
     """Two pods on one VLAN that ping each other both ways: (container, namespace, address) each."""
     pods = []
     for i, ipam in enumerate(ipams):
-        pod = node.pod()
-        res = node.call("ADD", node.conf(ipam, 100, f"02:4e:a1:00:00:{i + 1:02x}"), f"{tag}{i}", pod)
+        pod = node.pod("heal")
+        res = node.add_or_del("ADD", node.conf(ipam, 100, f"02:4e:a1:00:00:{i + 1:02x}"), f"{tag}{i}", pod)
         pods.append((f"{tag}{i}", pod, res["ips"][0]["address"].split("/")[0]))
     ping(pods[0][1], pods[1][2])
     ping(pods[1][1], pods[0][2])
@@ -250,7 +190,7 @@ def test_records_of_an_earlier_boot_are_given_back_when_the_daemon_starts(node: 
     again = _pair(node, "after")
     for container, pod, _ in again:
         conf = node.conf("host-local" if container.endswith("0") else "sriov-ipam", 100, "02:4e:a1:00:00:09")
-        node.call("DEL", conf, container, pod)
+        node.add_or_del("DEL", conf, container, pod)
     assert node.records() == []
 
 
@@ -260,21 +200,22 @@ def test_a_del_killed_before_the_address_was_released_is_finished_once_the_pod_i
     vf_names = sriov.enable(node.pf, 1)
     before, netdev_before = vfinfo(node.pf, 0), view(host_link(vf_names[0]))
     node.start()
-    assert node.daemon is not None
-    pod = node.pod()
+    daemon = node.daemon
+    assert daemon is not None
+    pod = node.pod("heal")
     conf = node.conf("sriov-ipam", 100, "02:4e:a1:00:00:07")
-    node.call("ADD", conf, "killed", pod)
+    node.add_or_del("ADD", conf, "killed", pod)
     store = node.work / "ipam" / "heal-sriov-ipam"
     lock = os.open(store / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         # sriov-ipam's lock held: the DEL gives the VF back, then waits for its address.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        deleting = node.start_call("DEL", conf, "killed", pod)
+        deleting = node.start_call("DEL", conf, "killed", pod, node.args("killed"))
         wait_until(lambda: view(host_link(vf_names[0])) == netdev_before, BOUND, "the DEL to give the VF back")
         # The runtime's call killed (as the runtime is): the daemon ends the call it ran.
         deleting.kill()
         deleting.communicate()
-        wait_until(lambda: not node.daemon_calls(), BOUND, "the daemon to end the killed call")
+        wait_until(lambda: not daemon.children(), BOUND, "the daemon to end the killed call")
     finally:
         os.close(lock)
     assert node.records() == ["killed"]

@@ -18,13 +18,10 @@ exporter's series (see ``reports_vf_counters``).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,9 +29,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sriov_cni.daemon import install
-from tests.support.daemonlib import Daemon
-from tests.vm.plugincalls import CNI_PATH, ns_path, ping
+from tests.vm.plugincalls import ping
+from tests.vm.shimnode import ShimNode
 from tests.vm.vmlib import Sriov, ip_json
 
 pytestmark = pytest.mark.sriov_vm
@@ -74,26 +70,15 @@ SENDER = textwrap.dedent(
 )
 
 
-class Node:
+class Node(ShimNode):
+    """The shim and the daemon over the test's store, on one PF, with one network (host-local)."""
+
     def __init__(self, work: Path, pf: str) -> None:
-        self.work, self.pf = work, pf
-        self.state = work / "state"
-        self.bin = work / "bin"
-        self.bin.mkdir()
-        (self.bin / "sriov").symlink_to(install.SHIM)
-        self.daemon = Daemon(
-            work / "run", "--data-dir", str(self.state), "--metrics-address", "127.0.0.1:0", "--no-nri"
-        )
-        self.url = self.daemon.banner.split("metrics on ")[1].strip()
-        self.namespaces: list[str] = []
+        super().__init__(work)
+        self.pf = pf
+        self.start()
 
-    def pod(self) -> str:
-        name = f"cnt-{uuid.uuid4().hex[:8]}"
-        subprocess.run(["ip", "netns", "add", name], check=True)
-        self.namespaces.append(name)
-        return name
-
-    def call(self, command: str, pod_name: str, netns: str) -> dict[str, Any]:
+    def call_pod(self, command: str, pod_name: str, netns: str) -> dict[str, Any]:
         conf = {
             "cniVersion": "1.0.0",
             "name": "counters",
@@ -102,25 +87,12 @@ class Node:
             "dataDir": str(self.state),
             "ipam": {"type": "host-local", "dataDir": str(self.work / "ipam"), "ranges": [[SUBNET]]},
         }
-        env = {
-            "CNI_COMMAND": command,
-            "CNI_CONTAINERID": f"ctr-{pod_name}",
-            "CNI_NETNS": ns_path(netns),
-            "CNI_IFNAME": "net1",
-            "CNI_PATH": CNI_PATH,
-            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=traffic;K8S_POD_NAME={pod_name};K8S_POD_UID=u-{pod_name}",
-            "SRIOV_CNI_SOCKET": str(self.daemon.socket),
-        }
-        proc = subprocess.run(
-            [str(self.bin / "sriov")], input=json.dumps(conf).encode(), env=env, capture_output=True, timeout=300
-        )
-        assert proc.returncode == 0, (command, pod_name, proc.stdout, proc.stderr)
-        return json.loads(proc.stdout) if proc.stdout.strip() else {}
+        args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=traffic;K8S_POD_NAME={pod_name};K8S_POD_UID=u-{pod_name}"
+        return self.call(command, conf, f"ctr-{pod_name}", netns, args)
 
-    def scrape(self) -> tuple[str, dict[str, dict[str, float]], dict[str, dict[str, str]]]:
+    def pod_series(self) -> tuple[str, dict[str, dict[str, float]], dict[str, dict[str, str]]]:
         """The exposition, each pod's VF series by name, and each pod's labels."""
-        with urllib.request.urlopen(self.url, timeout=30) as answer:
-            text = answer.read().decode()
+        text = self.scrape()
         series: dict[str, dict[str, float]] = {}
         labels: dict[str, dict[str, str]] = {}
         for family in text_string_to_metric_families(text):
@@ -129,11 +101,6 @@ class Node:
                     series.setdefault(s.labels["pod"], {})[s.name] = s.value
                     labels[s.labels["pod"]] = dict(s.labels)
         return text, series, labels
-
-    def close(self) -> None:
-        self.daemon.stop()
-        for name in self.namespaces:
-            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 
 @pytest.fixture
@@ -185,12 +152,14 @@ def send(sender: str, receiver: str, address: str, volume: int) -> int:
 def test_two_talking_pods_counters_rise_an_idle_pods_stay_flat_and_a_deleted_pods_go(
     node: Node, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pods = {name: node.pod() for name in ("talker", "listener", "idle")}
-    addresses = {name: node.call("ADD", name, netns)["ips"][0]["address"].split("/")[0] for name, netns in pods.items()}
+    pods = {name: node.pod("cnt") for name in ("talker", "listener", "idle")}
+    addresses = {
+        name: node.call_pod("ADD", name, netns)["ips"][0]["address"].split("/")[0] for name, netns in pods.items()
+    }
     ping(pods["talker"], addresses["listener"])
     ping(pods["listener"], addresses["talker"])
     time.sleep(2)  # let the links' first announcements pass before the baseline
-    _, before, labels = node.scrape()
+    _, before, labels = node.pod_series()
     assert set(before) == set(pods), before
     netdevs_before = {name: netdev_bytes(netns) for name, netns in pods.items()}
     pf_before = pf_vf_stats(node.pf)
@@ -199,7 +168,7 @@ def test_two_talking_pods_counters_rise_an_idle_pods_stay_flat_and_a_deleted_pod
     assert received == VOLUME
     ping(pods["talker"], addresses["listener"])
 
-    text, after, labels = node.scrape()
+    text, after, labels = node.pod_series()
     pf_after = pf_vf_stats(node.pf)
     netdevs_after = {name: netdev_bytes(netns) for name, netns in pods.items()}
     # The traffic happened, as the pods' own netdevs count it.
@@ -228,8 +197,8 @@ def test_two_talking_pods_counters_rise_an_idle_pods_stay_flat_and_a_deleted_pod
         assert labels[pod]["pf"] == node.pf and labels[pod]["network"] == "counters"
     lines = [line for line in text.splitlines() if 'pod="talker"' in line]
 
-    node.call("DEL", "idle", pods["idle"])
-    _, gone, _ = node.scrape()
+    node.call_pod("DEL", "idle", pods["idle"])
+    _, gone, _ = node.pod_series()
     assert set(gone) == {"talker", "listener"}
 
     with capsys.disabled():
