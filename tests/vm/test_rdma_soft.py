@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sriov_cni.plugin.rdma import soft_name
+from tests.support.daemonlib import Daemon
 from tests.vm.plugincalls import cni, ns_path, records
 from tests.vm.rdmalib import exclusive_pods, rdma_ucm
 from tests.vm.vmlib import Sriov, vf_pci_dirs
@@ -219,7 +222,27 @@ def rdma_devs_in(pod: str) -> list[str]:
     return [str(d["ifname"]) for d in json.loads(out.stdout or "[]")]
 
 
+def exported_packets(url: str) -> dict[tuple[str, str], float]:
+    """Each pod's rxe packet counters as the daemon's exporter serves them: (pod, counter) to value."""
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        text = answer.read().decode()
+    return {
+        (s.labels["pod"], s.labels["counter"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "sriov_cni_pod_rdma_port_counter" and s.labels["counter"] in ("sent_pkts", "rcvd_pkts")
+    }
+
+
 def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path, *, exclusive: bool) -> None:
+    with Daemon(tmp_path / "run", "--data-dir", str(tmp_path), "--metrics-address", "127.0.0.1:0", "--no-nri") as d:
+        _traffic_served(igb_pfs, sriov, netns, tmp_path, d.banner.split("metrics on ")[1].strip(), exclusive=exclusive)
+
+
+def _traffic_served(
+    igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_path: Path, url: str, *, exclusive: bool
+) -> None:
+    """The traffic, with the daemon's exporter over the pods' store at ``url``."""
     pf = igb_pfs[0]
     sriov.enable(pf, 2)
     vf_pcis = [d.name for d in vf_pci_dirs(pf)]
@@ -259,6 +282,7 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
     assert gids == oracle
     print(f"devices {devices}, addresses {addresses}, RoCE v2 GID indexes told {gids}")
 
+    exported_before = exported_packets(url)
     # ibv_rc_pingpong sleeps on completion events (-e) rather than polling:
     # rxe does its work in the guest kernel, on the vCPUs the tools run on,
     # and a guest's vCPUs take turns on one host thread, so two polling
@@ -291,6 +315,15 @@ def _traffic(igb_pfs: list[str], sriov: Sriov, netns: Callable[[], str], tmp_pat
         assert "100 iters" in cli_out and "100 iters" in srv_out
         if not exclusive:
             _rdma_cm(order, counters, devices[a], devices[b], addresses[a])
+    # Each pod's device counters, as the exporter reads them (inside the pod
+    # in exclusive mode; the pod label is the container's, CNI_ARGS naming
+    # none): each pod wrote 200 messages and received 200, and sent and
+    # received 100 ping-pong messages each way, one packet each at least.
+    exported = exported_packets(url)
+    print(f"exported rxe packet counters before {exported_before}, after {exported}")
+    for pod in ("rdma0", "rdma1"):
+        for counter in ("sent_pkts", "rcvd_pkts"):
+            assert exported[(pod, counter)] - exported_before[(pod, counter)] >= 200 + 2 * 100, (pod, counter)
 
     for i, pod in enumerate(pods):
         rc, res = cni("DEL", confs[i], container=f"rdma{i}", netns=ns_path(pod))
