@@ -1,29 +1,34 @@
 #!/usr/bin/env python3
-"""Seconds from a pod's ADD returning to traffic both ways, on freshly created and on reused VFs.
+"""Pod readiness: seconds from a pair's first ADD to traffic both ways, on freshly created and on reused VFs.
 
 Each round starts from 0 VFs on the first igb PF of the rig's guest (or
 ``--pf``) and creates 4.  Fresh: four pods get VFs 0-3, two by two; for
-each pair, the clock starts when the pair's second ADD returns and stops
-when each pod has had a reply from the other (``ping -c 1 -W 1``, tried
-again until then, at most ``--bound`` seconds).  Reused: the four pods are
-deleted (CNI DEL) and four new ones get the same VFs, timed the same way.
-The figures are the median and maximum over all pairs of all rounds, with
-the median and maximum duration of the ADD calls themselves (a wait inside
-ADD shows there, not in the attach time).
+each pair, the clock starts when the pair's first ADD is called (a
+runtime calls a pod's networks one after another) and stops when each pod
+has had a reply from the other (``ping -c 1 -W 1``, tried again until
+then, at most ``--bound`` seconds).  Reused: the four pods are deleted
+(CNI DEL) and four new ones get the same VFs, timed the same way.  The
+figures are the median and maximum over all pairs of all rounds, with the
+median and maximum duration of the ADD calls themselves (a wait inside
+ADD shows in both), and each peer's readiness over host-device's.
 
 Compared in the same guest boot, interleaved round by round:
 
-* ``sriov``: this checkout; the VFs are created by its ``sriov-cni setup``;
-* ``sriov@REV`` (``--baseline REV``): a git revision of this repository,
-  extracted to a temporary directory, its VFs created by its own setup;
+* ``sriov``: this checkout through its daemon (``sriov-cni daemon``), as
+  on a node, on VFs its ``sriov-cni setup`` created;
+* ``sriov numvfs``: the same on VFs created by a plain ``sriov_numvfs``
+  write, as other tools create them;
+* ``sriov in-process`` (``--in-process``): this checkout's ``sriov``
+  executable without a daemon, as podman users run it, on setup's VFs;
+* ``sriov@REV numvfs`` (``--baseline REV``): a git revision of this
+  repository, extracted to a temporary directory, through its own daemon
+  on VFs created by a plain ``sriov_numvfs`` write;
 * ``host-device``: the Go reference plugin (``/usr/lib/cni/host-device``,
   static IPAM), its VFs created by a plain ``sriov_numvfs`` write with the
   PF up, as a node without sriov-cni would.
 
-``sriov`` runs through each checkout's own daemon (``sriov-cni daemon``),
-as on a node and in deploy/demo-node.sh: an ADD then takes about as long
-as host-device's, so a pod comes as soon after its VF was created as it
-does there.  Pods have no ``mac`` (as in the demo).  Attaches slower than
+The first ADD of a round comes ``--settle`` seconds after the VFs were
+created.  Pods have no ``mac`` (as in the demo).  Attaches slower than
 ``--report-above`` seconds print the guest's igb/igbvf kernel log lines
 since the round began.  Needs root; prints figures, asserts nothing::
 
@@ -56,7 +61,11 @@ class Peer:
     name: str
     code: Path | None  # a checkout of sriov-cni; None: host-device
     subnet: int
-    socket: Path | None = None  # the checkout's daemon
+    # Who creates the VFs for it: the checkout's setup, or a plain sriov_numvfs write.
+    created_by: str = "setup"
+    # Whether its calls go to the checkout's daemon, or run in process.
+    daemon: bool = True
+    socket: Path | None = None  # the checkout's daemon, or where none listens
     attach: dict[str, list[float]] = field(default_factory=lambda: {"fresh": [], "reused": []})
     add: dict[str, list[float]] = field(default_factory=lambda: {"fresh": [], "reused": []})
 
@@ -101,12 +110,13 @@ def remove_vfs(pf: str) -> None:
 
 def create_vfs(peer: Peer, pf: str, work: Path) -> None:
     remove_vfs(pf)
-    if peer.code is None:
+    if peer.created_by == "numvfs":
         sh("ip", "link", "set", pf, "up")
         wait(f"carrier on {pf}", lambda: carrier(pf))
         (SYS_NET / pf / "device" / "sriov_numvfs").write_text(str(VFS))
         wait("VF netdevs", lambda: all((SYS_NET / pf / "device" / f"virtfn{i}" / "net").is_dir() for i in range(VFS)))
         return
+    assert peer.code is not None
     config = work / "node.yaml"
     config.write_text(f"pfs:\n  - pf: {pf}\n    numVfs: {VFS}\n")
     sh(
@@ -196,16 +206,20 @@ def phase(peer: Peer, kind: str, pf: str, work: Path, tag: str, args: argparse.N
         for vf in (first, first + 1):
             pod = f"{tag}-{vf}"
             sh("ip", "netns", "add", pod)
+        first_add = time.monotonic()
+        for vf in (first, first + 1):
+            pod = f"{tag}-{vf}"
             started = time.monotonic()
             result = cni(peer, "ADD", pod, conf(peer, pf, vf, work))
             peer.add[kind].append(time.monotonic() - started)
             pair.append(pod)
             addresses.append(address(result))
         seconds = traffic(pair, addresses, args.bound)
-        peer.attach[kind].append(args.bound if seconds is None else seconds)
-        shown = f"none within {args.bound:g} s" if seconds is None else f"{seconds:.1f} s"
+        ready = None if seconds is None else time.monotonic() - first_add
+        peer.attach[kind].append(args.bound if ready is None else ready)
+        shown = f"none within {args.bound:g} s" if ready is None else f"{ready:.1f} s after the first ADD"
         adds = ", ".join(f"{t:.1f}" for t in peer.add[kind][-2:])
-        print(f"  {peer.name} {kind} {pair}: ADDs {adds} s; traffic both ways after {shown}", flush=True)
+        print(f"  {peer.name} {kind} {pair}: ADDs {adds} s; traffic both ways {shown}", flush=True)
         if seconds is None or seconds > args.report_above:
             print(f"    carrier now {[carrier('net1', pod) for pod in pair]}; igb/igbvf kernel log of the round:")
             for line in kernel_log(log_from):
@@ -241,6 +255,9 @@ def round_(peer: Peer, pf: str, n: int, args: argparse.Namespace) -> None:
             # name that does not depend on the order the kernel probed them.
             for vf in range(VFS):
                 sh("ip", "link", "set", vf_netdev(pf, vf), "name", f"bench{vf}")
+        # Before the first pod: a device plugin or an operator advertises new
+        # VFs seconds after they appear.
+        time.sleep(args.settle)
         tag = f"r{n}{peer.subnet}"
         pods = phase(peer, "fresh", pf, work, f"{tag}f", args, log_from)
         delete(peer, pods, pf, work)
@@ -249,10 +266,12 @@ def round_(peer: Peer, pf: str, n: int, args: argparse.Namespace) -> None:
         remove_vfs(pf)
 
 
-def start_daemon(peer: Peer, run: Path) -> subprocess.Popen[bytes]:
+def start_daemon(peer: Peer, run: Path) -> subprocess.Popen[bytes] | None:
     assert peer.code is not None
     run.mkdir(parents=True, exist_ok=True)
     peer.socket = run / f"{peer.subnet}" / "plugin.sock"
+    if not peer.daemon:
+        return None  # nothing listens there: the executable runs the call in process
     cmd = [sys.executable, str(peer.code / "bin" / "sriov-cni"), "daemon", "--socket", str(peer.socket)]
     log = (run / f"daemon-{peer.subnet}.log").open("wb")
     daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -274,22 +293,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", help="a git revision of this repository to measure too")
     parser.add_argument("--no-peer", action="store_true", help="leave host-device out")
+    parser.add_argument("--in-process", action="store_true", help="measure the executable without a daemon too")
+    parser.add_argument("--settle", type=float, default=4.0, help="seconds from creating the VFs to the first ADD")
     parser.add_argument("--bound", type=float, default=90.0, help="seconds to wait for traffic before giving up")
     parser.add_argument("--report-above", type=float, default=5.0, help="print the kernel log for slower attaches")
     args = parser.parse_args()
     pf = args.pf or igb_pf()
     with tempfile.TemporaryDirectory(prefix="bench-attach-code-") as tmp:
-        peers = [Peer("sriov", ROOT, 1)]
+        peers = [Peer("sriov", ROOT, 1), Peer("sriov numvfs", ROOT, 4, created_by="numvfs")]
+        if args.in_process:
+            peers.append(Peer("sriov in-process", ROOT, 5, daemon=False))
         if args.baseline:
             code = Path(tmp) / "baseline"
             code.mkdir()
             git = ["git", "-c", "safe.directory=*", "-C", str(ROOT), "archive", args.baseline]
             archive = subprocess.run(git, capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(code)], input=archive, check=True)
-            peers.append(Peer(f"sriov@{args.baseline}", code, 2))
+            # On VFs created by a plain sriov_numvfs write: what a revision
+            # does without its setup's first open shows there.
+            peers.append(Peer(f"sriov@{args.baseline} numvfs", code, 2, created_by="numvfs"))
         if not args.no_peer:
-            peers.append(Peer("host-device", None, 3))
-        daemons = [start_daemon(peer, Path(tmp) / "run") for peer in peers if peer.code is not None]
+            peers.append(Peer("host-device", None, 3, created_by="numvfs"))
+        started = [start_daemon(peer, Path(tmp) / "run") for peer in peers if peer.code is not None]
+        daemons = [daemon for daemon in started if daemon is not None]
         try:
             for n in range(args.rounds):
                 for peer in peers:
@@ -299,10 +325,16 @@ def main() -> None:
             for daemon in daemons:
                 daemon.terminate()
                 daemon.wait()
-    print(f"\nseconds from the pair's second ADD returning to a ping both ways ({args.rounds} rounds, {VFS} VFs)")
+    print(f"\nseconds from the pair's first ADD to a ping both ways ({args.rounds} rounds, {VFS} VFs)")
+    peer_ready = {kind: statistics.median(peers[-1].attach[kind]) for kind in ("fresh", "reused")}
     for peer in peers:
         for kind in ("fresh", "reused"):
-            print(f"{peer.name:>16} {kind:>6}: attach {figures(peer.attach[kind])};  ADD {figures(peer.add[kind])}")
+            ratio = (
+                "" if args.no_peer else f"  {statistics.median(peer.attach[kind]) / peer_ready[kind]:.2f}x host-device"
+            )
+            print(
+                f"{peer.name:>18} {kind:>6}: ready {figures(peer.attach[kind])};  ADD {figures(peer.add[kind])}{ratio}"
+            )
 
 
 if __name__ == "__main__":
