@@ -30,7 +30,7 @@ from __future__ import annotations
 import _socket
 import _struct
 
-# The request's length field; the shim's MAX_REQUEST.
+# The request's length field, before the body.
 HEADER = "!I"
 HEADER_SIZE = 4
 # The caller's stdin, stdout and stderr, in that order.

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from sriov_cni import nodestate
 from sriov_cni.kernel import cpulist, irqs, netlink, nlerrors, queues, sysfs
+from sriov_cni.kernel.vfsettings import ZERO_MAC
 from sriov_cni.node import cpus, firstopen, irqbalance, rdmamode, vfs
 from sriov_cni.node.config import NodeConfig, PfSpec, TuningSpec
 from sriov_cni.nodestate import Policy, TuningError
@@ -304,9 +305,6 @@ def _first_open_step(paths: Paths, target: str, spec: PfSpec, pf: sysfs.PF, link
         return f"{opened} VFs"
 
     return Step(target, "new VFs opened and closed once", run)
-
-
-ZERO_MAC = "00:00:00:00:00:00"
 
 
 def admin_mac(pf_mac: str, index: int) -> str:

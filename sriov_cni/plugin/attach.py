@@ -79,6 +79,7 @@ from typing import Any
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.kernel import ethtool, netlink, sysfs
 from sriov_cni.kernel.netlink import LinkInfo, Namespace, VfControl
+from sriov_cni.kernel.vfsettings import ZERO_MAC
 from sriov_cni.vfstore import Allocation, OriginalState
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,6 @@ HOME_WAIT = 10.0
 HOME_POLL = 0.05
 # The name a VF comes home under when another device took its own meanwhile.
 HOME_NAME_TEMPLATE = "sriovvf%d"
-ZERO_MAC = "00:00:00:00:00:00"
 
 
 def snapshot(vfc: VfControl, host: Namespace, alloc: Allocation, vf: sysfs.VfDevice) -> OriginalState:

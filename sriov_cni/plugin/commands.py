@@ -1,9 +1,16 @@
-"""The ``sriov`` CNI plugin: ADD, DEL, CHECK, GC and STATUS.
+"""The ``sriov`` CNI plugin: ADD, DEL, CHECK, GC and STATUS; and the give-back of a dead pod's VF.
 
-Data flows stdin → :mod:`config` → :mod:`allocate` → :mod:`attach` → result.
-:func:`run` is the injectable entry (environment, stdin, stdout and the
-device/store dependencies as arguments); :func:`main` wires it to the
-process.
+ADD: stdin → :mod:`config` → :mod:`allocate` (a VF claimed and recorded)
+→ the record of what is about to change → PF-side settings → the RDMA
+device (:mod:`rdma`) → the netdev into the pod and its tuning
+(:mod:`attach`, :mod:`tuning`) → IPAM's addresses and routes → the
+device-info file → the VF's carrier (:mod:`carrier`) → result.  A VF that
+does not come up is rolled back and set aside (:mod:`aside`), and the
+next one tried.  DEL, GC, a rollback, ADD's reclaim of a stale VF and the
+daemon's healing (:func:`give_back_dead`) share one give-back sequence
+(:func:`_give_back`).  :func:`run` is the injectable entry (environment,
+stdin, stdout and the device/store dependencies as arguments);
+:func:`main` wires it to the process.
 """
 
 from __future__ import annotations
@@ -425,7 +432,7 @@ def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
     """A VF on a DPDK driver has no netdev: the pod gets its PCI address."""
     assert alloc.original is not None
     admin = alloc.original.pf.mac
-    mac = conf.pf_settings.mac or (admin if admin and admin != attach.ZERO_MAC else "")
+    mac = conf.pf_settings.mac or (admin if admin and admin != vfsettings.ZERO_MAC else "")
     return Interface(name=alloc.ifname, mac=mac, sandbox=alloc.netns, pci_id=alloc.vf_pci)
 
 
@@ -739,7 +746,7 @@ def _unreceived_mac(alloc: Allocation, reading: str | None, pod_link: netlink.Li
     """
     if not reading or reading == pod_link.mac:
         return []
-    if reading == attach.ZERO_MAC and (
+    if reading == vfsettings.ZERO_MAC and (
         not pod_link.carrier or sysfs.driver(sys_root, alloc.pf_pci) not in vfsettings.OWN_MAC_IN_READING
     ):
         return []
