@@ -130,3 +130,23 @@ def test_nad_config_parses(name: str, doc: dict[str, Any]) -> None:
     )
     # No notes: no key is ignored for another or read under another name.
     assert plugin_config.load(cmd).notes == ()
+
+
+def _node_config_pfs() -> dict[str, int]:
+    """The PFs the shipped node configs set up (the DaemonSet's ConfigMap, the example), and their VF counts."""
+    (cm,) = [d for _, d in RESOURCES if d["kind"] == "ConfigMap"]
+    texts = [*cm["data"].values(), (DEPLOY / "node-config.example.yaml").read_text()]
+    return {spec.pf: spec.num_vfs for text in texts for spec in node_config.parse(text).pfs}
+
+
+@pytest.mark.parametrize("name,doc", NADS, ids=[n for n, _ in NADS])
+def test_a_nads_pool_is_one_the_shipped_node_configs_create(name: str, doc: dict[str, Any]) -> None:
+    conf = json.loads(doc["spec"]["config"])
+    pfs = _node_config_pfs()
+    for entry in conf.get("pfNames", []):
+        pf, _, indexes = entry.partition("#")
+        assert pf in pfs, f"{name} allocates from {pf}, which no shipped node config sets up ({sorted(pfs)})"
+        last = max(int(part.split("-")[-1]) for part in indexes.split(",")) if indexes else 0
+        assert last < pfs[pf], f"{name}: {entry} names VF {last}, beyond the {pfs[pf]} VFs of {pf}"
+    # A network any number of pods may use fixes neither a MAC nor an address.
+    assert "mac" not in conf and conf.get("ipam", {}).get("type") != "static", name
