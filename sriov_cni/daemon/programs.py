@@ -29,9 +29,10 @@ Program = Callable[[Mapping[str, str], bytes, IO[str], IO[str], Host], int]
 
 
 def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], host: Host) -> int:
-    from sriov_cni.plugin import commands, log
+    from sriov_cni import log
+    from sriov_cni.plugin import commands
 
-    commands.configure_logging_from_env(env)
+    log.configure_from_env(commands.PROGRAM, env)
     try:
         return commands.run(env, stdin, stdout, stderr, commands.Deps(paths=host.paths, store=host.store))
     finally:
@@ -40,10 +41,15 @@ def _run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO
 
 
 def _run_ipam(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], host: Host) -> int:
+    from sriov_cni import log
     from sriov_cni.cni import dispatch
     from sriov_cni.ipam import main as ipam_main
 
-    return dispatch(ipam_main.HANDLERS, env, stdin, stdout, stderr, ipam_main.ABOUT)
+    log.configure_from_env(ipam_main.PROGRAM, env)
+    try:
+        return dispatch(ipam_main.HANDLERS, env, stdin, stdout, stderr, ipam_main.ABOUT)
+    finally:
+        log.close()
 
 
 PROGRAMS: dict[str, Program] = {"sriov": _run_sriov, "sriov-ipam": _run_ipam}

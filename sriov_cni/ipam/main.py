@@ -13,12 +13,15 @@ import os
 import sys
 from typing import Any
 
+from sriov_cni import log
 from sriov_cni.attachments import valid_attachments
 from sriov_cni.cni import CmdArgs, Handler, IPConfig, Result, dispatch, io_error, read_config
 
 from . import allocator, config
 from .store import DiskStore, Owner
 
+# The executable's name, in its log lines.
+PROGRAM = "sriov-ipam"
 ABOUT = "sriov-ipam: host-local-compatible IP address management for SR-IOV networks"
 
 
@@ -94,4 +97,5 @@ HANDLERS: dict[str, Handler] = {
 
 
 def main() -> None:
+    log.configure_from_env(PROGRAM, os.environ)
     sys.exit(dispatch(HANDLERS, os.environ, read_config(sys.stdin.buffer), sys.stdout, sys.stderr, ABOUT))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from sriov_cni import __version__, attachments, vfstate
+from sriov_cni import __version__, attachments, log, vfstate
 from sriov_cni.cni import (
     CmdArgs,
     CNIError,
@@ -45,11 +45,13 @@ from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
-from sriov_cni.plugin import allocate, aside, attach, carrier, config, delegate, deviceinfo, log, pool, rdma, tuning
+from sriov_cni.plugin import allocate, aside, attach, carrier, config, delegate, deviceinfo, pool, rdma, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease, NewLease
 from sriov_cni.vfstore import Allocation, FileStore, SetAside, Store
 
+# The executable's name, in its log lines.
+PROGRAM = "sriov"
 ABOUT = f"sriov CNI plugin {__version__}"
 
 logger = logging.getLogger(__name__)
@@ -219,7 +221,7 @@ def _release_address(alloc: Allocation, env: Mapping[str, str]) -> None:
 
 
 def _configure_log(conf: NetConf | config.Common, container_id: str, netns: str, ifname: str) -> None:
-    log.configure(conf.log_level, conf.log_file, container_id, netns, ifname)
+    log.configure(PROGRAM, conf.log_level, conf.log_file, container_id, netns, ifname)
     for level, msg in conf.notes:
         logger.log(level, "config: %s", msg)
 
@@ -829,11 +831,6 @@ def run(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], 
             close()
 
 
-def configure_logging_from_env(env: Mapping[str, str]) -> None:
-    """Logging until the config says otherwise (it names logLevel and logFile)."""
-    log.configure("info", None, env.get("CNI_CONTAINERID", "-"), env.get("CNI_NETNS", "-"), env.get("CNI_IFNAME", "-"))
-
-
 def main() -> None:
-    configure_logging_from_env(os.environ)
+    log.configure_from_env(PROGRAM, os.environ)
     sys.exit(run(os.environ, read_config(sys.stdin.buffer), sys.stdout, sys.stderr))

@@ -6,10 +6,12 @@ anywhere, and leave the node exactly as it was (``node.picture()``).
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
 import os
+import re
 import stat
 import threading
 from pathlib import Path
@@ -17,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from sriov_cni import log
 from sriov_cni.cni import Code
 from sriov_cni.kernel import netlink
-from sriov_cni.plugin import commands, log
+from sriov_cni.plugin import commands
 from tests.support.pluginlib import Node, Outcome, Ready, ipam_reservations, link, link_names, netdev_view, run_bin, sh
 
 
@@ -370,18 +373,32 @@ def test_odd_ipam_output_gets_its_code(ready: Ready, tmp_path: Path, output: str
 
 
 def test_log_context_with_percent_signs_is_data(capsys: pytest.CaptureFixture[str]) -> None:
-    log.configure("info", None, "c%s1", "/run/netns/%(x)s", "net%d")
+    log.configure("sriov", "info", None, "c%s1", "/run/netns/%(x)s", "net%d")
     logging.getLogger("sriov_cni").info("hello %s", "there")
     err = capsys.readouterr().err
     assert "Logging error" not in err
     assert "containerID=c%s1 netns=/run/netns/%(x)s ifname=net%d] hello there" in err
 
 
+@pytest.mark.parametrize("program", ["sriov", "sriov-ipam"])
+def test_both_executables_log_one_line_format_with_an_rfc3339_time(
+    program: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log.configure(program, "info", None, "c1", "/run/netns/p", "net1")
+    logging.getLogger("sriov_cni.ipam").warning("range full")
+    [line] = capsys.readouterr().err.splitlines()
+    stamp, rest = line.split(" ", 1)
+    when = datetime.datetime.fromisoformat(stamp)
+    assert when.tzinfo is not None and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d", stamp)
+    assert abs((datetime.datetime.now(datetime.UTC) - when).total_seconds()) < 3600
+    assert rest == f"WARNING {program} [containerID=c1 netns=/run/netns/p ifname=net1] range full"
+
+
 def test_reconfiguring_the_log_on_stderr_changes_its_context_and_level(capsys: pytest.CaptureFixture[str]) -> None:
     logger = logging.getLogger("sriov_cni")
-    log.configure("info", None, "first", "/run/netns/a", "net1")
+    log.configure("sriov", "info", None, "first", "/run/netns/a", "net1")
     logger.debug("not shown")
-    log.configure("debug", None, "second", "/run/netns/b", "net2")
+    log.configure("sriov", "debug", None, "second", "/run/netns/b", "net2")
     logger.debug("shown")
     assert len(logger.handlers) == 1
     err = capsys.readouterr().err
@@ -390,14 +407,14 @@ def test_reconfiguring_the_log_on_stderr_changes_its_context_and_level(capsys: p
 
 
 def test_failing_log_writes_print_one_line_not_tracebacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    log.configure("info", str(tmp_path / "sriov.log"), "c1", "/run/netns/p", "net1")
+    log.configure("sriov", "info", str(tmp_path / "sriov.log"), "c1", "/run/netns/p", "net1")
     logger = logging.getLogger("sriov_cni")
     [handler] = logger.handlers
     # Every later write fails, as on a full disk.
     os.close(handler.stream.fileno())  # type: ignore[attr-defined]
     for _ in range(3):
         logger.error("line")
-    log.configure("info", None, "-", "-", "-")
+    log.configure("sriov", "info", None, "-", "-", "-")
     err = capsys.readouterr().err
     assert err.count("cannot write to the log") == 1
     assert "Traceback" not in err and "Logging error" not in err
@@ -409,7 +426,7 @@ def test_non_utf8_netns_with_a_log_file_prints_no_traceback(
     node, _, before = ready
     log_file = tmp_path / "sriov.log"
     netns = b"/run/netns/\xff".decode("utf-8", "surrogateescape")
-    commands.configure_logging_from_env({"CNI_NETNS": netns, "CNI_IFNAME": "net1", "CNI_CONTAINERID": "c1"})
+    log.configure_from_env("sriov", {"CNI_NETNS": netns, "CNI_IFNAME": "net1", "CNI_CONTAINERID": "c1"})
     for command in ("ADD", "DEL"):
         res = node.cni(command, node.conf(logFile=str(log_file)), netns=netns)
         assert "Traceback" not in res.stdout + res.stderr

@@ -65,6 +65,7 @@ from typing import Any, Protocol
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from sriov_cni import log  # noqa: E402
 from sriov_cni.kernel import sysfs  # noqa: E402
 from sriov_cni.plugin import commands  # noqa: E402
 from sriov_cni.vfstore import FileStore  # noqa: E402
@@ -213,7 +214,7 @@ class ForkTransport:
                     os.close(fd)
                 sys.stdout = open(1, "w", closefd=False)
                 sys.stderr = open(2, "w", closefd=False)
-                commands.configure_logging_from_env(env)
+                log.configure_from_env(commands.PROGRAM, env)
                 status = commands.run(env, stdin, sys.stdout, sys.stderr, self.deps)
             except BaseException:
                 # Escaped the plugin's own handling: a product bug, and the

@@ -102,6 +102,15 @@ def bench_node(prefix: str, vfs: int, go_plugins: tuple[str, ...]) -> Iterator[B
         shutil.rmtree(work, ignore_errors=True)
 
 
+def configure_logging(env: Mapping[str, str]) -> None:
+    try:
+        from sriov_cni import log
+    except ImportError:  # a baseline revision kept it in the plugin, with its own entry
+        commands.configure_logging_from_env(env)  # type: ignore[attr-defined]
+        return
+    log.configure_from_env(commands.PROGRAM, env)
+
+
 def main() -> None:
     sys_root, socket_path, *pfs = sys.argv[1:]
     # The daemon's options, as "calls=N" and the like among the PFs.
@@ -124,7 +133,7 @@ def main() -> None:
         deps = commands.Deps(vf_control=lambda: fake, store=FileStore, paths=kwargs["paths"])
 
     def run_sriov(env: Mapping[str, str], stdin: bytes, stdout: IO[str], stderr: IO[str], *host: Any) -> int:
-        commands.configure_logging_from_env(env)
+        configure_logging(env)
         # The store the daemon opens for the call (its claims timed), where it passes one.
         store = getattr(host[0], "store", deps.store) if host else deps.store
         return commands.run(env, stdin, stdout, stderr, replace(deps, store=store))

@@ -1,9 +1,16 @@
-"""Logging for CNI invocations: stderr or ``logFile``, never stdout (stdout is the protocol's)."""
+"""Logging for CNI invocations of both executables: stderr or ``logFile``, never stdout (stdout is the protocol's).
+
+One line format for ``sriov`` and ``sriov-ipam``: an RFC 3339 time with
+the zone, the level, the executable and the call's context, so that a
+node's lines from both read and sort alike.
+"""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
+from collections.abc import Mapping
 from typing import IO
 
 from sriov_cni import safepath
@@ -23,7 +30,13 @@ _LEVELS = {
 
 # The invocation's context is a field filled in as data: put into the
 # pattern itself, CNI_IFNAME=net%d made every line a formatting error.
-_FORMAT = "%(asctime)s %(levelname)s sriov [%(cni_context)s] %(message)s"
+_FORMAT = "%(asctime)s %(levelname)s %(cni_program)s [%(cni_context)s] %(message)s"
+
+
+class _Formatter(logging.Formatter):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        # RFC 3339 with the local zone's offset: 2026-11-28T08:41:02.123+01:00.
+        return datetime.datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
 
 
 def _printable(value: str) -> str:
@@ -33,11 +46,13 @@ def _printable(value: str) -> str:
 
 
 class _Context(logging.Filter):
-    def __init__(self, context: str) -> None:
+    def __init__(self, program: str, context: str) -> None:
         super().__init__()
+        self.program = program
         self.context = context
 
     def filter(self, record: logging.LogRecord) -> bool:
+        record.cni_program = self.program
         record.cni_context = self.context
         return True
 
@@ -49,7 +64,7 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(stream)
         self._owned = owned
         self._failed = False
-        self.context = _Context("")
+        self.context = _Context("", "")
 
     def handleError(self, record: logging.LogRecord) -> None:
         # A full disk (or /dev/full) must not print a traceback per line
@@ -58,7 +73,7 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
             return
         self._failed = True
         try:
-            sys.stderr.write(f"sriov: cannot write to the log: {sys.exc_info()[1]}\n")
+            sys.stderr.write(f"{self.context.program}: cannot write to the log: {sys.exc_info()[1]}\n")
         except Exception:
             pass
 
@@ -71,36 +86,43 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
         super().close()
 
 
-def _handler(log_file: str | None) -> _Handler:
+def _handler(program: str, log_file: str | None) -> _Handler:
     if log_file:
         try:
             fd = safepath.open_log(log_file)
         except CNIError as exc:
             # A bad log path must not fail the network setup; say so on stderr.
-            sys.stderr.write(f"sriov: {_printable(str(exc))}; logging to stderr\n")
+            sys.stderr.write(f"{program}: {_printable(str(exc))}; logging to stderr\n")
         else:
             return _Handler(open(fd, "a", encoding="utf-8", errors="backslashreplace"), owned=True)
     return _Handler(sys.stderr, owned=False)
 
 
-def configure(level: str, log_file: str | None, container_id: str, netns: str, ifname: str) -> None:
-    """(Re)direct the plugin's log; every line names the container, netns and interface."""
+def configure(program: str, level: str, log_file: str | None, container_id: str, netns: str, ifname: str) -> None:
+    """(Re)direct the log of executable ``program``; every line names the container, netns and interface."""
     context = _printable(f"containerID={container_id} netns={netns} ifname={ifname}")
     current = _package.handlers[0] if len(_package.handlers) == 1 else None
     if not log_file and isinstance(current, _Handler) and current.stream is sys.stderr:
         # A call configures its log twice (from its environment, then from
         # its config); on stderr both times, the handler stays and only its
         # context changes.
-        current.context.context = context
+        current.context.program, current.context.context = program, context
     else:
-        handler = _handler(log_file)
-        handler.setFormatter(logging.Formatter(_FORMAT))
+        handler = _handler(program, log_file)
+        handler.setFormatter(_Formatter(_FORMAT))
         handler.addFilter(handler.context)
-        handler.context.context = context
+        handler.context.program, handler.context.context = program, context
         close()
         _package.addHandler(handler)
     _package.setLevel(_LEVELS.get(level, logging.INFO))
     _package.propagate = False
+
+
+def configure_from_env(program: str, env: Mapping[str, str]) -> None:
+    """Logging at info on stderr, until the config says otherwise (it names logLevel and logFile)."""
+    configure(
+        program, "info", None, env.get("CNI_CONTAINERID", "-"), env.get("CNI_NETNS", "-"), env.get("CNI_IFNAME", "-")
+    )
 
 
 def close() -> None:
