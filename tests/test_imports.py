@@ -31,8 +31,8 @@ NETLINK_SPEAKERS = {"kernel.links", "kernel.rtnl", "kernel.vfcontrol"}
 PRODUCTS = ("kernel", "plugin", "ipam", "node", "daemon")
 
 # The areas each area may import, besides its own modules.  "shared" is the
-# package top (cni, safepath, attachments, nodestate, vfstore, vfstate, the
-# version); "cli" is the sriov-cni command line.
+# package top (cni, safepath, attachments, nodestate, vfstore, vfstate, log,
+# paths, the version); "cli" is the sriov-cni command line.
 MAY_IMPORT = {
     "kernel": set(),
     "shared": {"kernel"},
