@@ -148,7 +148,7 @@ class Healer:
         for alloc in records:
             why = gone(alloc, self.deps.paths.proc)
             if why is not None and self._home(alloc, why):
-                failed = not self._give_back(alloc) or failed
+                failed = not self._give_back(alloc, why) or failed
         return failed
 
     def _home(self, alloc: Allocation, why: str) -> bool:
@@ -172,19 +172,19 @@ class Healer:
             )
         return False
 
-    def _give_back(self, alloc: Allocation) -> bool:
-        """Give back one VF; whether that did not fail."""
+    def _give_back(self, alloc: Allocation, why: str) -> bool:
+        """Give back one VF whose pod is gone (``why``); whether that did not fail."""
         started = time.monotonic()
         who = _who(alloc)
         try:
             done = give_back_dead(FileStore(self.data_dir), alloc, self.deps, self.env)
         except CNIError as exc:
             logger.error("VF %s of %s: giving it back failed: %s", alloc.vf_pci, who, exc)
-            self._report(alloc.giving_back or gone(alloc, self.deps.paths.proc) or "", FAILED)
+            self._report(why, FAILED)
             return False
         except Exception as exc:  # one VF's failure must not end the healing of the others
             logger.error("VF %s of %s: giving it back failed: %r", alloc.vf_pci, who, exc)
-            self._report(gone(alloc, self.deps.paths.proc) or "", FAILED)
+            self._report(why, FAILED)
             return False
         if done is None:
             return True  # another call holds it, or it changed meanwhile

@@ -509,7 +509,7 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
 
 
 def _free_vf(
-    vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps, released: Callable[[], None] = lambda: None
+    vfc: netlink.VfControl, store: Store, alloc: Allocation, deps: Deps, released: Callable[[], object] = lambda: None
 ) -> None:
     """DEL's and GC's give-back under the VF's claim (waited for ``deps.claim_wait``): the VF restored, its record gone.
 
@@ -598,17 +598,6 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
     # an IPAM DEL finishing after the answer would race the runtime's next
     # ADD for this container and release the address it got.
     ipam = delegate.IpamCall("DEL", cmd, common.ipam_type) if common.ipam_type else None
-    awaited = False
-
-    def await_ipam() -> None:
-        nonlocal awaited
-        if ipam is not None and not awaited:
-            awaited = True
-            try:
-                ipam.result()
-            except CNIError as exc:
-                errors.insert(0, exc)
-
     try:
         store = deps.store(common.data_dir)
         alloc = _find(store, cmd.container_id, cmd.ifname, str(cmd.conf["name"]))
@@ -616,11 +605,16 @@ def cmd_del(cmd: CmdArgs, deps: Deps) -> None:
             logger.info("no VF is allocated to this attachment; nothing to give back")
         else:
             try:
-                _free_vf(deps.vf_control(), store, alloc, deps, await_ipam)
+                # Waited for before the record goes; its outcome is read below.
+                _free_vf(deps.vf_control(), store, alloc, deps, ipam.succeeded if ipam is not None else lambda: None)
             except CNIError as exc:
                 errors.append(exc)
     finally:
-        await_ipam()
+        if ipam is not None:
+            try:
+                ipam.result()
+            except CNIError as exc:
+                errors.insert(0, exc)
     _raise_collected("DEL", errors)
 
 
