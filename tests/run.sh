@@ -35,7 +35,7 @@ started=$(date +%s)
 # The guest cannot build the DaemonSet's image: it is built here, and
 # tests/vm/test_kubernetes_igb.py imports this archive into the guest's
 # containerd.  Unchanged inputs make this a few seconds.
-bash deploy/build-image.sh --offline \
+bash deploy/image/build-image.sh --offline \
     --oci-archive "${SRIOV_CNI_VM_CACHE:-/var/cache/sriov-cni-vm}/sriov-cni-image.tar" || vm_status=$?
 # Only the directories holding guest tests (tests/conftest.py GUEST_DIRS).
 python3 tests/vm/rig.py --timeout 3600 -- python3 -m pytest -ra -v -m sriov_vm tests/vm tests/stress || vm_status=$?

@@ -32,7 +32,7 @@ apt_update_once() {
 # build the static CNI shim. time (GNU time) measures the peak memory of a CNI
 # executable's own process in tests/bench/bench_plugin.py. mmdebstrap
 # bootstraps the image's Debian base without a registry
-# (deploy/build-image.sh --offline); catatonit (static) is the whole of the
+# (deploy/image/build-image.sh --offline); catatonit (static) is the whole of the
 # CRI test's pause image (tests/vm/crilib.py). ethtool is the oracle of
 # the restore tests (what DEL puts back of a VF's offloads and channels). The RDMA tests' userspace,
 # which the guests on the newer kernels run (they see this machine's root):

@@ -58,7 +58,7 @@ from tests.support.hostnode import HostNode, bench_node  # noqa: E402
 from tests.support.memcg import MemoryCgroup  # noqa: E402
 
 VFS = 64
-# The daemon container's limit in deploy/daemonset.yaml.
+# The daemon container's limit in deploy/kubernetes/base/daemonset.yaml.
 DAEMONSET_LIMIT = "160Mi"
 MiB = 1 << 20
 # (name, all at once, in the limited cgroup)

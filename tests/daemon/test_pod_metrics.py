@@ -34,7 +34,7 @@ from sriov_cni.vfstore import Allocation, FileStore
 from tests.support.daemonlib import REPO
 from tests.support.metricsrig import PROMTOOL, RULES, Rig, Samples, key
 
-DASHBOARD = REPO / "deploy" / "grafana-pod-traffic.json"
+DASHBOARD = REPO / "deploy" / "monitoring" / "grafana-pod-traffic.json"
 
 
 # --- parsing the kernel's answer ------------------------------------------------

@@ -1,4 +1,4 @@
-"""The image of deploy/daemonset.yaml, built by deploy/build-image.sh and run
+"""The image of deploy/kubernetes/base/daemonset.yaml, built by deploy/image/build-image.sh and run
 with podman: the commands the DaemonSet runs exist, and its install step
 writes the static shim to the node directory it is given.
 
@@ -36,7 +36,7 @@ PODMAN_RUN = [
 @pytest.fixture(scope="module")
 def image() -> Iterator[str]:
     subprocess.run(
-        ["bash", str(REPO / "deploy" / "build-image.sh"), "--offline"], check=True, stdout=subprocess.DEVNULL
+        ["bash", str(REPO / "deploy" / "image" / "build-image.sh"), "--offline"], check=True, stdout=subprocess.DEVNULL
     )
     yield IMAGE
 

@@ -41,9 +41,9 @@ def claimed_versions() -> list[str]:
 
 
 def resources() -> list[tuple[str, dict[str, Any]]]:
-    """Every Kubernetes object in deploy/: YAML documents with a kind."""
+    """Every Kubernetes object in deploy/kubernetes/: YAML documents with a kind."""
     found = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
+    for path in sorted((DEPLOY / "kubernetes").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if isinstance(doc, dict) and "kind" in doc:
                 found.append((f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc))
@@ -74,7 +74,7 @@ def daemonset() -> dict[str, Any]:
 
 
 def test_images_are_fully_qualified_and_the_build_default() -> None:
-    # deploy/build-image.sh tags localhost/sriov-cni:VERSION; containerd would
+    # deploy/image/build-image.sh tags localhost/sriov-cni:VERSION; containerd would
     # read a short name as docker.io/library/sriov-cni and pull it.
     pod = daemonset()["spec"]["template"]["spec"]
     images = {c["image"] for c in pod["initContainers"] + pod["containers"]}
@@ -135,7 +135,7 @@ def test_nad_config_parses(name: str, doc: dict[str, Any]) -> None:
 def _node_config_pfs() -> dict[str, int]:
     """The PFs the shipped node configs set up (the DaemonSet's ConfigMap, the example), and their VF counts."""
     (cm,) = [d for _, d in RESOURCES if d["kind"] == "ConfigMap"]
-    texts = [*cm["data"].values(), (DEPLOY / "node-config.example.yaml").read_text()]
+    texts = [*cm["data"].values(), (DEPLOY / "systemd" / "node-config.example.yaml").read_text()]
     return {spec.pf: spec.num_vfs for text in texts for spec in node_config.parse(text).pfs}
 
 

@@ -81,7 +81,7 @@ def test_errors_name_the_field(text: str, message: str) -> None:
 
 
 def test_the_deployed_example_is_valid() -> None:
-    example = Path(__file__).resolve().parents[2] / "deploy" / "node-config.example.yaml"
+    example = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "node-config.example.yaml"
     config = load(example)
     assert [(p.pf, p.num_vfs, p.vf_driver) for p in config.pfs] == [
         ("ens1f0", 8, "kernel"),

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.daemonlib import REPO, SHIM, Daemon
 from tests.support.hostnode import HostNode
 
-RULES = REPO / "deploy" / "prometheus-rules.yaml"
+RULES = REPO / "deploy" / "monitoring" / "prometheus-rules.yaml"
 PROMTOOL = shutil.which("promtool")
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CONFLIST = REPO / "deploy" / "10-sriov.conflist"
-CONTAINERS_CONF = REPO / "deploy" / "containers.conf"
+CONFLIST = REPO / "deploy" / "podman" / "10-sriov.conflist"
+CONTAINERS_CONF = REPO / "deploy" / "podman" / "containers.conf"
 DISTRO_CNI_DIR = Path("/usr/lib/cni")
 # The chain's other plugins and the loopback plugin containerd adds to it.
 DISTRO_PLUGINS = ("tuning", "host-local", "loopback")
@@ -92,7 +92,7 @@ def cni_bin_dir(dest: Path) -> None:
 
 
 def render_conflist(pf: str, data_dir: Path, **overrides: Any) -> dict[str, Any]:
-    """deploy/10-sriov.conflist for this guest: its PF and a private store and IPAM directory."""
+    """deploy/podman/10-sriov.conflist for this guest: its PF and a private store and IPAM directory."""
     conf: dict[str, Any] = json.loads(CONFLIST.read_text())
     sriov, tuning = conf["plugins"]
     assert sriov["type"] == "sriov" and tuning["type"] == "tuning", conf
@@ -104,11 +104,11 @@ def render_conflist(pf: str, data_dir: Path, **overrides: Any) -> dict[str, Any]
 
 
 def render_containers_conf(bin_dir: Path, conf_dir: Path) -> str:
-    """deploy/containers.conf with the test's plugin and network directories."""
+    """deploy/podman/containers.conf with the test's plugin and network directories."""
     text = CONTAINERS_CONF.read_text()
     for key, value in (("cni_plugin_dirs", f'["{bin_dir}"]'), ("network_config_dir", f'"{conf_dir}"')):
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M)
-        assert n == 1, f"deploy/containers.conf has no single {key} line"
+        assert n == 1, f"deploy/podman/containers.conf has no single {key} line"
     return text
 
 

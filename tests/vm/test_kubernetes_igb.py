@@ -1,17 +1,17 @@
 """sriov as Kubernetes runs it, on igb: the DaemonSet's pod and the pods it
 serves, through containerd's CRI plugin, with the test playing kubelet.
 
-The DaemonSet's pod is realised from deploy/daemonset.yaml itself (crilib):
+The DaemonSet's pod is realised from deploy/kubernetes/base/daemonset.yaml itself (crilib):
 its install step writes the shim into the node's /opt/cni/bin, setup
 creates the VFs from the ConfigMap's node config, and the daemon serves the
-node's socket from the image deploy/build-image.sh built.  Pods then start
+node's socket from the image deploy/image/build-image.sh built.  Pods then start
 as kubelet starts them: RunPodSandbox makes containerd run the conflist in
 /etc/cni/net.d through libcni, which execs the shim, which forwards to the
 daemon in its pod.  Effects are read on the PF with ``ip -j`` and in the
 pods' namespaces through ``nsenter``, not through the runtime.
 
 Needs the image as an OCI archive where the guest sees it, made on the host:
-``deploy/build-image.sh --offline --oci-archive <rig cache>/sriov-cni-image.tar``.
+``deploy/image/build-image.sh --offline --oci-archive <rig cache>/sriov-cni-image.tar``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from tests.vm.vmlib import Sriov, numvfs, vf_pci_dirs, wait_until
 pytestmark = pytest.mark.sriov_vm
 
 REPO = Path(__file__).resolve().parents[2]
-DAEMONSET = REPO / "deploy" / "daemonset.yaml"
+DAEMONSET = REPO / "deploy" / "kubernetes" / "base" / "daemonset.yaml"
 ARCHIVE_NAME = "sriov-cni-image.tar"
 # The node paths the DaemonSet and containerd write, each a fresh directory
 # for this module so that nothing of it outlives the module in the guest.
@@ -73,7 +73,7 @@ NODE_DIRS = ("/opt/cni/bin", "/etc/cni/net.d", "/var/lib/cni", "/run/sriov-cni")
 # Where the conflist keeps the plugin's records and sriov-ipam's leases: the
 # node's /var/lib/cni, which the daemon's pod mounts.
 NODE_DATA = Path("/var/lib/cni")
-# deploy/10-sriov.conflist's network.
+# deploy/podman/10-sriov.conflist's network.
 NETWORK = "sriovnet"
 VFS = 2
 
@@ -88,7 +88,7 @@ def image_archive() -> Path:
     archive = cache_dir() / ARCHIVE_NAME
     if not archive.exists():
         pytest.fail(
-            f"no image archive at {archive}: on the host, run deploy/build-image.sh --offline --oci-archive {archive}"
+            f"no image archive at {archive}: on the host, run deploy/image/build-image.sh --offline --oci-archive {archive}"
         )
     return archive
 
@@ -216,7 +216,7 @@ def wait_serving(node: Node, pod: DaemonSetPod) -> None:
 
 
 def sriov_network(node: Node, pf: str) -> None:
-    """deploy/10-sriov.conflist on the node, for this guest's PF, loaded by containerd."""
+    """deploy/podman/10-sriov.conflist on the node, for this guest's PF, loaded by containerd."""
     (Path("/etc/cni/net.d") / "10-sriov.conflist").write_text(json.dumps(render_conflist(pf, NODE_DATA)))
     wait_until(lambda: node.cri.condition("NetworkReady"), CRI_TIMEOUT, "containerd to load the conflist")
 

@@ -172,7 +172,7 @@ def runtime(igb_pfs: list[str]) -> Iterator[Runtime]:
 
 
 def rdma_network(runtime: Runtime, pf: str, **keys: str) -> None:
-    """The node's network: deploy/10-sriov.conflist with ``"rdma": "soft"`` and ``keys``."""
+    """The node's network: deploy/podman/10-sriov.conflist with ``"rdma": "soft"`` and ``keys``."""
     conf = render_conflist(pf, NODE_DATA)
     conf["plugins"][0].update(rdma="soft", **keys)
     (Path("/etc/cni/net.d") / "10-sriov.conflist").write_text(json.dumps(conf))

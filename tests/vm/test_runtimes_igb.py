@@ -3,8 +3,8 @@
 Runtimes differ from our own harnesses: libcni chains plugins and caches
 results, passes capabilities as runtimeConfig (podman's ``--mac-address``
 and ``--ip``), names the interface eth0, and calls DEL on every teardown
-path.  Both runtimes use deploy/10-sriov.conflist (sriov, then tuning) and
-podman deploy/containers.conf, rendered only with this guest's PF and
+path.  Both runtimes use deploy/podman/10-sriov.conflist (sriov, then tuning) and
+podman deploy/podman/containers.conf, rendered only with this guest's PF and
 private directories.  Effects are read with ``ip -j`` on the PF and through
 ``nsenter`` in the containers' network namespaces, not through the runtime.
 """
@@ -51,7 +51,7 @@ from tests.vm.vmlib import Sriov, vf_pci_dirs, wait_until
 
 pytestmark = pytest.mark.sriov_vm
 
-SUBNET_PREFIX = "10.66.0."  # deploy/10-sriov.conflist's range
+SUBNET_PREFIX = "10.66.0."  # deploy/podman/10-sriov.conflist's range
 ARP_NOTIFY = "/proc/sys/net/ipv4/conf/eth0/arp_notify"  # the conflist's tuning sysctl
 
 
@@ -204,7 +204,7 @@ def removing_all(pm: Podman) -> Iterator[Podman]:
 
 @pytest.fixture
 def podman(podman_host: PodmanHost, sriov: Sriov) -> Iterator[Podman]:
-    """podman on deploy/10-sriov.conflist's network."""
+    """podman on deploy/podman/10-sriov.conflist's network."""
     yield from removing_all(podman_host.network(podman_host.conf))
 
 

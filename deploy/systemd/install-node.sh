@@ -6,19 +6,19 @@
 # sriov-cni-setup (VFs and tuning at boot) and sriov-cni-daemon (runs the
 # CNI calls the shim forwards). Needs gcc, libc6-dev and make (pip's build
 # of the package compiles the shim) and python3 >= 3.11 with venv.
-#   sudo deploy/install-node.sh [--no-start]
+#   sudo deploy/systemd/install-node.sh [--no-start]
 set -euo pipefail
 PREFIX=${PREFIX:-/opt/sriov-cni}
 CNI_BIN=${CNI_BIN:-/opt/cni/bin}
-src=$(cd "$(dirname "$0")/.." && pwd)
+src=$(cd "$(dirname "$0")/../.." && pwd)
 
 [ "$(id -u)" = 0 ] || { echo "install-node.sh: run as root" >&2; exit 1; }
 python3 -m venv "$PREFIX/venv"
 "$PREFIX/venv/bin/pip" install --quiet "$src"
 "$PREFIX/venv/bin/sriov-cni" install-cni --dest "$CNI_BIN" --create-dest
 install -d -m 0755 /etc/sriov-cni
-install -m 0644 "$src/deploy/node-config.example.yaml" /etc/sriov-cni/node.yaml.example
-install -m 0644 "$src/deploy/sriov-cni-setup.service" "$src/deploy/sriov-cni-daemon.service" /etc/systemd/system/
+install -m 0644 "$src/deploy/systemd/node-config.example.yaml" /etc/sriov-cni/node.yaml.example
+install -m 0644 "$src/deploy/systemd/sriov-cni-setup.service" "$src/deploy/systemd/sriov-cni-daemon.service" /etc/systemd/system/
 systemctl daemon-reload
 units=(sriov-cni-daemon.service)
 # Setup needs this node's own config: the example names PFs this node may

@@ -5,12 +5,12 @@
 # the pool shown, both pods deleted, two new pods on the same VFs pinging
 # each other too, and the VFs back as they were.
 #
-# Runs inside the QEMU guest (deploy/demo.sh) or on a node with a real
-# SR-IOV NIC:   sudo deploy/demo-node.sh [--pf ens1f0]
+# Runs inside the QEMU guest (deploy/demo/demo.sh) or on a node with a real
+# SR-IOV NIC:   sudo deploy/demo/demo-node.sh [--pf ens1f0]
 # On a real node it creates 2 VFs on that PF if it has none, and removes
 # them again at the end only if it created them.
 set -euo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)
 export PATH="$here/bin:$PATH"
 pf=""
 [ "${1:-}" = "--pf" ] && pf=${2:?--pf needs a PF name}

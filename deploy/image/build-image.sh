@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Build the image of deploy/daemonset.yaml from deploy/Containerfile with
+# Build the image of deploy/kubernetes/base/daemonset.yaml from deploy/image/Containerfile with
 # podman.
 #
-#   deploy/build-image.sh [--offline] [--oci-archive PATH] [IMAGE]
+#   deploy/image/build-image.sh [--offline] [--oci-archive PATH] [IMAGE]
 #
 # IMAGE defaults to the name the manifests use, localhost/sriov-cni:VERSION
 # (VERSION from sriov_cni/__init__.py). With a registry, build under its name and
-# push it, then set that name in deploy/daemonset.yaml:
+# push it, then set that name in deploy/kubernetes/base/daemonset.yaml:
 #
-#   deploy/build-image.sh registry.example.com/sriov-cni:0.1.0
+#   deploy/image/build-image.sh registry.example.com/sriov-cni:0.1.0
 #   podman push registry.example.com/sriov-cni:0.1.0
 #
 # --offline builds without a container registry and without TLS inside the
@@ -28,7 +28,7 @@
 # again only when SOURCES changes, the wheels only when pyproject.toml does.
 set -euo pipefail
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 offline=0
 archive=""
 while [ $# -gt 0 ]; do
@@ -48,7 +48,7 @@ cache=${XDG_CACHE_HOME:-$HOME/.cache}/sriov-cni-image
 
 log() { echo "build-image: $*" >&2; }
 
-build_opts=(--file "$repo/deploy/Containerfile" --tag "$image"
+build_opts=(--file "$repo/deploy/image/Containerfile" --tag "$image"
             # RUN steps use the builder's network: podman's default bridge
             # needs a CNI network setup that a build host may not have.
             --network host)
