@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.children import drop_caller_settings
+
 # The fixtures every directory may use: a fake sysfs tree, a node of veth "VFs".
 pytest_plugins = ("tests.support.treefixtures", "tests.support.nodefixtures", "tests.support.bpf")
 
@@ -43,6 +45,12 @@ RUN_HINT = (
 
 
 RDMA_HINT = "rdma_vm tests need a guest on a newer kernel: `python3 tests/vm/rig.py --kernel sid|experimental -- ...`"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test starts a child: the daemons, shims and plugins the
+    # tests run read these, and get them only from the tests.
+    drop_caller_settings(os.environ)
 
 
 def kernel_series(release: str) -> str:

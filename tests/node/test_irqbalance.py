@@ -24,15 +24,11 @@ from sriov_cni.node import config as node_config
 from sriov_cni.node import irqbalance
 from sriov_cni.node import setup as node_setup
 from sriov_cni.paths import Paths
+from tests.support.children import default_signals, ignored_signals
 from tests.support.fakes import FakeLinks
 from tests.support.nodetree import Tree
 
 TUNED = "pfs: [{pf: eth0, numVfs: 2, tuning: {}}, {pf: eth1, numVfs: 1}]"
-
-
-def _default_signals() -> None:
-    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 class Balancer:
@@ -53,9 +49,8 @@ class Balancer:
         exe.chmod(0o755)
         self.log = tmp / "irqbalance.log"
         # Its signals start at their defaults, whatever the test run's are:
-        # a shell cannot trap a signal ignored when it started, and a suite
-        # run under nohup has every child start with SIGHUP ignored.
-        self.proc = subprocess.Popen([str(exe), *args], start_new_session=True, preexec_fn=_default_signals)
+        # a shell cannot trap a signal ignored when it started.
+        self.proc = subprocess.Popen([str(exe), *args], start_new_session=True, preexec_fn=default_signals)
         self.pid = self.proc.pid
         os.symlink(f"/proc/{self.pid}", tree.proc / str(self.pid))
         ready = tmp / "irqbalance.ready"
@@ -161,6 +156,20 @@ def test_the_policy_script_bans_tuned_pfs_and_their_vfs_only(node: Tree, links: 
         done = ask(script(tmp_path), devpath, 31)
         assert (done.returncode, done.stdout, done.stderr) == (0, answer, ""), devpath
     assert irqbalance.banned_pfs(script(tmp_path)) == {"0000:01:00.0"}
+
+
+def test_the_stand_in_takes_sighup_when_the_suite_runs_under_nohup(balancers: Callable[..., Balancer]) -> None:
+    # Real kernel: this process ignores SIGHUP as nohup makes it, and the
+    # stand-in's dispositions are read from /proc.
+    caller = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert signal.SIGHUP in ignored_signals(os.getpid())
+        b = balancers("--foreground")
+    finally:
+        signal.signal(signal.SIGHUP, caller)
+    assert signal.SIGHUP not in ignored_signals(b.pid)
+    os.kill(b.pid, signal.SIGHUP)
+    assert len(b.settled()) == 1
 
 
 def test_ban_makes_the_irqbalance_using_the_script_rescan_once(
