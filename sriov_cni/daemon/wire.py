@@ -35,7 +35,8 @@ HEADER = "!I"
 HEADER_SIZE = 4
 # The caller's stdin, stdout and stderr, in that order.
 DESCRIPTORS = 3
-# The environment and working directory together, as the daemon accepts them.
+# The largest request body (version, program, working directory and
+# environment) the daemon accepts; the shim refuses a larger one itself.
 MAX_REQUEST = 1 << 20
 EXITED = ord("X")
 REFUSED = ord("R")

@@ -45,7 +45,7 @@ from sriov_cni.kernel import netlink, sysfs, vfsettings
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.vfsettings import PfSettings
 from sriov_cni.paths import Paths
-from sriov_cni.plugin import allocate, aside, attach, carrier, config, delegate, deviceinfo, pool, rdma, tuning
+from sriov_cni.plugin import allocate, aside, attach, carrier, config, delegate, infofile, pool, rdma, tuning
 from sriov_cni.plugin.config import NetConf
 from sriov_cni.plugin.lease import Lease, NewLease
 from sriov_cni.vfstore import Allocation, FileStore, SetAside, Store
@@ -394,7 +394,7 @@ def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: N
     if rdma_device is not None:
         logger.info("the pod's RDMA device: %s", rdma_device)
     ipam_result = _address(lease.alloc, index, add.ipam)
-    deviceinfo.publish(conf.device_info_file, lease, deps.paths.sys, ipam_result)
+    infofile.publish(conf.device_info_file, lease, deps.paths.sys, ipam_result)
     if index is not None:
         # Last: the VF's driver trains its link (seconds on a VF's first
         # open) while the addresses, routes and device-info are set.
@@ -490,7 +490,7 @@ def _give_back(vfc: netlink.VfControl, alloc: Allocation, deps: Deps) -> None:
         # Before the netdev leaves the pod (see plugin/rdma.py).
         lambda: rdma.give_back(alloc, deps.paths.sys),
         lambda: attach.restore(vfc, alloc, deps.mac_retry_delay, deps.paths.sys),
-        lambda: deviceinfo.withdraw(alloc),
+        lambda: infofile.withdraw(alloc),
     ]
     if not alloc.dpdk:
         # Before the move out of the pod: the move closes the VF, and igbvf

@@ -1,8 +1,8 @@
-"""ADD's and DEL's part in the pod's device information (see :mod:`sriov_cni.deviceinfo`).
+"""The pod's device-info file: ADD writes it, DEL removes what ADD created (the format: :mod:`sriov_cni.deviceinfo`).
 
-ADD writes the file last, once the VF is set up: a failure before it has
-nothing to undo here, and Multus reads the file only after a successful
-ADD.  A file that was there before ADD (the device plugin's or DRA
+ADD writes the file once the VF is in the pod with its addresses (only
+the wait for its carrier comes after): a failure before it has nothing to
+undo here, and Multus reads the file only after a successful ADD.  A file that was there before ADD (the device plugin's or DRA
 driver's, copied by Multus) is kept with the VF's facts added, and left
 for Multus to remove on DEL, as the spec has it; a file this plugin
 created is recorded before it is written, and DEL removes it, so a caller
