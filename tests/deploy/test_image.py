@@ -1,4 +1,4 @@
-"""The image of deploy/kubernetes/base/daemonset.yaml, built by deploy/image/build-image.sh and run
+"""The image of the DaemonSet (deploy/kubernetes/base), built by deploy/image/build-image.sh and run
 with podman: the commands the DaemonSet runs exist, and its install step
 writes the static shim to the node directory it is given.
 
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from sriov_cni import __version__
+
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = "localhost/sriov-cni:0.1.0"
+IMAGE = f"localhost/sriov-cni:{__version__}"
 # The same modest rlimits build-image.sh gives a build: a host that is itself
 # a container may not raise them to podman's defaults.
 PODMAN_RUN = [

@@ -1,5 +1,5 @@
 """kubelet's part, played by the test: containerd's CRI plugin driven over
-its socket, and a pod template of deploy/kubernetes/base/daemonset.yaml realised through it
+its socket, and a pod template of the DaemonSet of deploy/kubernetes/base realised through it
 as kubelet realises one.
 
 The CRI plugin is what kubelet talks to on a containerd node; through it,

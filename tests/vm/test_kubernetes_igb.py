@@ -1,7 +1,7 @@
 """sriov as Kubernetes runs it, on igb: the DaemonSet's pod and the pods it
 serves, through containerd's CRI plugin, with the test playing kubelet.
 
-The DaemonSet's pod is realised from deploy/kubernetes/base/daemonset.yaml itself (crilib):
+The DaemonSet's pod is realised from deploy/kubernetes/base as kustomize renders it (crilib):
 its install step writes the shim into the node's /opt/cni/bin, setup
 creates the VFs from the ConfigMap's node config, and the daemon serves the
 node's socket from the image deploy/image/build-image.sh built.  Pods then start
@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from sriov_cni.daemon.client import DEFAULT_SOCKET
+from tests.deploy.kube import render
 from tests.vm.crilib import (
     CRI_TIMEOUT,
     PAUSE_IMAGE,
@@ -65,7 +66,7 @@ from tests.vm.vmlib import Sriov, numvfs, vf_pci_dirs, wait_until
 pytestmark = pytest.mark.sriov_vm
 
 REPO = Path(__file__).resolve().parents[2]
-DAEMONSET = REPO / "deploy" / "kubernetes" / "base" / "daemonset.yaml"
+BASE = REPO / "deploy" / "kubernetes" / "base"
 ARCHIVE_NAME = "sriov-cni-image.tar"
 # The node paths the DaemonSet and containerd write, each a fresh directory
 # for this module so that nothing of it outlives the module in the guest.
@@ -79,7 +80,8 @@ VFS = 2
 
 
 def manifests() -> dict[str, dict[str, Any]]:
-    return {d["kind"]: d for d in yaml.safe_load_all(DAEMONSET.read_text())}
+    """The base's objects as `kubectl apply -k` sends them (the pinned kubectl of the host, seen through its root)."""
+    return {d["kind"]: d for d in render(BASE)}
 
 
 def image_archive() -> Path:
