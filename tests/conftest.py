@@ -15,7 +15,9 @@ sid|experimental``).  Outside a guest
 they fail like ``sriov_vm`` tests; in a guest on another kernel they are
 deselected (reported as such, never as passed), so one command line serves
 each kernel's boot.  Likewise ``broken_vfs`` tests run only in a guest whose
-VFs never come up (``SRIOV_CNI_VM_BROKEN_VFS=1``), and only they run there.
+VFs never come up (``SRIOV_CNI_VM_BROKEN_VFS=1``), and only they run there;
+and ``wire_vm`` tests only in a guest whose PFs share a wire (``rig.py
+--wire``, which sets ``SRIOV_CNI_VM_WIRE``), and only they run there.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ pytest_plugins = ("tests.support.treefixtures", "tests.support.nodefixtures", "t
 VM_ENV = "SRIOV_CNI_VM"
 # Set for a guest run with rig.py --allow-broken-vfs (the rig passes SRIOV_CNI_* on).
 BROKEN_VFS_ENV = "SRIOV_CNI_VM_BROKEN_VFS"
+# Set by rig.py --wire in its guest (rig.WIRE_ENV).
+WIRE_ENV = "SRIOV_CNI_VM_WIRE"
 
 # tests/run.sh passes these to the guest's pytest.
 GUEST_DIRS = ("tests/vm", "tests/stress")
@@ -88,13 +92,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     if os.environ.get(VM_ENV) == "1":
         series = kernel_series(platform.release())
-        # A guest whose VFs never come up runs the broken_vfs tests alone;
-        # any other guest runs all but them.
+        # A guest whose VFs never come up runs the broken_vfs tests alone,
+        # and a guest with a wire the wire_vm tests alone; any other guest
+        # runs all but them.
         broken = os.environ.get(BROKEN_VFS_ENV) == "1"
+        wire = bool(os.environ.get(WIRE_ENV))
         other = [
             item
             for item in items
-            if _rdma_series(item) not in (None, series) or (item.get_closest_marker("broken_vfs") is not None) != broken
+            if _rdma_series(item) not in (None, series)
+            or (item.get_closest_marker("broken_vfs") is not None) != broken
+            or (item.get_closest_marker("wire_vm") is not None) != wire
         ]
         if other:
             config.hook.pytest_deselected(items=other)

@@ -12,7 +12,13 @@ interpreter first on PATH and ``SRIOV_CNI_VM=1`` set.  Each PF is a QEMU
 Usage::
 
     python3 tests/vm/rig.py [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB]
-                            [--allow-broken-vfs] -- COMMAND ...
+                            [--allow-broken-vfs] [--wire] -- COMMAND ...
+
+Each PF's port is its own isolated QEMU user-mode network, so traffic between
+VFs turns around in the PF's own switch.  With ``--wire`` the PFs' ports are
+instead joined by one QEMU hub, an Ethernet segment between them, and every
+frame on it is recorded in a pcap file on the results share: the guest reads
+it at the path ``$SRIOV_CNI_VM_WIRE`` names (see wirelib.py).
 
 The serial console (boot progress and the command's output) is streamed to
 stdout; the exit status is the command's.  Anything that cannot be prepared
@@ -146,6 +152,12 @@ NEWER_KERNELS = {
 }
 KERNEL_CHOICES = ("bookworm", *NEWER_KERNELS)
 DEBIAN_ARCHIVE = "http://deb.debian.org/debian"
+
+# Set in the guest of a --wire run to the wire's capture file, and only there.
+WIRE_ENV = "SRIOV_CNI_VM_WIRE"
+WIRE_CAPTURE = "wire.pcap"
+# The QEMU hub the PFs' ports join with --wire.
+WIRE_HUB = 0
 
 # Host environment passed through to the guest command.
 PASS_ENV = ("CI", "PYTEST_ADDOPTS", "PYTHONPATH")
@@ -490,13 +502,16 @@ def pytest_args_at(command: list[str]) -> int | None:
     return None
 
 
-def _guest_script(command: list[str], cwd: str, share: str, rerun: bool, watch_vfs: bool = False) -> str:
+def _guest_script(
+    command: list[str], cwd: str, share: str, rerun: bool, watch_vfs: bool = False, wire: bool = False
+) -> str:
     """run.sh for init: the command, from ``cwd``, in a clean environment.
 
     A pytest command gets the rig's plugin (rigplugin.py), which reports each
     test's progress to ``share``; on a ``rerun`` it also leaves out the tests
     that passed in the stalled boot before.  With ``watch_vfs``,
-    forward_vf_resets runs beside the command, on the console alone.
+    forward_vf_resets runs beside the command, on the console alone.  With
+    ``wire``, WIRE_ENV names the wire's capture on ``share``.
     """
     python_dir = str(Path(sys.executable).parent)
     path = ":".join([python_dir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
@@ -509,8 +524,12 @@ def _guest_script(command: list[str], cwd: str, share: str, rerun: bool, watch_v
     for key, value in os.environ.items():
         if key in PASS_ENV or key.startswith(PASS_ENV_PREFIX):
             env[key] = value
-    # After the pass-through: a host SRIOV_CNI_VM must not override it.
+    # After the pass-through: a host SRIOV_CNI_VM must not override it, nor
+    # a host SRIOV_CNI_VM_WIRE give a guest without a wire one.
     env[VM_ENV] = "1"
+    env.pop(WIRE_ENV, None)
+    if wire:
+        env[WIRE_ENV] = f"{share}/{WIRE_CAPTURE}"
     at = pytest_args_at(command)
     if at is not None:
         plugin = ["-p", "rigplugin", "--rig-progress", f"{share}/{PROGRESS_FILE}"]
@@ -550,7 +569,20 @@ GUEST_CPUS = 2
 TCG_THREADS = "single"
 
 
-def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> list[str]:
+def wire_arguments(pfs: int, results: Path) -> list[str]:
+    """QEMU's arguments for the wire: each PF's port on one hub, and the capture.
+
+    The capture is a filter on PF 0's port recording both ways: what PF 0
+    sends into the hub and what the hub delivers to it.  A hub repeats each
+    frame to every port but the one it came in on, so that is every frame
+    on the segment, once, in the order QEMU moved them; QEMU writes each
+    frame with one write, so a reader sees whole records as they come.
+    """
+    ports = [arg for i in range(pfs) for arg in ("-netdev", f"hubport,id=net{i},hubid={WIRE_HUB}")]
+    return [*ports, "-object", f"filter-dump,id=wire,netdev=net0,queue=all,file={results / WIRE_CAPTURE}"]
+
+
+def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int, wire: bool = False) -> list[str]:
     cmd = [
         "qemu-system-x86_64",
         "-M",
@@ -597,14 +629,12 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int) -> lis
         "virtio-9p-pci,fsdev=results,mount_tag=results",
     ]
     for i in range(pfs):
-        cmd += [
-            "-device",
-            f"pcie-root-port,id=rp{i},bus=pcie.0,chassis={i + 1},addr={i + 0x10:#x}",
-            "-netdev",
-            f"user,id=net{i},restrict=on",
-            "-device",
-            f"igb,bus=rp{i},netdev=net{i},mac=52:54:00:5a:00:{i + 1:02x}",
-        ]
+        cmd += ["-device", f"pcie-root-port,id=rp{i},bus=pcie.0,chassis={i + 1},addr={i + 0x10:#x}"]
+        if not wire:
+            cmd += ["-netdev", f"user,id=net{i},restrict=on"]
+        cmd += ["-device", f"igb,bus=rp{i},netdev=net{i},mac=52:54:00:5a:00:{i + 1:02x}"]
+    if wire:
+        cmd += wire_arguments(pfs, results)
     return cmd
 
 
@@ -866,6 +896,7 @@ def run_boots(
     quiet_limit: float,
     console: IO[str] | None,
     watch_vfs: bool = False,
+    wire: bool = False,
 ) -> VmRun:
     """Boot ``argv`` (QEMU, with ``results`` shared as ``share`` in the
     guest) until the command has run, and report how it went.
@@ -877,7 +908,8 @@ def run_boots(
     stall raises :class:`RigError` with the console's last lines.  With
     ``watch_vfs`` the guest copies igbvf's failed reset handshakes to the
     console (forward_vf_resets); a VF that cannot come up raises
-    :class:`RigError` at once, as every boot would have it.
+    :class:`RigError` at once, as every boot would have it.  ``wire`` tells
+    the guest's command where the wire's capture is (WIRE_ENV).
     """
     deadline = time.monotonic() + timeout
     progress = results / PROGRESS_FILE
@@ -890,7 +922,9 @@ def run_boots(
     boots = failed = 0
     while True:
         boots += 1
-        (results / "run.sh").write_text(_guest_script(command, cwd, share, rerun=bool(stalls), watch_vfs=watch_vfs))
+        (results / "run.sh").write_text(
+            _guest_script(command, cwd, share, rerun=bool(stalls), watch_vfs=watch_vfs, wire=wire)
+        )
         with progress.open("a") as f:
             f.write(f"boot\t{boots}\n")
         boot = _boot(argv, deadline, quiet_limit, console)
@@ -970,6 +1004,7 @@ def run_in_vm(
     cwd: str | None = None,
     console: IO[str] | None = None,
     kernel: str = "bookworm",
+    wire: bool = False,
 ) -> VmRun:
     """Boot the guest, run ``command`` as root in it, power it off.
 
@@ -979,7 +1014,8 @@ def run_in_vm(
     :class:`RigError` if the guest cannot be prepared, times out, stalls
     twice, or dies without reporting a status; and, unless
     ``allow_broken_vfs``, if its igb VFs cannot come up (check_memory
-    before booting, the watchdog after).
+    before booting, the watchdog after).  With ``wire`` the PFs share one
+    Ethernet segment, recorded (wire_arguments).
     """
     if not command:
         raise RigError("no command given")
@@ -991,12 +1027,13 @@ def run_in_vm(
             command,
             cwd or os.getcwd(),
             results,
-            qemu_command(art, results, pfs, memory_mb),
+            qemu_command(art, results, pfs, memory_mb, wire),
             GUEST_SHARE,
             timeout=timeout,
             quiet_limit=quiet_limit,
             console=console,
             watch_vfs=not allow_broken_vfs,
+            wire=wire,
         )
 
 
@@ -1044,7 +1081,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run a command as root in a QEMU guest with emulated igb SR-IOV NICs.",
         usage="%(prog)s [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] [--allow-broken-vfs]"
-        " -- COMMAND ...",
+        " [--wire] -- COMMAND ...",
     )
     parser.add_argument(
         "--kernel",
@@ -1071,6 +1108,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"run with --memory above {IGB_VF_MAX_MEMORY_MB}, where igb VFs never get a link, and let VFs stay down",
     )
+    parser.add_argument(
+        "--wire",
+        action="store_true",
+        help=f"join the PFs' ports on one Ethernet segment and record it ({WIRE_ENV} names the capture in the guest)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -1089,6 +1131,7 @@ def main(argv: list[str] | None = None) -> int:
             allow_broken_vfs=args.allow_broken_vfs,
             console=sys.stdout,
             kernel=args.kernel,
+            wire=args.wire,
         )
     except RigError as exc:
         print(f"rig: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Host tests of the rig's watchdog and its rerun after a stall (tests/vm/rig.py).
+"""Host tests of the rig's watchdog, its rerun after a stall and its wire (tests/vm/rig.py, wirelib.py).
 
 The guest is played by fakeguest.py, which runs the rig's run.sh as init
 does; the command is a real pytest run with the rig's plugin, whose tests
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GUEST_DIRS
-from tests.vm import rig
+from tests.vm import rig, wirelib
 
 HERE = Path(__file__).resolve().parent
 
@@ -452,3 +453,104 @@ def test_guest_script_adds_the_plugin_only_to_pytest(tmp_path: Path) -> None:
 def test_run_sh_gives_the_guest_every_guest_directory() -> None:
     run_sh = (HERE.parent / "run.sh").read_text()
     assert f"-m sriov_vm {' '.join(GUEST_DIRS)} ||" in run_sh
+
+
+def _netdevs(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "-netdev"]
+
+
+def _art(tmp_path: Path) -> rig.Artifacts:
+    return rig.Artifacts(kernel=tmp_path / "vmlinuz", initramfs=tmp_path / "initramfs", kernel_version="6.1.0")
+
+
+def test_without_a_wire_each_pf_has_its_own_network(tmp_path: Path) -> None:
+    argv = rig.qemu_command(_art(tmp_path), tmp_path, 3, 2048)
+    assert _netdevs(argv) == ["user,id=net0,restrict=on", "user,id=net1,restrict=on", "user,id=net2,restrict=on"]
+    assert "-object" not in argv
+
+
+def test_a_wire_puts_every_pf_on_one_hub_recorded_at_pf0(tmp_path: Path) -> None:
+    argv = rig.qemu_command(_art(tmp_path), tmp_path, 3, 2048, wire=True)
+    assert _netdevs(argv) == [f"hubport,id=net{i},hubid=0" for i in range(3)]
+    nics = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-device" and argv[i + 1].startswith("igb,")]
+    assert [n.split(",")[2] for n in nics] == ["netdev=net0", "netdev=net1", "netdev=net2"]
+    # Both ways on PF 0's port: what PF 0 sends, and what the hub repeats to
+    # it from every other port.
+    [dump] = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-object"]
+    assert dump == f"filter-dump,id=wire,netdev=net0,queue=all,file={tmp_path / 'wire.pcap'}"
+
+
+def test_only_a_wired_guest_is_told_where_its_capture_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host's own variable (passed through as any SRIOV_CNI_*) tells no guest of a wire.
+    monkeypatch.setenv(rig.WIRE_ENV, "/elsewhere.pcap")
+    wired = rig._guest_script(["true"], "/src", "/share", rerun=False, wire=True)
+    assert f"{rig.WIRE_ENV}=/share/wire.pcap" in wired and "/elsewhere.pcap" not in wired
+    assert rig.WIRE_ENV not in rig._guest_script(["true"], "/src", "/share", rerun=False)
+
+
+def test_main_passes_wire_on(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    asked: list[bool] = []
+
+    def fake_run(command: list[str], **kw: object) -> rig.VmRun:
+        asked.append(bool(kw["wire"]))
+        return rig.VmRun(status=0, output="", stalls=[], left_out=0, tests=[], boot_seconds=[])
+
+    monkeypatch.setattr(rig, "run_in_vm", fake_run)
+    assert rig.main(["--wire", "--", "true"]) == 0
+    assert rig.main(["--", "true"]) == 0
+    assert asked == [True, False]
+
+
+def _pcap(order: str, records: list[bytes]) -> bytes:
+    """A pcap file as QEMU's filter-dump writes it, in byte ``order``."""
+    out = struct.pack(f"{order}IHHiIII", wirelib.PCAP_MAGIC, 2, 4, 0, 0, 65536, wirelib.LINKTYPE_ETHERNET)
+    for n, frame in enumerate(records):
+        out += struct.pack(f"{order}IIII", 100 + n, 250000, len(frame), len(frame)) + frame
+    return out
+
+
+def _eth(src: str, tags: list[tuple[int, int]], ethertype: int, payload: bytes) -> bytes:
+    head = bytes.fromhex("ffffffffffff") + bytes.fromhex(src.replace(":", ""))
+    for tpid, tci in tags:
+        head += struct.pack("!HH", tpid, tci)
+    return head + struct.pack("!H", ethertype) + payload
+
+
+ARP_WHO_HAS = bytes.fromhex("0001080006040001020000000a010a0900010000000000000a090002")
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_the_wire_capture_is_read_record_by_record(tmp_path: Path, order: str) -> None:
+    untagged = _eth("02:00:00:00:0a:01", [], 0x0806, ARP_WHO_HAS)
+    # VLAN 100 with priority 3; then 802.1ad 7 outside 802.1Q 100 (QinQ).
+    tagged = _eth("02:00:00:00:0a:01", [(0x8100, 3 << 13 | 100)], 0x0806, ARP_WHO_HAS)
+    qinq = _eth("02:00:00:00:0b:01", [(0x88A8, 1 << 12 | 7), (0x8100, 100)], 0x0800, bytes(20))
+    capture = tmp_path / "wire.pcap"
+    whole = _pcap(order, [untagged, tagged, qinq])
+    # The last record as QEMU is still writing it: left for a later read.
+    capture.write_bytes(whole[:-5])
+    wire = wirelib.Wire(capture)
+    first = wire.since(wirelib.PCAP_HEADER)
+    assert [f.tags for f in first] == [(), (wirelib.Tag(0x8100, 3, 0, 100),)]
+    assert (first[0].src, first[0].dst, first[0].arp_target(), first[0].seconds) == (
+        "02:00:00:00:0a:01",
+        "ff:ff:ff:ff:ff:ff",
+        "10.9.0.2",
+        100.25,
+    )
+    mark = wire.mark()
+    capture.write_bytes(whole)
+    [last] = wire.since(mark)
+    assert last.tags == (wirelib.Tag(0x88A8, 0, 1, 7), wirelib.Tag(0x8100, 0, 0, 100))
+    assert (last.vids, last.ethertype, last.ipv4(), last.length) == ((7, 100), 0x0800, ("0.0.0.0", "0.0.0.0"), 42)
+    assert wire.since(wire.mark()) == []
+
+
+def test_a_capture_that_is_not_ethernet_pcap_is_refused(tmp_path: Path) -> None:
+    capture = tmp_path / "wire.pcap"
+    capture.write_bytes(b"\0" * 24)
+    with pytest.raises(wirelib.PcapError, match="not a pcap file"):
+        wirelib.Wire(capture)
+    capture.write_bytes(struct.pack("<IHHiIII", wirelib.PCAP_MAGIC, 2, 4, 0, 0, 65536, 113))
+    with pytest.raises(wirelib.PcapError, match="link type is 113"):
+        wirelib.Wire(capture)

@@ -1,0 +1,181 @@
+"""What crossed the rig's wire (``rig.py --wire``), read from its capture.
+
+The rig joins the guest's PF ports on one QEMU hub and records every frame on
+it in a pcap file (rig.wire_arguments), which the guest sees at the path
+``$SRIOV_CNI_VM_WIRE`` names.  QEMU appends one record per frame while the
+guest runs; :class:`Wire` reads the records that came after a mark, so a test
+looks only at the frames of its own traffic.
+
+The pcap format (the classic one, link type Ethernet) is read with ``struct``:
+no capture tool is needed in the guest or on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.vm.rig import WIRE_ENV
+
+PCAP_MAGIC = 0xA1B2C3D4
+PCAP_HEADER = 24
+RECORD_HEADER = 16
+LINKTYPE_ETHERNET = 1
+# The tag protocol identifiers of 802.1Q and 802.1ad.
+TPIDS = (0x8100, 0x88A8)
+ETH_P_ARP = 0x0806
+ETH_P_IP = 0x0800
+
+
+class PcapError(Exception):
+    """The capture is not a pcap file of Ethernet frames."""
+
+
+@dataclass(frozen=True)
+class Tag:
+    """One VLAN tag as it was on the wire."""
+
+    tpid: int
+    pcp: int  # the priority (vlanQoS)
+    dei: int
+    vid: int
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Ethernet frame as it crossed the wire (as captured; no FCS)."""
+
+    seconds: float  # the capture's time stamp
+    dst: str
+    src: str
+    tags: tuple[Tag, ...]
+    ethertype: int  # after the tags
+    payload: bytes  # after the tags and the ethertype
+    length: int  # the frame's length on the wire, tags included
+
+    @property
+    def vids(self) -> tuple[int, ...]:
+        return tuple(tag.vid for tag in self.tags)
+
+    def arp_target(self) -> str | None:
+        """The address an ARP request or reply is about (its target protocol address)."""
+        if self.ethertype != ETH_P_ARP or len(self.payload) < 28:
+            return None
+        return ".".join(str(b) for b in self.payload[24:28])
+
+    def ipv4(self) -> tuple[str, str] | None:
+        """(source, destination) of an IPv4 packet."""
+        if self.ethertype != ETH_P_IP or len(self.payload) < 20:
+            return None
+        return ".".join(str(b) for b in self.payload[12:16]), ".".join(str(b) for b in self.payload[16:20])
+
+
+def _mac(raw: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def parse_frame(data: bytes, seconds: float = 0.0, length: int | None = None) -> Frame:
+    """One captured Ethernet frame; its VLAN tags, however many, are peeled off in order."""
+    if len(data) < 14:
+        raise PcapError(f"a frame of {len(data)} bytes is shorter than an Ethernet header")
+    at = 12
+    tags: list[Tag] = []
+    (ethertype,) = struct.unpack_from("!H", data, at)
+    while ethertype in TPIDS and len(data) >= at + 6:
+        (tci,) = struct.unpack_from("!H", data, at + 2)
+        tags.append(Tag(ethertype, tci >> 13, (tci >> 12) & 1, tci & 0xFFF))
+        at += 4
+        (ethertype,) = struct.unpack_from("!H", data, at)
+    return Frame(
+        seconds=seconds,
+        dst=_mac(data[0:6]),
+        src=_mac(data[6:12]),
+        tags=tuple(tags),
+        ethertype=ethertype,
+        payload=data[at + 2 :],
+        length=len(data) if length is None else length,
+    )
+
+
+def pcap_byte_order(header: bytes) -> str:
+    """``<`` or ``>``: the byte order the pcap file was written in (the writer's own)."""
+    if len(header) < PCAP_HEADER:
+        raise PcapError(f"the pcap header is {len(header)} bytes, not {PCAP_HEADER}")
+    for order in "<>":
+        (magic,) = struct.unpack_from(f"{order}I", header)
+        if magic == PCAP_MAGIC:
+            (linktype,) = struct.unpack_from(f"{order}I", header, 20)
+            if linktype != LINKTYPE_ETHERNET:
+                raise PcapError(f"the capture's link type is {linktype}, not Ethernet ({LINKTYPE_ETHERNET})")
+            return order
+    raise PcapError(f"not a pcap file (magic {header[:4].hex()})")
+
+
+def read_records(data: bytes, order: str, start: int) -> tuple[list[Frame], int]:
+    """The frames of the whole records in ``data`` from offset ``start``, and where the next record begins.
+
+    A record QEMU is still writing is left for the next read.
+    """
+    frames: list[Frame] = []
+    at = start
+    while at + RECORD_HEADER <= len(data):
+        sec, usec, caplen, length = struct.unpack_from(f"{order}IIII", data, at)
+        end = at + RECORD_HEADER + caplen
+        if end > len(data):
+            break
+        frames.append(parse_frame(data[at + RECORD_HEADER : end], sec + usec / 1e6, length))
+        at = end
+    return frames, at
+
+
+class Wire:
+    """The rig's wire capture, read by offsets that always fall between records."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with path.open("rb") as f:
+            self.order = pcap_byte_order(f.read(PCAP_HEADER))
+        self._end = PCAP_HEADER
+
+    def _read(self, start: int) -> tuple[list[Frame], int]:
+        with self.path.open("rb") as f:
+            f.seek(start)
+            data = f.read()
+        frames, used = read_records(data, self.order, 0)
+        self._end = max(self._end, start + used)
+        return frames, start + used
+
+    def mark(self) -> int:
+        """Where the frames from now on begin."""
+        return self._read(self._end)[1]
+
+    def since(self, mark: int) -> list[Frame]:
+        """Every frame captured after ``mark``."""
+        return self._read(mark)[0]
+
+    def wait_for(
+        self, mark: int, enough: Callable[[list[Frame]], bool], what: str, timeout: float = 30.0
+    ) -> list[Frame]:
+        """The frames after ``mark`` once ``enough`` holds for them; fail the test after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frames = self.since(mark)
+            if enough(frames):
+                return frames
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} on the wire ({len(frames)} frames)")
+            time.sleep(0.1)
+
+
+def guest_wire() -> Wire:
+    """The wire of this guest; fails the test in a guest the rig booted without ``--wire``."""
+    path = os.environ.get(WIRE_ENV)
+    if not path:
+        pytest.fail(f"no wire in this guest ({WIRE_ENV} unset): boot it with tests/vm/rig.py --wire")
+    return Wire(Path(path))
