@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build the image of deploy/kubernetes/base/daemonset.yaml from deploy/image/Containerfile with
-# podman.
+# Build the image of the DaemonSet (deploy/kubernetes) from
+# deploy/image/Containerfile with podman.
 #
 #   deploy/image/build-image.sh [--offline] [--oci-archive PATH] [IMAGE]
 #
 # IMAGE defaults to the name the manifests use, localhost/sriov-cni:VERSION
 # (VERSION from sriov_cni/__init__.py). With a registry, build under its name and
-# push it, then set that name in deploy/kubernetes/base/daemonset.yaml:
+# push it, then set that name in the images: of
+# deploy/kubernetes/base/kustomization.yaml (or an overlay's):
 #
 #   deploy/image/build-image.sh registry.example.com/sriov-cni:0.1.0
 #   podman push registry.example.com/sriov-cni:0.1.0
@@ -25,7 +26,8 @@
 #
 # Rebuilds only what changed: podman reuses each layer whose inputs (the
 # copied files, the command) are unchanged; the offline base is bootstrapped
-# again only when SOURCES changes, the wheels only when pyproject.toml does.
+# again only when SOURCES changes, the wheels only when the pinned
+# requirements (requirements.txt, build-requirements.txt) do.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -85,22 +87,17 @@ if [ "$offline" -eq 1 ]; then
     fi
     build_opts+=(--pull=never)
 
-    # What pip installs in the build: the build backend and the package's
-    # dependencies.
-    mapfile -t reqs < <(python3 - "$repo/pyproject.toml" <<'EOF'
-import sys, tomllib
-with open(sys.argv[1], "rb") as f:
-    p = tomllib.load(f)
-print(*p["build-system"]["requires"], *p["project"]["dependencies"], sep="\n")
-EOF
-)
+    # What pip installs in the build: the pinned wheels of both stages,
+    # checked against their hashes here and again in the build.
+    reqs=("$repo/deploy/image/requirements.txt" "$repo/deploy/image/build-requirements.txt")
     # The build's Python is bookworm's 3.11; the wheels must fit it.
-    wheels=$cache/wheels-$(printf '%s\n' "${reqs[@]}" | sha)
+    wheels=$cache/wheels-$(cat "${reqs[@]}" | sha)
     if [ ! -d "$wheels" ]; then
         log "downloading wheels into $wheels"
         rm -rf "$wheels.tmp"
-        python3 -m pip download --quiet --disable-pip-version-check \
-            --only-binary=:all: --python-version 3.11 --dest "$wheels.tmp" "${reqs[@]}"
+        python3 -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
+            --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
+            --platform "manylinux2014_$(uname -m)" --dest "$wheels.tmp" -r "${reqs[0]}" -r "${reqs[1]}"
         mv "$wheels.tmp" "$wheels"
     fi
     mkdir -p "$cache"

@@ -2,8 +2,9 @@
 with podman: the commands the DaemonSet runs exist, and its install step
 writes the static shim to the node directory it is given.
 
-The build is offline (base bootstrapped from the Debian mirror, wheels from
-the host's pip) and cached by podman's layers, so a rerun costs seconds.
+The build is offline (base bootstrapped from the Debian mirror, the pinned
+wheels from the host's pip) and cached by podman's layers, so a rerun costs
+seconds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sriov_cni import __version__
+from tests.deploy.requirements import REQUIREMENTS, canonical, canonical_pin, pinned
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = f"localhost/sriov-cni:{__version__}"
@@ -72,3 +74,13 @@ def test_install_step_writes_the_static_shim(image: str, tmp_path: Path) -> None
     res = subprocess.run([str(tmp_path / "sriov")], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     assert res.returncode == 1
     assert json.loads(res.stdout)["code"] == 11
+
+
+def test_the_image_runs_the_pinned_releases(image: str) -> None:
+    # pip freeze in the image: the pinned requirements, sriov-cni's own wheel,
+    # and the pip and setuptools the venv brings with bookworm's python3-venv.
+    frozen = run_in(image, "/opt/sriov-cni/venv/bin/pip", "freeze", "--all").splitlines()
+    pins = {canonical(name): version for name, version in pinned(REQUIREMENTS)}
+    found = dict(canonical_pin(line) for line in frozen if "==" in line)
+    assert {k: v for k, v in found.items() if k not in ("pip", "setuptools")} == pins
+    assert [line for line in frozen if "==" not in line] == [line for line in frozen if line.startswith("sriov-cni @")]
