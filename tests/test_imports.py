@@ -173,3 +173,60 @@ def test_config_allocation_store_and_tuning_do_not_load_pyroute2() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.split("\n")[:2] == ["[]", "True"], proc.stdout
+
+
+TESTS = Path(__file__).parent
+# monkeypatch.setattr calls in the tests, at most: a patched function hides
+# what the product does from the test that patches it, so what can be passed
+# in (a sysfs tree, a retry interval, a timeout) is passed in.  Lower it as
+# patches go; never raise it.
+MONKEYPATCH_SETATTR_CEILING = 27
+
+
+def _setattr_calls() -> list[tuple[str, ast.Call]]:
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "setattr"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "monkeypatch"
+            ):
+                found.append((f"{path.relative_to(TESTS)}:{node.lineno}", node))
+    return found
+
+
+def test_no_test_patches_a_constant() -> None:
+    """A constant a test needs otherwise (a timeout, an interval) is a parameter of the code that reads it."""
+    patched = []
+    for where, call in _setattr_calls():
+        name = next((a.value for a in call.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)), "")
+        if name.rsplit(".", 1)[-1].isupper():
+            patched.append(f"{where}: {name}")
+    assert patched == []
+
+
+def test_monkeypatching_does_not_grow() -> None:
+    calls = _setattr_calls()
+    assert calls, "the scan finds no monkeypatch.setattr at all: it is broken"
+    assert len(calls) <= MONKEYPATCH_SETATTR_CEILING, [where for where, _ in calls]
+
+
+def test_a_test_that_runs_alike_on_two_kernels_is_one_parametrized_test() -> None:
+    """Twins (test_x_72 and test_x_73) drift apart; one test with a parameter per kernel series does not."""
+    twins = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        names = [
+            n.name
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+        ]
+        stems: dict[str, list[str]] = {}
+        for name in names:
+            stem, _, suffix = name.rpartition("_")
+            if suffix.isdigit():
+                stems.setdefault(stem, []).append(name)
+        twins += [f"{path.relative_to(TESTS)}: {', '.join(v)}" for v in stems.values() if len(v) > 1]
+    assert twins == []

@@ -60,6 +60,8 @@ class Launch:
     sys_root: Path
     # The daemon's oom_score_adj before it protected itself.
     score: int | None
+    # Seconds between looks for the runtime's socket, and between connections.
+    retry: float = RETRY
 
 
 def start(launch: Launch) -> int:
@@ -104,10 +106,10 @@ def _run(launch: Launch, alive: int) -> None:
             except Exception as exc:  # whatever broke the session, the next one starts afresh
                 failure = f"connection to {launch.socket} lost: {exc}"
                 if failure != last_failure or session.registered:
-                    _say(f"{failure}; connecting again every {RETRY:g} s")
+                    _say(f"{failure}; connecting again every {launch.retry:g} s")
                 last_failure = failure
         # Until the daemon ends: its end of the pipe closes then.
-        ready, _, _ = select.select([alive], [], [], RETRY)
+        ready, _, _ = select.select([alive], [], [], launch.retry)
         if ready:
             return
 
@@ -141,7 +143,7 @@ class Session:
                     return
                 data = sock.recv(1 << 16)
                 if not data:
-                    _say(f"the runtime closed the connection; connecting again in {RETRY:g} s")
+                    _say(f"the runtime closed the connection; connecting again in {self.launch.retry:g} s")
                     return
                 for message in self.trunk.feed(data):
                     self.on_message(message)

@@ -175,9 +175,14 @@ def resolve_vf(root: Path, pci: str) -> VF:
 
 
 def write(path: Path, value: str) -> None:
-    """Write a sysfs/procfs attribute, raising the kernel's errno as SysfsError."""
+    """Write a sysfs/procfs attribute, raising the kernel's errno as SysfsError.
+
+    Opened truncating, as ``echo V > attr`` opens it: sysfs and procfs
+    ignore the truncation (a write replaces the value), and a plain file
+    standing in for the attribute ends holding just ``value`` too.
+    """
     try:
-        fd = os.open(path, os.O_WRONLY)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
     except OSError as exc:
         raise SysfsError(f"cannot open {path}: {exc.strerror}", exc.errno) from exc
     try:

@@ -113,7 +113,7 @@ def _takes_hup(proc: Path, pid: int) -> bool:
     return any(mask >> (signal.SIGHUP - 1) & 1 for mask in masks.values())
 
 
-def _rescan(proc: Path, instance: Instance) -> bool:
+def _rescan(proc: Path, instance: Instance, hup_timeout: float) -> bool:
     """SIGHUP: irqbalance rebuilds its IRQ list, asking the policy script about each IRQ again.
 
     It ignores the signal until its first scan, one interval after it
@@ -126,7 +126,7 @@ def _rescan(proc: Path, instance: Instance) -> bool:
     young = instance.started + instance.interval + 1 - time.clock_gettime(time.CLOCK_BOOTTIME)
     if young > 0:
         time.sleep(young)
-    deadline = time.monotonic() + HUP_TIMEOUT
+    deadline = time.monotonic() + hup_timeout
     while not _takes_hup(proc, instance.pid):
         if time.monotonic() > deadline or not (proc / str(instance.pid) / "status").exists():
             return False
@@ -202,7 +202,13 @@ def _quiet(line: str) -> None:
     pass
 
 
-def ban(proc: Path, script: Path, pf_pcis: list[str], announce: Callable[[str], None] = _quiet) -> list[str]:
+def ban(
+    proc: Path,
+    script: Path,
+    pf_pcis: list[str],
+    announce: Callable[[str], None] = _quiet,
+    hup_timeout: float = HUP_TIMEOUT,
+) -> list[str]:
     """Write the policy script and have the irqbalance using it ask it again; one line per outcome.
 
     ``announce`` is told before a wait for irqbalance to take the signal.
@@ -219,15 +225,15 @@ def ban(proc: Path, script: Path, pf_pcis: list[str], announce: Callable[[str], 
         if instance.policy_script is not None and os.path.realpath(instance.policy_script) == os.path.realpath(script):
             if written:
                 announce(
-                    f"irqbalance (pid {instance.pid}): asking it to rescan (waiting up to {HUP_TIMEOUT:.0f} s "
+                    f"irqbalance (pid {instance.pid}): asking it to rescan (waiting up to {hup_timeout:.0f} s "
                     "for it to take the signal)"
                 )
-            if written and _rescan(proc, instance):
+            if written and _rescan(proc, instance, hup_timeout):
                 lines.append(f"irqbalance (pid {instance.pid}): uses the policy script: asked to rescan")
             elif written:
                 lines.append(
                     f"warning: irqbalance (pid {instance.pid}) uses the policy script but took no SIGHUP within "
-                    f"{HUP_TIMEOUT:.0f} s (still starting, or ended), so it was not asked to rescan: restart it"
+                    f"{hup_timeout:.0f} s (still starting, or ended), so it was not asked to rescan: restart it"
                 )
         else:
             lines.append(

@@ -99,8 +99,8 @@ def test_without_ib_uverbs_or_rdma_ucm_only_the_limit_is_raised(node: Path, tree
     assert rdmaaccess.for_pod(POD_A, node, tree.sys) == rdmaaccess.Access((), 64 << 20)
 
 
-def _launch(node: Path, tree: Tree, sock: str = "/nonexistent") -> nri.Launch:
-    return nri.Launch(sock, node, tree.sys, None)
+def _launch(node: Path, tree: Tree, sock: str = "/nonexistent", retry: float = nri.RETRY) -> nri.Launch:
+    return nri.Launch(sock, node, tree.sys, None, retry)
 
 
 def _create(pod: str, name: str = "main") -> Call:
@@ -236,11 +236,10 @@ def test_summary() -> None:
 
 
 def test_the_plugin_registers_again_after_the_runtime_restarts_and_ends_with_the_daemon(
-    node: Path, tree: Tree, tmp_path: Path, alive: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+    node: Path, tree: Tree, tmp_path: Path, alive: tuple[int, int]
 ) -> None:
-    monkeypatch.setattr(nri, "RETRY", 0.05)
     path = str(tmp_path / "nri.sock")
-    plugin = threading.Thread(target=nri._run, args=(_launch(node, tree, path), alive[0]))
+    plugin = threading.Thread(target=nri._run, args=(_launch(node, tree, path, retry=0.05), alive[0]))
     plugin.start()  # no socket yet: it waits for one
     for _ in range(2):  # the runtime, then the runtime restarted
         runtime = _Runtime(path, [_create(POD_A)])

@@ -212,11 +212,10 @@ def test_ban_asks_a_starting_irqbalance_to_rescan_only_once_sighup_would_not_end
 
 
 def test_ban_leaves_an_irqbalance_that_never_takes_sighup_running_and_says_so(
-    node: Tree, links: FakeLinks, tmp_path: Path, balancers: Callable[..., Balancer], monkeypatch: pytest.MonkeyPatch
+    node: Tree, tmp_path: Path, balancers: Callable[..., Balancer]
 ) -> None:
-    monkeypatch.setattr(irqbalance, "HUP_TIMEOUT", 1.0)
     ours = balancers("--foreground", "--interval=1", f"--policyscript={script(tmp_path)}", starting=600)
-    out = setup(TUNED, tmp_path, links)
+    out = irqbalance.ban(node.proc, script(tmp_path), ["0000:01:00.0"], hup_timeout=1.0)
     assert out[1] == (
         f"warning: irqbalance (pid {ours.pid}) uses the policy script but took no SIGHUP within 1 s (still starting, "
         "or ended), so it was not asked to rescan: restart it"

@@ -23,16 +23,18 @@ from sriov_cni import log
 from sriov_cni.cni import Code
 from sriov_cni.kernel import netlink
 from sriov_cni.plugin import commands
-from tests.support.pluginlib import Node, Outcome, Ready, ipam_reservations, link, link_names, netdev_view, run_bin, sh
-
-
-def refused(res: Outcome, code: int) -> dict[str, Any]:
-    assert res.rc != 0, res.stdout
-    out: dict[str, Any] = res.out
-    assert out["code"] == code, out
-    assert set(out) <= {"cniVersion", "code", "msg", "details"}
-    assert "Traceback" not in res.stdout + res.stderr
-    return out
+from tests.support.pluginlib import (
+    Node,
+    Outcome,
+    Ready,
+    ipam_reservations,
+    link,
+    link_names,
+    netdev_view,
+    refused,
+    run_bin,
+    sh,
+)
 
 
 def answered(node: Node, command: str, conf: dict[str, Any], **env: Any) -> Outcome:

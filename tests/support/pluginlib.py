@@ -363,13 +363,15 @@ class Node:
         return {"host": host, "records": self.records(), "fake": self.fake.snapshot(), "pods": pods}
 
 
-def refused(res: Outcome, code: int) -> None:
-    """A failed call's answer is a CNI error object with ``code``, a message, and nothing else."""
+def refused(res: Outcome, code: int) -> dict[str, Any]:
+    """A failed call's answer: a CNI error object with ``code``, a message, nothing else, and no traceback."""
     assert res.rc != 0, res.stdout
-    out = res.out
+    out: dict[str, Any] = res.out
     assert out["code"] == code, out
     assert out["msg"]
     assert set(out) <= {"cniVersion", "code", "msg", "details"}
+    assert "Traceback" not in res.stdout + res.stderr
+    return out
 
 
 # The ``ready`` fixture: a node with one PF of two VFs, a pod, and the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,18 +16,10 @@ from tests.support.nodetree import Tree
 
 
 @pytest.fixture
-def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tree:
-    t = Tree(tmp_path / "root")
-    real = sysfs.write
-
-    def store(path: Path, value: str) -> None:
-        # A sysfs attribute write replaces the value; a plain file needs truncating.
-        if path.is_file():
-            os.truncate(path, 0)
-        real(path, value)
-
-    monkeypatch.setattr(sysfs, "write", store)
-    return t
+def tree(tmp_path: Path) -> Tree:
+    # Its attributes are plain files, which sysfs.write replaces as the
+    # kernel replaces an attribute's value.
+    return Tree(tmp_path / "root")
 
 
 @pytest.fixture

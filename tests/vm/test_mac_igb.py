@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.vm.plugincalls import cni, host_link, ns_path, records, restored, vfinfo, view
+from tests.vm.plugincalls import cni, host_link, ns_path, ping, records, restored, vfinfo, view
 from tests.vm.vmlib import Sriov, vf_pci_dirs
 
 pytestmark = pytest.mark.sriov_vm
@@ -42,13 +42,6 @@ def pod_mac(pod: str) -> str:
     inside = host_link("net1", pod)
     assert inside is not None and "UP" in inside["flags"], inside
     return str(inside["address"])
-
-
-def ping(pod: str, address: str) -> None:
-    out = subprocess.run(
-        ["ip", "netns", "exec", pod, "ping", "-c", "2", "-i", "0.2", "-W", "5", address], capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_five_pods_with_their_own_mac_on_one_vf(

@@ -37,6 +37,13 @@ SYS = Path("/sys")
 RETURN_BOUND = 60.0
 
 
+# The tests that behave alike on both kernels: one per kernel series, each
+# run by that kernel's guest (rdma_vm) and deselected by the other's.
+BOTH_KERNELS = pytest.mark.parametrize(
+    "series", [pytest.param(series, marks=pytest.mark.rdma_vm(series)) for series in ("7.2", "7.3")]
+)
+
+
 def rdma_json(*args: str, netns: str | None = None) -> list[dict[str, object]]:
     prefix = ["ip", "netns", "exec", netns] if netns else []
     out = subprocess.run([*prefix, "rdma", "-j", *args], check=True, capture_output=True, text=True).stdout
@@ -82,17 +89,8 @@ def exclusive() -> Iterator[Callable[[], str]]:
         yield pod
 
 
-@pytest.mark.rdma_vm("7.2")
-def test_listing_matches_the_rdma_tool_72(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
-    _listing(vfs, rxe)
-
-
-@pytest.mark.rdma_vm("7.3")
-def test_listing_matches_the_rdma_tool_73(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
-    _listing(vfs, rxe)
-
-
-def _listing(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
+@BOTH_KERNELS
+def test_listing_matches_the_rdma_tool(series: str, vfs: list[str], rxe: Callable[[str, str], None]) -> None:
     rxe("rxa", vfs[0])
     rxe("rxb", vfs[1])
     with Rdma() as host:
@@ -107,17 +105,8 @@ def _listing(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
         assert vf_rdma_devices(SYS, pci) == []
 
 
-@pytest.mark.rdma_vm("7.2")
-def test_add_and_delete_an_rxe_link_72(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
-    _add_and_delete(vfs)
-
-
-@pytest.mark.rdma_vm("7.3")
-def test_add_and_delete_an_rxe_link_73(vfs: list[str], rxe: Callable[[str, str], None]) -> None:
-    _add_and_delete(vfs)
-
-
-def _add_and_delete(vfs: list[str]) -> None:
+@BOTH_KERNELS
+def test_add_and_delete_an_rxe_link(series: str, vfs: list[str], rxe: Callable[[str, str], None]) -> None:
     with Rdma() as host:
         host.add_link("rxmine", "rxe", vfs[0])
         assert "rxmine" in names()
@@ -132,17 +121,8 @@ def _add_and_delete(vfs: list[str]) -> None:
             host.delete_link("rxmine")
 
 
-@pytest.mark.rdma_vm("7.2")
-def test_the_netns_mode_72(exclusive: Callable[[], str]) -> None:
-    _netns_mode(exclusive)
-
-
-@pytest.mark.rdma_vm("7.3")
-def test_the_netns_mode_73(exclusive: Callable[[], str]) -> None:
-    _netns_mode(exclusive)
-
-
-def _netns_mode(exclusive: Callable[[], str]) -> None:
+@BOTH_KERNELS
+def test_the_netns_mode(series: str, exclusive: Callable[[], str]) -> None:
     with Rdma() as host:
         assert host.netns_mode() == "exclusive"
         assert subprocess.run(["rdma", "system"], check=True, capture_output=True, text=True).stdout.startswith(
