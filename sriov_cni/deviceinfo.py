@@ -48,17 +48,21 @@ FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 
-def facts(sys_root: Path, vf_pci: str, pf_pci: str, held: str | None = None) -> dict[str, Any]:
+def facts(
+    sys_root: Path, vf_pci: str, pf_pci: str, held: str | None = None, listed: list[str] | None = None
+) -> dict[str, Any]:
     """What the pod is told of its VF, in the spec's layout.
 
     ``held`` is the RDMA device its attachment holds (moved into the pod,
     or a Soft-RoCE one made there, which has no PCI parent); otherwise the
-    one sysfs lists under the VF.  A VF listing two is left without
-    ``rdma-device``: which one the pod would use cannot be told.
+    one sysfs lists under the VF (``listed``, when the caller has read that
+    already).  A VF listing two is left without ``rdma-device``: which one
+    the pod would use cannot be told.
     """
     pci = {"pci-address": vf_pci, "pf-pci-address": pf_pci}
-    listed = rdma.vf_rdma_devices(sys_root, vf_pci)
-    device = held or (listed[0] if len(listed) == 1 else None)
+    if held is None and listed is None:
+        listed = rdma.vf_rdma_devices(sys_root, vf_pci)
+    device = held or (listed[0] if listed is not None and len(listed) == 1 else None)
     if device is not None:
         pci["rdma-device"] = device
         uverbs = rdma.uverbs_device(sys_root, vf_pci, device)

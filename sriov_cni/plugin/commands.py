@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from sriov_cni import __version__, attachments, log, vfstate
+from sriov_cni import __version__, attachments, deviceinfo, log, vfstate
 from sriov_cni.cni import (
     CmdArgs,
     CNIError,
@@ -388,18 +388,35 @@ def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: N
     _record_changes(vfc, host, lease, conf.pf_settings)
     aside.refuse_disabled_link(lease.alloc, conf.pf_settings.link_state)
     attach.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
-    rdma_device = rdma.move_in(lease, conf.rdma, deps.paths.sys)
+    # Read once: the move and the device-info file go by the same reading.
+    listed = rdma.listed(lease.alloc, deps.paths.sys)
+    rdma_device = rdma.move_in(lease, conf.rdma, deps.paths.sys, listed)
     iface, index = _plug(conf, lease, deps)
     rdma_device = rdma.make_soft(lease, conf.rdma) or rdma_device
     if rdma_device is not None:
         logger.info("the pod's RDMA device: %s", rdma_device)
     ipam_result = _address(lease.alloc, index, add.ipam)
-    infofile.publish(conf.device_info_file, lease, deps.paths.sys, ipam_result)
+    if conf.device_info_file is not None:
+        _publish(conf.device_info_file, lease, deps.paths.sys, listed, rdma_device, ipam_result)
     if index is not None:
         # Last: the VF's driver trains its link (seconds on a VF's first
         # open) while the addresses, routes and device-info are set.
         carrier.await_carrier(deps.paths.sys, lease.alloc, index, deps.carrier_wait)
     return _result(conf, iface, ipam_result)
+
+
+def _publish(
+    path: str, lease: NewLease, sys_root: Path, listed: list[str], rdma_device: str | None, addressed: Result | None
+) -> None:
+    """The device-info file, with the RoCE v2 GID index of the pod's address on its RDMA device.
+
+    That index waits for the kernel (up to :data:`rdma.GID_WAIT`): it adds
+    an address's GIDs from a work item, after the address is set.
+    """
+    alloc = lease.alloc
+    ours = deviceinfo.facts(sys_root, alloc.vf_pci, alloc.pf_pci, rdma_device, listed)
+    addresses = [ip.address.ip for ip in addressed.ips] if addressed is not None else []
+    infofile.publish(path, lease, ours, lambda device: rdma.gid_index(alloc, device, addresses, sys_root))
 
 
 def _reclaim_stale(add: _Add, vfc: netlink.VfControl, stale: Allocation) -> None:

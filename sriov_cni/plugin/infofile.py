@@ -12,32 +12,29 @@ DEL tolerates the file being gone.
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 from sriov_cni import deviceinfo
-from sriov_cni.cni import Result
-from sriov_cni.plugin import rdma
 from sriov_cni.plugin.lease import Lease
 from sriov_cni.vfstore import Allocation
 
 
-def publish(path: str | None, lease: Lease, sys_root: Path, addressed: Result | None) -> None:
-    """The VF's device information written to ``path`` (the caller's CNIDeviceInfoFile), kept with what is there.
+def publish(path: str, lease: Lease, ours: dict[str, Any], gid_index: Callable[[str], int | None]) -> None:
+    """The VF's device information (``ours``) written to ``path`` (the caller's CNIDeviceInfoFile), kept with what is there.
 
-    With an RDMA device, the RoCE v2 GID index of the pod's address
-    (``addressed``: IPAM's answer) too, as ``rdma-gid-index``.
+    With an RDMA device (the file's or ours), its RoCE v2 GID index of the
+    pod's address too, as ``rdma-gid-index``: ``gid_index(device)``, None
+    when there is none.
     """
-    if path is None:
-        return
     alloc = lease.alloc
     found = deviceinfo.read(path)
-    info = deviceinfo.merged(path, found, deviceinfo.facts(sys_root, alloc.vf_pci, alloc.pf_pci, alloc.rdma_device))
+    info = deviceinfo.merged(path, found, ours)
     # A file of another type (vDPA) is left as its writer made it.
     pci = info.get(deviceinfo.TYPE) if info["type"] == deviceinfo.TYPE else None
     device = pci.get("rdma-device") if isinstance(pci, dict) else None
     if isinstance(pci, dict) and isinstance(device, str):
-        addresses = [ip.address.ip for ip in addressed.ips] if addressed is not None else []
-        index = rdma.gid_index(alloc, device, addresses, sys_root)
+        index = gid_index(device)
         if index is not None:
             pci[deviceinfo.GID_INDEX_KEY] = index
     if found is None:

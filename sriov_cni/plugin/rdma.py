@@ -89,8 +89,12 @@ def pool_filter(vfs: list[sysfs.VF], mode: str, sys_root: Path) -> list[sysfs.VF
     return [vf for vf in vfs if rdma.vf_rdma_devices(sys_root, vf.pci)]
 
 
-def _vf_device(alloc: Allocation, mode: str, sys_root: Path) -> str | None:
-    found = rdma.vf_rdma_devices(sys_root, alloc.vf_pci)
+def listed(alloc: Allocation, sys_root: Path) -> list[str]:
+    """The VF's RDMA devices in the host's sysfs, as ADD reads them once for its move and its device-info file."""
+    return rdma.vf_rdma_devices(sys_root, alloc.vf_pci)
+
+
+def _vf_device(alloc: Allocation, mode: str, sys_root: Path, found: list[str]) -> str | None:
     away = sorted(set(rdma.vf_verbs_devices(sys_root, alloc.vf_pci).values()) - set(found))
     if away:
         raise aside.VfUnusable(
@@ -143,8 +147,8 @@ def _shared(name: str, mode: str) -> None:
         )
 
 
-def move_in(lease: NewLease, mode: str, sys_root: Path) -> str | None:
-    """ADD, before the netdev moves: the VF's RDMA device into the pod (exclusive mode); its name, if it has one."""
+def move_in(lease: NewLease, mode: str, sys_root: Path, found: list[str]) -> str | None:
+    """ADD, before the netdev moves: the VF's RDMA device (of those ``found``) into the pod (exclusive mode); its name, if it has one."""
     alloc = lease.alloc
     if mode == "off":
         return None
@@ -156,7 +160,7 @@ def move_in(lease: NewLease, mode: str, sys_root: Path) -> str | None:
         if mode == "required":
             raise _device_error(f"VF {alloc.vf_pci} is on a DPDK driver: it has no RDMA device to give the pod")
         return None
-    name = _vf_device(alloc, mode, sys_root)
+    name = _vf_device(alloc, mode, sys_root, found)
     if name is None:
         return None
     try:
