@@ -516,6 +516,8 @@ def _eth(src: str, tags: list[tuple[int, int]], ethertype: int, payload: bytes) 
     return head + struct.pack("!H", ethertype) + payload
 
 
+# An IPv4 header (20 bytes, protocol ICMP) and an echo request's first 8 bytes.
+ICMP_ECHO_REQUEST = bytes.fromhex("4500001c00004000400100000a0900020a0900010800000000010001")
 ARP_WHO_HAS = bytes.fromhex("0001080006040001020000000a010a0900010000000000000a090002")
 
 
@@ -524,7 +526,7 @@ def test_the_wire_capture_is_read_record_by_record(tmp_path: Path, order: str) -
     untagged = _eth("02:00:00:00:0a:01", [], 0x0806, ARP_WHO_HAS)
     # VLAN 100 with priority 3; then 802.1ad 7 outside 802.1Q 100 (QinQ).
     tagged = _eth("02:00:00:00:0a:01", [(0x8100, 3 << 13 | 100)], 0x0806, ARP_WHO_HAS)
-    qinq = _eth("02:00:00:00:0b:01", [(0x88A8, 1 << 12 | 7), (0x8100, 100)], 0x0800, bytes(20))
+    qinq = _eth("02:00:00:00:0b:01", [(0x88A8, 1 << 12 | 7), (0x8100, 100)], 0x0800, ICMP_ECHO_REQUEST)
     capture = tmp_path / "wire.pcap"
     whole = _pcap(order, [untagged, tagged, qinq])
     # The last record as QEMU is still writing it: left for a later read.
@@ -542,7 +544,8 @@ def test_the_wire_capture_is_read_record_by_record(tmp_path: Path, order: str) -
     capture.write_bytes(whole)
     [last] = wire.since(mark)
     assert last.tags == (wirelib.Tag(0x88A8, 0, 1, 7), wirelib.Tag(0x8100, 0, 0, 100))
-    assert (last.vids, last.ethertype, last.ipv4(), last.length) == ((7, 100), 0x0800, ("0.0.0.0", "0.0.0.0"), 42)
+    assert (last.vids, last.ethertype, last.ipv4(), last.length) == ((7, 100), 0x0800, ("10.9.0.2", "10.9.0.1"), 50)
+    assert (last.icmp_type(), first[0].icmp_type()) == (wirelib.ICMP_ECHO_REQUEST, None)
     assert wire.since(wire.mark()) == []
 
 

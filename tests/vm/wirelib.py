@@ -12,8 +12,11 @@ no capture tool is needed in the guest or on the host.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +34,14 @@ LINKTYPE_ETHERNET = 1
 TPIDS = (0x8100, 0x88A8)
 ETH_P_ARP = 0x0806
 ETH_P_IP = 0x0800
+IPPROTO_ICMP = 1
+ICMP_ECHO_REQUEST = 8
+ICMP_ECHO_REPLY = 0
+# IEEE 802's local experimental ethertypes: the tests' own frames, which
+# nothing else on the wire sends.
+ETH_P_TEST = 0x88B5
+ETH_P_SENTINEL = 0x88B6
+BROADCAST = "ff:ff:ff:ff:ff:ff"
 
 
 class PcapError(Exception):
@@ -74,6 +85,13 @@ class Frame:
         if self.ethertype != ETH_P_IP or len(self.payload) < 20:
             return None
         return ".".join(str(b) for b in self.payload[12:16]), ".".join(str(b) for b in self.payload[16:20])
+
+    def icmp_type(self) -> int | None:
+        """The ICMP type of an IPv4 ICMP packet (8 echo request, 0 echo reply)."""
+        if self.ipv4() is None or self.payload[9] != IPPROTO_ICMP:
+            return None
+        header = (self.payload[0] & 0xF) * 4
+        return self.payload[header] if len(self.payload) > header else None
 
 
 def _mac(raw: bytes) -> str:
@@ -171,6 +189,108 @@ class Wire:
             if time.monotonic() > deadline:
                 pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} on the wire ({len(frames)} frames)")
             time.sleep(0.1)
+
+
+# Run in a pod by :class:`Listener`: counts the frames its interface
+# receives, by source MAC, until a frame of the sentinel ethertype arrives.
+# Raw frames of every protocol (ETH_P_ALL); the pod's own sends show as
+# outgoing and are not counted.
+LISTEN = r"""
+import json, socket, sys
+sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+sock.bind((sys.argv[1], 0))
+print("ready", flush=True)
+seen = {}
+while True:
+    frame, addr = sock.recvfrom(65535)
+    if addr[2] == socket.PACKET_OUTGOING:
+        continue
+    if int.from_bytes(frame[12:14], "big") == int(sys.argv[2]):
+        break
+    src = frame[6:12].hex(":")
+    seen[src] = seen.get(src, 0) + 1
+print(json.dumps(seen), flush=True)
+"""
+
+# Run in a pod (or on the node) by send_frames: COUNT frames SRC -> DST of
+# ethertype ETHERTYPE, SIZE bytes each, as fast as the queue takes them.
+SEND = r"""
+import socket, sys, time
+ifname, dst, src, ethertype, count, size = sys.argv[1:7]
+sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+sock.bind((ifname, 0))
+head = bytes.fromhex(dst.replace(":", "")) + bytes.fromhex(src.replace(":", "")) + int(ethertype).to_bytes(2, "big")
+for n in range(int(count)):
+    frame = head + n.to_bytes(4, "big")
+    frame += bytes(max(0, int(size) - len(frame)))
+    while True:
+        try:
+            sock.send(frame)
+            break
+        except OSError:
+            # ENOBUFS: the interface's queue is full; it drains as the NIC sends.
+            time.sleep(0.001)
+"""
+
+
+def _in(pod: str | None) -> list[str]:
+    return ["ip", "netns", "exec", pod] if pod is not None else []
+
+
+def send_frames(
+    pod: str | None,
+    ifname: str,
+    src: str,
+    count: int,
+    *,
+    dst: str = BROADCAST,
+    ethertype: int = ETH_P_TEST,
+    size: int = 60,
+) -> None:
+    """Send ``count`` raw frames from ``ifname`` in ``pod`` (None: the node), with the source MAC ``src``."""
+    subprocess.run(
+        [*_in(pod), sys.executable, "-c", SEND, ifname, dst, src, str(ethertype), str(count), str(size)],
+        check=True,
+        timeout=LISTEN_BOUND,
+    )
+
+
+# Only a fault keeps a listener from starting, or from seeing its sentinel, this long.
+LISTEN_BOUND = 120.0
+
+
+class Listener:
+    """What one pod's interface receives, counted by source MAC, until a sentinel frame ends the count.
+
+    Frames reach a pod in the order the NIC delivered them: once the
+    sentinel (sent after the traffic under test, on a path that reaches the
+    pod) is in, every frame of that traffic that was going to reach the pod
+    has been counted.
+    """
+
+    def __init__(self, pod: str, ifname: str) -> None:
+        self.proc = subprocess.Popen(
+            [*_in(pod), sys.executable, "-c", LISTEN, ifname, str(ETH_P_SENTINEL)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line != "ready\n":
+            self.proc.kill()
+            pytest.fail(f"the listener in {pod} did not start: {line}{self.proc.communicate()}")
+
+    def counts(self) -> dict[str, int]:
+        """Frames received by source MAC, once the sentinel came."""
+        try:
+            out, err = self.proc.communicate(timeout=LISTEN_BOUND)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"no sentinel reached the listener within {LISTEN_BOUND:.0f} s: {self.proc.communicate()}")
+        assert self.proc.returncode == 0, err
+        seen: dict[str, int] = json.loads(out)
+        return seen
 
 
 def guest_wire() -> Wire:
