@@ -77,7 +77,8 @@ def translate(what: str) -> Iterator[None]:
     try:
         yield
     except _PyNetlinkError as exc:
-        raise for_errno(what, int(exc.code)) from exc
+        # The kernel's own explanation, when it gave one (rtnl.Refused).
+        raise for_errno(what, int(exc.code), getattr(exc, "ack", "")) from exc
 
 
 @dataclass(frozen=True)

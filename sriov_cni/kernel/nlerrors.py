@@ -62,6 +62,6 @@ BY_ERRNO: dict[int, type[NetlinkError]] = {
 }
 
 
-def for_errno(what: str, code: int) -> NetlinkError:
-    """The exception for the kernel's answer ``code`` to the request described by ``what``."""
-    return BY_ERRNO.get(code, NetlinkError)(f"{what}: {os.strerror(code)}", code)
+def for_errno(what: str, code: int, ack: str = "") -> NetlinkError:
+    """The exception for the kernel's answer ``code`` to the request described by ``what``, with its extended-ack text ``ack``."""
+    return BY_ERRNO.get(code, NetlinkError)(f"{what}: {os.strerror(code)}" + (f" ({ack})" if ack else ""), code)

@@ -38,7 +38,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sriov_cni.kernel import nlcore
 from sriov_cni.kernel.netns import NamespaceError, netlink_socket_in, open_netns, run_in_netns
+from sriov_cni.kernel.nlcore import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST
 from sriov_cni.kernel.nlerrors import BY_ERRNO, LinkExists, NetlinkError, NotSupported, for_errno
 from sriov_cni.kernel.sysfs import pci_dir
 
@@ -59,35 +61,16 @@ ATTR_LINK_TYPE = 65
 ATTR_NETNS_MODE = 66
 ATTR_NET_NS_FD = 68
 
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_DUMP = 0x300
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-# In an error answer's flags: the echoed request is only its header
-# (NETLINK_CAP_ACK), and attributes follow it (NETLINK_EXT_ACK).
-NLM_F_CAPPED = 0x100
-NLM_F_ACK_TLVS = 0x200
-NLMSGERR_ATTR_MSG = 1
-SOL_NETLINK = 270
-NETLINK_EXT_ACK = 11
-NETLINK_CAP_ACK = 10
-
 # The kernel's values of the netns mode attribute.
 EXCLUSIVE, SHARED = 0, 1
 
-_HEADER = struct.Struct("=IHHII")
-_ATTR = struct.Struct("=HH")
-
-
-def _align(n: int) -> int:
-    return (n + 3) & ~3
+_HEADER = nlcore.HEADER
 
 
 def attr(kind: int, payload: bytes) -> bytes:
     """One netlink attribute, padded to four bytes."""
-    raw = _ATTR.pack(_ATTR.size + len(payload), kind) + payload
-    return raw + b"\0" * (_align(len(raw)) - len(raw))
+    raw = nlcore.ATTR.pack(nlcore.ATTR.size + len(payload), kind) + payload
+    return raw + b"\0" * (nlcore.align(len(raw)) - len(raw))
 
 
 def attr_u32(kind: int, value: int) -> bytes:
@@ -147,15 +130,7 @@ def dellink_request(seq: int, dev_index: int) -> bytes:
 
 def parse_attrs(data: bytes) -> dict[int, bytes]:
     """Top-level attributes by type (the nested flag bits cleared); the last one of a type wins."""
-    out: dict[int, bytes] = {}
-    at = 0
-    while at + _ATTR.size <= len(data):
-        length, kind = _ATTR.unpack_from(data, at)
-        if length < _ATTR.size:
-            break
-        out[kind & 0x3FFF] = data[at + _ATTR.size : at + length]
-        at += _align(length)
-    return out
+    return {kind: bytes(payloads[-1]) for kind, payloads in nlcore.attributes(data).items()}
 
 
 def _u32(raw: bytes) -> int:
@@ -181,7 +156,7 @@ def _device(payload: bytes) -> RdmaDevice | None:
     return None
 
 
-class Rdma:
+class Rdma(nlcore.Socket):
     """An RDMA netlink socket in one network namespace (``netns`` None: this process's).
 
     Requests name devices as that namespace sees them: in exclusive mode,
@@ -192,19 +167,14 @@ class Rdma:
         self.netns = netns
         try:
             if netns is None:
-                self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_RDMA)
+                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_RDMA)
             else:
-                self._sock = netlink_socket_in(netns, NETLINK_RDMA)
+                sock = netlink_socket_in(netns, NETLINK_RDMA)
         except OSError as exc:
             # EPROTONOSUPPORT: no ib_core in this kernel.
             raise NotSupported(f"the kernel has no RDMA netlink: {exc.strerror}", exc.errno or 0) from exc
-        self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
-        self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
-        self._sock.bind((0, 0))
-        self._seq = 0
-
-    def close(self) -> None:
-        self._sock.close()
+        super().__init__(sock)
+        sock.bind((0, 0))
 
     def __enter__(self) -> Rdma:
         return self
@@ -212,31 +182,13 @@ class Rdma:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
     def _answers(self, request: bytes, what: str) -> Iterator[tuple[int, bytes]]:
         """Send ``request``; yield each answer's (type, payload) until its ack or the dump's end."""
         seq = _HEADER.unpack_from(request)[3]
-        self._sock.send(request)
-        while True:
-            data = self._sock.recv(65536)
-            at = 0
-            while at + _HEADER.size <= len(data):
-                length, kind, flags, got_seq, _ = _HEADER.unpack_from(data, at)
-                payload = data[at + _HEADER.size : at + length]
-                at += _align(length)
-                if got_seq != seq:
-                    continue
-                if kind == NLMSG_DONE:
-                    return
-                if kind == NLMSG_ERROR:
-                    code = -int(struct.unpack_from("=i", payload)[0])
-                    if code == 0:
-                        return
-                    raise _error(what, code, payload, flags)
-                yield kind, payload
+        self.send(request)
+        for kind, _, answer in self.answers(seq, lambda code, payload, flags: _error(what, code, payload, flags)):
+            if kind != nlcore.NLMSG_DONE:
+                yield kind, answer[_HEADER.size :]
 
     def _do(self, request: bytes, what: str) -> None:
         for _ in self._answers(request, what):
@@ -244,7 +196,7 @@ class Rdma:
 
     def netns_mode(self) -> str:
         """``"shared"`` or ``"exclusive"``."""
-        for _, payload in self._answers(sys_get_request(self._next_seq()), "reading the RDMA netns mode"):
+        for _, payload in self._answers(sys_get_request(self.next_seq()), "reading the RDMA netns mode"):
             raw = parse_attrs(payload).get(ATTR_NETNS_MODE)
             if raw:
                 return "shared" if raw[0] == SHARED else "exclusive"
@@ -253,11 +205,11 @@ class Rdma:
     def set_netns_mode(self, mode: str) -> None:
         """Switch to ``"shared"`` or ``"exclusive"``; :class:`Busy` while other namespaces exist."""
         value = {"shared": SHARED, "exclusive": EXCLUSIVE}[mode]
-        self._do(sys_set_request(self._next_seq(), value), f"setting the RDMA netns mode to {mode}")
+        self._do(sys_set_request(self.next_seq(), value), f"setting the RDMA netns mode to {mode}")
 
     def devices(self) -> list[RdmaDevice]:
         """Every RDMA device this namespace sees."""
-        answers = self._answers(dev_dump_request(self._next_seq()), "listing RDMA devices")
+        answers = self._answers(dev_dump_request(self.next_seq()), "listing RDMA devices")
         return [dev for _, payload in answers if (dev := _device(payload)) is not None]
 
     def device(self, name: str) -> RdmaDevice:
@@ -274,7 +226,7 @@ class Rdma:
         """
         what = f"reading RDMA device {index}"
         try:
-            for _, payload in self._answers(dev_get_request(self._next_seq(), index), what):
+            for _, payload in self._answers(dev_get_request(self.next_seq(), index), what):
                 dev = _device(payload)
                 if dev is not None:
                     return dev
@@ -308,23 +260,23 @@ class Rdma:
             os.close(fd)
 
     def move_by_fd(self, index: int, netns_fd: int, what: str) -> None:
-        self._do(move_request(self._next_seq(), index, netns_fd), what)
+        self._do(move_request(self.next_seq(), index, netns_fd), what)
 
     def rename(self, index: int, name: str) -> None:
         """Rename device ``index`` (one this namespace sees); :class:`LinkExists` when ``name`` is taken here."""
-        self._do(rename_request(self._next_seq(), index, name), f"renaming RDMA device {index} to {name}")
+        self._do(rename_request(self.next_seq(), index, name), f"renaming RDMA device {index} to {name}")
 
     def add_link(self, name: str, link_type: str, netdev: str) -> None:
         """``rdma link add NAME type LINK_TYPE netdev NETDEV``: a software RDMA device on a netdev."""
         self._do(
-            newlink_request(self._next_seq(), name, link_type, netdev),
+            newlink_request(self.next_seq(), name, link_type, netdev),
             f"adding {link_type} device {name} on {netdev}",
         )
 
     def delete_link(self, name: str) -> None:
         """Remove a software RDMA device (rxe, siw)."""
         index = self.device(name).index
-        self._do(dellink_request(self._next_seq(), index), f"removing RDMA device {name}")
+        self._do(dellink_request(self.next_seq(), index), f"removing RDMA device {name}")
 
 
 def move_out(netns: str, index: int, target: str) -> None:
@@ -359,21 +311,12 @@ def move_out(netns: str, index: int, target: str) -> None:
 
 def _error(what: str, code: int, payload: bytes, flags: int) -> NetlinkError:
     """The exception for an error answer, with the kernel's extended-ack text when it sent one."""
-    text = ""
-    if flags & NLM_F_ACK_TLVS:
-        # After the error code, the echoed request: its header only when capped.
-        echoed = _HEADER.size if flags & NLM_F_CAPPED else _HEADER.unpack_from(payload, 4)[0]
-        raw = parse_attrs(payload[4 + _align(echoed) :]).get(NLMSGERR_ATTR_MSG)
-        if raw:
-            text = _str(raw)
-    exc = for_errno(what, code)
+    text = nlcore.ack_text(payload, flags)
     if code == errno.ENFILE:
         # The RDMA core answers a device name already taken with ENFILE
         # (seen for rxe's newlink), not EEXIST.
-        exc = LinkExists(f"{what}: the name is taken", code)
-    if text:
-        exc.args = (f"{exc.args[0]} ({text})",)
-    return exc
+        return LinkExists(f"{what}: the name is taken" + (f" ({text})" if text else ""), code)
+    return for_errno(what, code, text)
 
 
 def vf_rdma_devices(root: Path, pci: str) -> list[str]:

@@ -17,7 +17,9 @@ pyroute2 object where a rarely used path wants it.
 
 A failed request raises pyroute2's ``NetlinkError`` with the kernel's errno,
 as ``IPRoute`` did, so :func:`sriov_cni.kernel.links.translate` maps it the
-same way.
+same way; :class:`Refused`, the one raised here, carries the kernel's
+extended-ack text besides.  The socket, the framing and the matching of
+answers are :mod:`sriov_cni.kernel.nlcore`'s, which RDMA netlink shares.
 """
 
 from __future__ import annotations
@@ -29,27 +31,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyroute2.netlink import (
-    NLM_F_ACK,
-    NLM_F_DUMP,
-    NLM_F_DUMP_INTR,
-    NLM_F_REQUEST,
-    NLMSG_DONE,
-    NLMSG_ERROR,
-)
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-_HEADER = struct.Struct("=IHHII")  # struct nlmsghdr
+from sriov_cni.kernel import nlcore
+from sriov_cni.kernel.nlcore import NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST
+
+_HEADER = nlcore.HEADER
 HEADER_SIZE = _HEADER.size
-_ERRNO = struct.Struct("=i")  # the first field of struct nlmsgerr, and NLMSG_DONE's payload
 _NETLINK_ROUTE = 0
-# The kernel answers a dump in datagrams of at most 32 KiB, but one link's
-# answer (a PF's VF list) may be longer: the buffer grows to what a peek reports.
-_BUFSIZE = 65536
 # A dump the kernel reports as interrupted (the table changed under it) is
 # read again; one that never settles fails rather than loop.
 _DUMP_ATTEMPTS = 5
@@ -57,8 +50,7 @@ _DUMP_ATTEMPTS = 5
 # What a GET or a dump answers with.
 _ANSWERS = (RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE)
 _GETS = (RTM_GETLINK, RTM_GETADDR, RTM_GETROUTE)
-_NLA = struct.Struct("=HH")  # struct nlattr
-_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+_NLA = nlcore.ATTR
 
 
 def _attrs_offset(cls: type[Any]) -> int:
@@ -185,16 +177,23 @@ def encode(msg: Message, msg_type: int, flags: int, seq: int) -> bytes:
     return _HEADER.pack(_HEADER.size + len(body), msg_type, flags, seq, 0) + body
 
 
-class Rtnl:
+class Refused(NetlinkError):  # type: ignore[misc]
+    """The kernel's error answer: pyroute2's ``NetlinkError`` with its errno, and its extended-ack text (``ack``)."""
+
+    def __init__(self, code: int, ack: str) -> None:
+        super().__init__(code, ack or None)
+        self.ack = ack
+
+
+def _refused(code: int, payload: bytes, flags: int) -> Refused:
+    return Refused(code, nlcore.ack_text(payload, flags))
+
+
+class Rtnl(nlcore.Socket):
     """One rtnetlink socket and the requests made on it, one at a time."""
 
     def __init__(self, sock: socket.socket | None = None) -> None:
-        self._sock = sock or socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_ROUTE)
-        self._seq = 0
-        self._buf = bytearray(_BUFSIZE)
-
-    def close(self) -> None:
-        self._sock.close()
+        super().__init__(sock or socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_ROUTE))
 
     def request(self, msg_type: int, msg: Message, flags: int = 0) -> list[bytes]:
         """Send one request and return the answers, each a whole message.
@@ -210,41 +209,21 @@ class Rtnl:
         raise NetlinkError(errno.EAGAIN, f"dump of message type {msg_type} kept changing under it")
 
     def _exchange(self, msg_type: int, msg: Message, flags: int) -> tuple[list[bytes], bool]:
-        self._seq = seq = (self._seq + 1) & 0xFFFFFFFF
+        seq = self.next_seq()
         dump = bool(flags & NLM_F_DUMP)
         get = msg_type in _GETS
-        self._sock.send(encode(msg, msg_type, NLM_F_REQUEST | flags | (0 if get else NLM_F_ACK), seq))
+        self.send(encode(msg, msg_type, NLM_F_REQUEST | flags | (0 if get else NLM_F_ACK), seq))
         answers: list[bytes] = []
         interrupted = False
-        while True:
-            data = self._receive()
-            offset = 0
-            while offset + _HEADER.size <= len(data):
-                length, kind, mflags, mseq, _ = _HEADER.unpack_from(data, offset)
-                if length < _HEADER.size:
-                    break
-                start, offset = offset, offset + ((length + 3) & ~3)
-                if mseq != seq:
-                    continue  # the tail of an earlier request abandoned by an exception
-                if mflags & NLM_F_DUMP_INTR:
-                    interrupted = True
-                if kind == NLMSG_ERROR or kind == NLMSG_DONE:
-                    code = _ERRNO.unpack_from(data, start + _HEADER.size)[0] if length >= _HEADER.size + 4 else 0
-                    if code < 0:
-                        raise NetlinkError(-code)
-                    return answers, interrupted
-                if kind not in _ANSWERS:
-                    continue
-                answers.append(data[start : start + length])
-                if get and not dump:
-                    return answers, interrupted
-
-    def _receive(self) -> bytes:
-        size = self._sock.recv_into(self._buf, 0, socket.MSG_PEEK | socket.MSG_TRUNC)
-        if size > len(self._buf):
-            self._buf = bytearray(size)
-        size = self._sock.recv_into(self._buf)
-        return bytes(self._buf[:size])
+        for kind, mflags, answer in self.answers(seq, _refused):
+            if mflags & NLM_F_DUMP_INTR:
+                interrupted = True
+            if kind not in _ANSWERS:
+                continue
+            answers.append(answer)
+            if get and not dump:
+                break
+        return answers, interrupted
 
 
 def decoded(cls: type[Any], answer: bytes) -> Any:
@@ -265,14 +244,6 @@ def attributes(data: bytes | memoryview, offset: int | None = None) -> dict[int,
     ``offset`` None: ``data`` is a whole answer, whose attributes follow its
     family header.  A nested attribute is read from its payload, offset 0.
     """
-    view = memoryview(data)
     if offset is None:
-        offset = _ATTRS_AT[_HEADER.unpack_from(view)[1]]
-    found: dict[int, list[memoryview]] = {}
-    while offset + _NLA.size <= len(view):
-        length, kind = _NLA.unpack_from(view, offset)
-        if length < _NLA.size or offset + length > len(view):
-            break
-        found.setdefault(kind & _NLA_TYPE_MASK, []).append(view[offset + _NLA.size : offset + length])
-        offset += (length + 3) & ~3
-    return found
+        offset = _ATTRS_AT[_HEADER.unpack_from(data)[1]]
+    return nlcore.attributes(data, offset)

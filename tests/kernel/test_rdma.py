@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from sriov_cni.kernel import rdma
+from sriov_cni.kernel import nlcore, rdma
 from sriov_cni.kernel.netns import own_netns_path
 from sriov_cni.kernel.nlerrors import Busy, LinkExists, LinkNotFound, NetlinkError, NotSupported
 from tests.support.hostkernel import has_rdma_netlink
@@ -47,13 +47,13 @@ def _header(data: bytes) -> tuple[int, int, int, int]:
 def _answer(request: bytes) -> bytes:
     """What nldev would answer: the device dump lists rxe0 (index 1, one port), anything else is acked."""
     _, kind, flags, seq = _header(request)
-    if flags & rdma.NLM_F_DUMP:
+    if flags & nlcore.NLM_F_DUMP:
         # RDMA_NLDEV_ATTR_PORT_INDEX (3): the device's one port.
         body = rdma.attr_u32(rdma.ATTR_DEV_INDEX, 1) + rdma.attr_u32(3, 1)
         body += rdma.attr_str(rdma.ATTR_DEV_NAME, "rxe0")
         device = struct.pack("=IHHII", 16 + len(body), kind, 2, seq, 0) + body
-        return device + struct.pack("=IHHIIi", 20, rdma.NLMSG_DONE, 2, seq, 0, 0)
-    return struct.pack("=IHHIIi", 36, rdma.NLMSG_ERROR, rdma.NLM_F_CAPPED, seq, 0, 0) + request[:16]
+        return device + struct.pack("=IHHIIi", 20, nlcore.NLMSG_DONE, 2, seq, 0, 0)
+    return struct.pack("=IHHIIi", 36, nlcore.NLMSG_ERROR, nlcore.NLM_F_CAPPED, seq, 0, 0) + request[:16]
 
 
 def iproute2_requests(*args: str) -> list[bytes]:
@@ -156,11 +156,11 @@ def test_deleting_a_link() -> None:
 
 
 def _error_answer(code: int, request: bytes, text: str | None) -> tuple[bytes, int]:
-    flags = rdma.NLM_F_CAPPED
+    flags = nlcore.NLM_F_CAPPED
     tail = b""
     if text is not None:
-        flags |= rdma.NLM_F_ACK_TLVS
-        tail = rdma.attr_str(rdma.NLMSGERR_ATTR_MSG, text)
+        flags |= nlcore.NLM_F_ACK_TLVS
+        tail = rdma.attr_str(nlcore.NLMSGERR_ATTR_MSG, text)
     return struct.pack("=i", -code) + request[:16] + tail, flags
 
 

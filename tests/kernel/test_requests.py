@@ -127,6 +127,30 @@ def test_the_kernels_errno_reaches_the_caller(inside: netlink.Namespace) -> None
     assert inside.get(index).name == "d0"
 
 
+def test_a_refusal_carries_the_kernels_own_explanation(pod: str, inside: netlink.Namespace) -> None:
+    # Real kernel: a gateway no route reaches, refused with an extended ack;
+    # ip, sending the same request, is the oracle for its text.
+    ns = os.path.basename(pod)
+    oracle = subprocess.run(
+        ["ip", "-n", ns, "route", "add", "10.66.0.0/24", "via", "10.67.0.1", "dev", "d0"],
+        capture_output=True,
+        text=True,
+    )
+    assert oracle.returncode != 0 and oracle.stderr.startswith("Error: "), oracle.stderr
+    explanation = oracle.stderr.removeprefix("Error: ").strip().rstrip(".")
+    with pytest.raises(netlink.NetlinkError) as refused:
+        inside.add_route(_d0(inside), ipaddress.ip_network("10.66.0.0/24"), ipaddress.ip_address("10.67.0.1"))
+    assert refused.value.errno == errno.ENETUNREACH
+    assert (
+        str(refused.value)
+        == f"adding route 10.66.0.0/24 via 10.67.0.1 (link {_d0(inside)}): Network is unreachable ({explanation})"
+    )
+    # A refusal without one reads as before.
+    with pytest.raises(netlink.LinkNotFound) as missing:
+        inside.get(0x7FFFFFF0)
+    assert "(" not in str(missing.value)
+
+
 def test_a_link_dump_longer_than_one_datagram_is_read_to_its_end(pod: str, inside: netlink.Namespace) -> None:
     ns = os.path.basename(pod)
     # Over 1 KiB per link; the kernel sends at most 32 KiB per datagram.
