@@ -204,6 +204,14 @@ def netdev_link(root: Path, name: str) -> tuple[int, bool]:
     return mtu, bool(flags & 0x1)  # IFF_UP
 
 
+def carrier_ups(root: Path, name: str) -> int | None:
+    """How often host netdev ``name`` gained carrier since its driver registered it; None when sysfs does not say."""
+    try:
+        return int((root / "class" / "net" / name / "carrier_up_count").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def carrier(root: Path, name: str) -> bool | None:
     """Whether host netdev ``name`` has carrier; None when sysfs does not say (a netdev that is down, or none)."""
     try:

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sriov_cni import nodestate
-from sriov_cni.kernel import cpulist, irqs, netlink, nlerrors, queues, sysfs
+from sriov_cni.kernel import cpulist, firstopen, irqs, netlink, nlerrors, queues, sysfs
 from sriov_cni.kernel.vfsettings import ZERO_MAC
-from sriov_cni.node import cpus, firstopen, irqbalance, rdmamode, vfs
+from sriov_cni.node import cpus, irqbalance, rdmamode, vfs
 from sriov_cni.node.config import NodeConfig, PfSpec, TuningSpec
 from sriov_cni.nodestate import Policy, TuningError
 from sriov_cni.paths import Paths

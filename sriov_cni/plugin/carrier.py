@@ -22,7 +22,7 @@ import logging
 import time
 from pathlib import Path
 
-from sriov_cni.kernel import netlink, sysfs, vfsettings
+from sriov_cni.kernel import firstopen, netlink, sysfs, vfsettings
 from sriov_cni.plugin import aside
 from sriov_cni.vfstore import Allocation
 
@@ -39,6 +39,26 @@ def _expected(sys_root: Path, alloc: Allocation) -> bool:
     if alloc.applied.link_state == vfsettings.LINK_STATE_DISABLE:
         return False
     return sysfs.carrier(sys_root, alloc.pf_netdev) is True
+
+
+def train(sys_root: Path, alloc: Allocation) -> None:
+    """Open and close in the host, once, a VF netdev that never had carrier, before it goes to the pod.
+
+    Such a VF (created by another tool, or while its PF was down) may be
+    past its driver's first reset only seconds after its first open (see
+    sriov_cni.kernel.firstopen); a VF that had carrier once is past it.  The
+    kernel's ``carrier_up_count`` tells them apart, whatever driver and
+    whoever created the VF.
+    """
+    assert alloc.original is not None
+    netdev = alloc.original.netdev
+    if sysfs.carrier_ups(sys_root, netdev) != 0:
+        return
+    try:
+        firstopen.open_once(alloc.pf_netdev, alloc.vf_index, netdev)
+    except firstopen.FirstOpenError as exc:
+        # The pod still gets the VF: its carrier comes later, and ADD waits for it.
+        logger.warning("could not open new VF %s once before the pod: %s", alloc.vf_pci, exc)
 
 
 def await_carrier(sys_root: Path, alloc: Allocation, index: int, bound: float) -> None:

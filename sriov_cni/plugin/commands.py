@@ -458,6 +458,9 @@ def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
 def _attach(conf: NetConf, lease: NewLease, deps: Deps) -> tuple[Interface, int]:
     """The VF's netdev into the pod, configured and tuned; with its index there."""
     alloc = lease.alloc
+    # In the host, before the record says the VF is in the pod: a restore
+    # puts the netdev's state back from the record either way.
+    carrier.train(deps.paths.sys, alloc)
     # Recorded first: only a record that says so lets a restore take an
     # interface out of the pod's namespace.
     alloc.in_pod = True

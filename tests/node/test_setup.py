@@ -280,7 +280,7 @@ def test_nohz_full_null_means_no_cpu(tree: Tree, links: FakeLinks, tmp_path: Pat
 def test_new_vfs_are_opened_once_after_the_pf_link_is_up(
     tree: Tree, links: FakeLinks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """VFs setup creates are opened and closed once (see node/firstopen.py), after the PF's link is up.
+    """VFs setup creates are opened and closed once (see kernel/firstopen.py), after the PF's link is up.
 
     Fixture: the tree's VFs stand for the ones the sriov_numvfs write creates
     (the tree's numvfs file says 0 until then); the link changes are recorded.

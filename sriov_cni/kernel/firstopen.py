@@ -1,4 +1,4 @@
-"""A new VF opened and closed once by ``sriov-cni setup``, so that its first reset is not a pod's.
+"""A new VF opened and closed once, so that its first reset is not a pod's.
 
 igbvf probes a new VF while igb is still setting the PF up for SR-IOV (or
 while the PF is down: setup brings its link up after creating the VFs).
@@ -10,7 +10,11 @@ and schedules a reset, but only 10 s after the VF's last reset
 got such a VF had no traffic for seconds after ADD.  A VF that was opened
 and closed once, with its PF up, is past this: a close resets it at once
 (``igbvf_down``), the PF answers, and every later open reports carrier on
-the watchdog's next run.  So setup does it, after bringing the PF up.
+the watchdog's next run.  So setup does it, after bringing the PF up, and
+ADD does it for a VF that never had carrier (one created by another tool,
+or before its PF was up) before the pod gets it: without it, each of a
+pod's networks on such VFs waited out the reset gap in its ADD, one after
+the other.
 
 The reset also makes igbvf program its netdev's MAC into the PF's receive
 filter, which the PF then reports as the VF's MAC.  A new VF reads zero
