@@ -34,6 +34,8 @@ PHASES: dict[tuple[str, str], str] = {
     ("attach.py", "into_pod"): "move/attach (and back)",
     ("attach.py", "restore_netdev"): "move/attach (and back)",
     ("tuning.py", "*"): "VF tuning (IRQs, queues)",
+    ("carrier.py", "await_carrier"): "carrier wait",
+    ("rdma.py", "*"): "RDMA device (move, lookup)",
     ("delegate.py", "*"): "IPAM",
     ("infofile.py", "*"): "device-info file",
     ("deviceinfo.py", "*"): "device-info file",
@@ -54,6 +56,10 @@ OTHER = "other"
 # The function each netlink request passes through once (revisions before
 # it, on pyroute2's IPRoute, have no such function: no count is shown for them).
 REQUESTS = (("sriov_cni/kernel/rtnl.py", "_exchange"),)
+
+# The request for a PF's VF info: the kernel answers it with every VF of
+# the PF, holding RTNL the while (KernelVfControl.vfs).
+VF_INFO_DUMP = ("vfcontrol.py", "vfs")
 
 Func = tuple[str, int, str]
 
@@ -110,6 +116,12 @@ def breakdown(prof: Path) -> tuple[dict[str, float], dict[str, float], float]:
             for name, part in by_calls(func).items():
                 requests[name] += calls * part
     return dict(seconds), dict(requests), sum(entry[2] for entry in stats.values())
+
+
+def calls(prof: Path, func: tuple[str, str]) -> int:
+    """How often one function (file name, function name) ran in one cProfile dump."""
+    stats = pstats.Stats(str(prof)).stats  # type: ignore[attr-defined]
+    return sum(entry[1] for f, entry in stats.items() if (Path(f[0]).name, f[2]) == func)
 
 
 def table(title: str, prof: Path, unprofiled: float | None) -> list[str]:
