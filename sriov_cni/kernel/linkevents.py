@@ -2,8 +2,12 @@
 
 When a pod's network namespace dies, the kernel moves each physical netdev
 in it (a VF's among them) back to the initial namespace, which announces
-it there as a new link (RTM_NEWLINK); and the namespace's id in the host,
-which the kernel gave it when a link moved in, is withdrawn (RTM_DELNSID).
+it there as a new link (RTM_NEWLINK whose ``ifi_change`` is all ones, as
+for a link registered there); and the namespace's id in the host, which
+the kernel gave it when a link moved in, is withdrawn (RTM_DELNSID).  A
+link's other changes (up, down, renamed, carrier) are not announced to the
+listener: every ADD and DEL makes several, and a sweep for each cost a
+busy node's pods their first packets' CPU.
 A VF on a DPDK driver has no netdev and announces nothing.  Only the
 headers are read: what arrived is looked up by whoever listens, so a lost
 announcement (the socket's buffer overflowed) is reported as one that came.
@@ -22,6 +26,9 @@ _NETLINK_ADD_MEMBERSHIP = 1
 RTM_NEWLINK = 16
 RTM_DELNSID = 89
 _HEADER = struct.Struct("=IHHII")
+# ifinfomsg after the header: family, pad, type, index, flags, change.
+_IFINFO = struct.Struct("=BxHiII")
+_ARRIVED = 0xFFFFFFFF
 
 
 class LinkEvents:
@@ -45,7 +52,7 @@ class LinkEvents:
         self.sock.close()
 
     def drain(self) -> bool:
-        """Read everything waiting; whether a link arrived or changed, or a namespace's id was withdrawn."""
+        """Read everything waiting; whether a link arrived, or a namespace's id was withdrawn."""
         seen = False
         while True:
             try:
@@ -60,7 +67,14 @@ class LinkEvents:
             offset = 0
             while offset + _HEADER.size <= len(data):
                 length, kind, _, _, _ = _HEADER.unpack_from(data, offset)
-                seen = seen or kind in (RTM_NEWLINK, RTM_DELNSID)
+                seen = seen or kind == RTM_DELNSID or (kind == RTM_NEWLINK and _arrival(data, offset, length))
                 if length < _HEADER.size:
                     break
                 offset += (length + 3) & ~3
+
+
+def _arrival(data: bytes, offset: int, length: int) -> bool:
+    """Whether the RTM_NEWLINK at ``offset`` announces a link new to the namespace, not a change of one."""
+    if length < _HEADER.size + _IFINFO.size:
+        return True  # not a link message as this kernel writes them: look rather than miss one
+    return _IFINFO.unpack_from(data, offset + _HEADER.size)[4] == _ARRIVED
