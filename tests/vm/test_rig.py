@@ -518,6 +518,8 @@ def _eth(src: str, tags: list[tuple[int, int]], ethertype: int, payload: bytes) 
 
 # An IPv4 header (20 bytes, protocol ICMP) and an echo request's first 8 bytes.
 ICMP_ECHO_REQUEST = bytes.fromhex("4500001c00004000400100000a0900020a0900010800000000010001")
+# An IPv4 header (protocol UDP) and a UDP header to RoCE v2's port.
+ROCE_V2 = bytes.fromhex("4500002400004000401100000a0900010a090002c00012b700100000")
 ARP_WHO_HAS = bytes.fromhex("0001080006040001020000000a010a0900010000000000000a090002")
 
 
@@ -545,7 +547,9 @@ def test_the_wire_capture_is_read_record_by_record(tmp_path: Path, order: str) -
     [last] = wire.since(mark)
     assert last.tags == (wirelib.Tag(0x88A8, 0, 1, 7), wirelib.Tag(0x8100, 0, 0, 100))
     assert (last.vids, last.ethertype, last.ipv4(), last.length) == ((7, 100), 0x0800, ("10.9.0.2", "10.9.0.1"), 50)
-    assert (last.icmp_type(), first[0].icmp_type()) == (wirelib.ICMP_ECHO_REQUEST, None)
+    assert (last.icmp_type(), first[0].icmp_type(), last.udp_ports()) == (wirelib.ICMP_ECHO_REQUEST, None, None)
+    roce = wirelib.parse_frame(_eth("02:00:00:00:0a:01", [], 0x0800, ROCE_V2))
+    assert (roce.udp_ports(), roce.icmp_type()) == ((49152, wirelib.ROCE_V2_PORT), None)
     assert wire.since(wire.mark()) == []
 
 

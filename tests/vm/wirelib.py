@@ -35,6 +35,8 @@ TPIDS = (0x8100, 0x88A8)
 ETH_P_ARP = 0x0806
 ETH_P_IP = 0x0800
 IPPROTO_ICMP = 1
+IPPROTO_UDP = 17
+ROCE_V2_PORT = 4791
 ICMP_ECHO_REQUEST = 8
 ICMP_ECHO_REPLY = 0
 # IEEE 802's local experimental ethertypes: the tests' own frames, which
@@ -85,6 +87,16 @@ class Frame:
         if self.ethertype != ETH_P_IP or len(self.payload) < 20:
             return None
         return ".".join(str(b) for b in self.payload[12:16]), ".".join(str(b) for b in self.payload[16:20])
+
+    def udp_ports(self) -> tuple[int, int] | None:
+        """(source, destination) port of an IPv4 UDP datagram (RoCE v2 is UDP to ROCE_V2_PORT)."""
+        if self.ipv4() is None or self.payload[9] != IPPROTO_UDP:
+            return None
+        header = (self.payload[0] & 0xF) * 4
+        if len(self.payload) < header + 4:
+            return None
+        sport, dport = struct.unpack_from("!HH", self.payload, header)
+        return sport, dport
 
     def icmp_type(self) -> int | None:
         """The ICMP type of an IPv4 ICMP packet (8 echo request, 0 echo reply)."""
@@ -192,9 +204,9 @@ class Wire:
 
 
 # Run in a pod by :class:`Listener`: counts the frames its interface
-# receives, by source MAC, until a frame of the sentinel ethertype arrives.
-# Raw frames of every protocol (ETH_P_ALL); the pod's own sends show as
-# outgoing and are not counted.
+# receives, by source MAC, destination MAC and ethertype, until a frame of
+# the sentinel ethertype arrives.  Raw frames of every protocol (ETH_P_ALL);
+# the pod's own sends show as outgoing and are not counted.
 LISTEN = r"""
 import json, socket, sys
 sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
@@ -205,10 +217,11 @@ while True:
     frame, addr = sock.recvfrom(65535)
     if addr[2] == socket.PACKET_OUTGOING:
         continue
-    if int.from_bytes(frame[12:14], "big") == int(sys.argv[2]):
+    ethertype = int.from_bytes(frame[12:14], "big")
+    if ethertype == int(sys.argv[2]):
         break
-    src = frame[6:12].hex(":")
-    seen[src] = seen.get(src, 0) + 1
+    key = f"{frame[6:12].hex(':')} {frame[0:6].hex(':')} {ethertype}"
+    seen[key] = seen.get(key, 0) + 1
 print(json.dumps(seen), flush=True)
 """
 
@@ -259,8 +272,18 @@ def send_frames(
 LISTEN_BOUND = 120.0
 
 
+@dataclass(frozen=True)
+class Received:
+    """Frames of one source, destination and ethertype that a :class:`Listener` counted."""
+
+    src: str
+    dst: str
+    ethertype: int
+    count: int
+
+
 class Listener:
-    """What one pod's interface receives, counted by source MAC, until a sentinel frame ends the count.
+    """What one pod's interface receives, until a sentinel frame ends the count.
 
     Frames reach a pod in the order the NIC delivered them: once the
     sentinel (sent after the traffic under test, on a path that reaches the
@@ -281,8 +304,8 @@ class Listener:
             self.proc.kill()
             pytest.fail(f"the listener in {pod} did not start: {line}{self.proc.communicate()}")
 
-    def counts(self) -> dict[str, int]:
-        """Frames received by source MAC, once the sentinel came."""
+    def counts(self) -> list[Received]:
+        """The frames received, once the sentinel came."""
         try:
             out, err = self.proc.communicate(timeout=LISTEN_BOUND)
         except subprocess.TimeoutExpired:
@@ -290,7 +313,12 @@ class Listener:
             pytest.fail(f"no sentinel reached the listener within {LISTEN_BOUND:.0f} s: {self.proc.communicate()}")
         assert self.proc.returncode == 0, err
         seen: dict[str, int] = json.loads(out)
-        return seen
+        return [Received(*_split(key), count) for key, count in seen.items()]
+
+
+def _split(key: str) -> tuple[str, str, int]:
+    src, dst, ethertype = key.split()
+    return src, dst, int(ethertype)
 
 
 def guest_wire() -> Wire:
