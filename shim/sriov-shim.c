@@ -7,7 +7,7 @@
  * to run), its working directory and environment, and its stdin, stdout and
  * stderr as descriptors (SCM_RIGHTS). The daemon runs the plugin on those
  * descriptors and answers with its exit status, which becomes ours. The
- * frame is defined in sriov_cni/daemon/wire.py, which the Python executable
+ * frame is defined in sriov_cni/wire.py, which the Python executable
  * and the daemon share; tests/daemon/test_wire.py checks these constants
  * and this program's behaviour against it:
  *

@@ -28,8 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sriov_cni import sizes
-from sriov_cni.daemon import wire
+from sriov_cni import sizes, wire
 
 MiB = 1 << 20
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -1,25 +1,25 @@
-"""The daemon's children: forked ahead of the calls, each serving calls in turn.
+"""The daemon's children, from the daemon's side: forked ahead of the calls, each serving calls in turn.
 
-The daemon side (:class:`Children`) forks spares, hands each call to a
-waiting child, spaces out forks while children end at start, and ends
-children that stayed idle.  The child side (:func:`spare`) waits for a call
-on its channel, serves it (:mod:`call`) and waits again.
+:class:`Children` forks spares, hands each call to a waiting child, reads
+their reports, spaces out forks while children end at start, and ends
+children that stayed idle.  What a child runs, and what it and the daemon
+say to each other, is :mod:`child`'s.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon import budget, channel, intake
-from sriov_cni.daemon.call import serve_one
+from sriov_cni.daemon import budget, child, intake
 from sriov_cni.daemon.metrics import Metrics
 from sriov_cni.daemon.options import Options
-from sriov_cni.daemon.watchdog import Watchdog
 from sriov_cni.kernel import lifetime
 
 # Children forked ahead, each waiting to take the next call.  Two, so that
@@ -31,47 +31,48 @@ START_BACKOFF = 0.5
 START_BACKOFF_MAX = 30.0
 
 
-def spare(ours: socket.socket, daemon: int, messages: int, options: Options) -> None:
-    """Runs in a forked child: serves the calls the daemon hands it, one at a time, until it ends.
+def ready_pids(messages: int) -> list[int]:
+    """In the daemon: the children that said they wait for a call since it last read ``messages``."""
+    data = os.read(messages, child.READY.size * 64)
+    return [pid for (pid,) in child.READY.iter_unpack(data)]
 
-    The daemon keeps such children forked ahead of the calls, so a call
-    does not wait for the fork of the daemon (a copy of every page table of
-    a 40 MiB interpreter), nor for its watchdog thread to start.  The child
-    tells the daemon (pid ``daemon``) on its ``messages`` pipe each time it
-    waits for a call (see options.CALLS_PER_CHILD); the daemon hands it one
-    on its channel, ``ours``, or closes the channel to end it
-    (options.CHILD_IDLE).
+
+# The hand-over: one message carrying the connection, the caller's three
+# descriptors and a memfd holding the request body (up to MAX_REQUEST, more
+# than a datagram holds).
+
+
+def hand_over(channel: socket.socket, call: intake.Call) -> None:
+    """Send ``call`` to the child at the other end of ``channel``, and close it here.
+
+    Raises OSError, with ``call`` still open, when the child is gone.
     """
-    idle_group = os.getpgid(0)
-    # What the caller's descriptors become once a call has answered: they
-    # must be released (its runtime reads to EOF) and 0-2 must stay taken,
-    # or the next call's descriptors would land on one of them.
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    for served in range(options.calls_per_child):
-        # An idle child ends with the daemon, as its channel does.
-        lifetime.die_with_parent(daemon)
-        if served:
-            os.setpgid(0, idle_group)
-        watchdog = Watchdog()
-        channel.say_ready(messages)
-        call = channel.take_over(ours)
-        if call is None:
+    body = os.memfd_create("sriov-cni-request", os.MFD_CLOEXEC)
+    try:
+        with open(body, "wb", closefd=False) as f:
+            f.write(call.body)
+        socket.send_fds(channel, [b"c"], [call.conn.fileno(), *call.fds, body], socket.MSG_DONTWAIT)
+    finally:
+        os.close(body)
+    call.close()
+
+
+def reports(channel: socket.socket) -> Iterator[child.Reported]:
+    """The reports a child sent on ``channel`` that the daemon has not read yet."""
+    while True:
+        try:
+            message = channel.recv(4096, socket.MSG_DONTWAIT)
+        except OSError:
+            # Nothing more (EAGAIN), or closed here already: the daemon
+            # closes the channel of a waiting child to end it, and such a
+            # child has no call to report on.
             return
-        # Taken: a call runs to its end even when the daemon is restarted
-        # meanwhile, as an executed plugin would.
-        lifetime.outlive_parent()
-        # The call's group: what it starts (delegated IPAM, helpers in a pod's
-        # namespace) ends with it (Watchdog).
-        os.setpgid(0, 0)
-        with call.conn:
-            report = serve_one(call, options, watchdog, null, f"{os.getpid()}-{served}")
-        # After the answer, and before this child says it waits again: the
-        # daemon reads it then (Children.on_messages), counts the call and
-        # sizes its cap by what its children hold (Children.held).
-        report.held(budget.private_bytes())
-        report.send(ours)
-        if report.refusal:
+        if not message:
             return
+        raw = json.loads(message)
+        yield child.Reported(
+            str(raw["result"]), float(raw["seconds"]), int(raw["claimsRefused"]), int(raw["privateBytes"])
+        )
 
 
 class Children:
@@ -86,7 +87,7 @@ class Children:
         # The most a child has held after a call (0: none has reported yet).
         self.child_bytes = 0
         self.idle = options.child_idle
-        # The daemon's end of each child's channel (channel.hand_over).
+        # The daemon's end of each child's channel (hand_over).
         self.channels: dict[int, socket.socket] = {}
         self.starting: set[int] = set()
         # Since when each waits; one that has served calls ends after ``idle``.
@@ -117,7 +118,7 @@ class Children:
             try:
                 budget.expose_child()
                 self._in_child(theirs)
-                spare(theirs, self.daemon, self.messages_w, self.options)
+                child.spare(theirs, self.daemon, self.messages_w, self.options)
                 status = 0
             finally:  # the child must always reach _exit
                 os._exit(status)
@@ -143,7 +144,7 @@ class Children:
             pid = max(self.waiting, key=self.waiting.__getitem__)
             del self.waiting[pid]
             try:
-                channel.hand_over(self.channels[pid], call)
+                hand_over(self.channels[pid], call)
             except OSError:
                 continue  # it ended meanwhile; reaped with the next SIGCHLD
             self.served.add(pid)
@@ -153,11 +154,11 @@ class Children:
 
     def on_messages(self) -> None:
         now = time.monotonic()
-        for pid in channel.ready_pids(self.messages_r):
+        for pid in ready_pids(self.messages_r):
             # A pid not found was reaped already.
             if pid in self.channels:
                 # The call it served, if any, reported before it said so.
-                for report in channel.reports(self.channels[pid]):
+                for report in reports(self.channels[pid]):
                     self.metrics.reported(pid, report)
                     self.held(report.private_bytes)
                 if pid in self.starting:
@@ -201,7 +202,7 @@ class Children:
             if pid == 0:
                 return
             # Its last report, if it sent one before it ended, counts.
-            for report in channel.reports(self.channels[pid]):
+            for report in reports(self.channels[pid]):
                 self.metrics.reported(pid, report)
             self.metrics.ended(pid, pid in self.starting)
             self.channels.pop(pid).close()

@@ -17,8 +17,7 @@ import _struct
 import os
 import sys
 
-from sriov_cni import __version__
-from sriov_cni.daemon import wire
+from sriov_cni import __version__, wire
 
 SOCKET_ENV = "SRIOV_CNI_SOCKET"
 DEFAULT_SOCKET = "/run/sriov-cni/plugin.sock"

@@ -32,10 +32,8 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from sriov_cni import __version__
+from sriov_cni import __version__, wire
 from sriov_cni.cni import CNIError, Code
-from sriov_cni.daemon import wire
-from sriov_cni.daemon.programs import PROGRAMS
 
 _FD = array.array("i").itemsize
 
@@ -158,12 +156,13 @@ class Intake:
         max_pending: int,
         pending_bytes: int,
         refused: Callable[[int], None],
+        programs: Collection[str],
     ) -> None:
-        """``refused``: told the CNI error code of each refusal answered here (the metrics count them)."""
+        """``refused``: told the CNI error code of each refusal answered here (the metrics count them); ``programs``: the names a caller may ask for."""
         self.listener = listener
         self.selector = selector
         self.timeout = request_timeout
-        self.programs: Collection[str] = PROGRAMS
+        self.programs = programs
         self._refused = refused
         self.max_pending = max_pending
         self.max_pending_bytes = pending_bytes

@@ -17,12 +17,11 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from sriov_cni import safepath
 from sriov_cni.daemon import budget
-from sriov_cni.vfstore import Allocation, Claim, FileStore, SetAside, Store
+from sriov_cni.vfstore import Claim, FileStore, Store
 
 STATS_ENV = "SRIOV_CNI_DAEMON_STATS"
 PROFILE_ENV = "SRIOV_CNI_DAEMON_PROFILE"
@@ -41,7 +40,7 @@ class Measure:
         return cls(directory, os.environ.get(PROFILE_ENV) == "1") if directory else None
 
 
-class TimedStore:
+class TimedStore(FileStore):
     """The VF store a daemon child's call gets: each claim it tries is timed, and whether it got it.
 
     How long calls wait for each other's VFs, and how often an ADD passes a
@@ -51,42 +50,15 @@ class TimedStore:
     counts the check of the store's directories.
     """
 
-    def __init__(self, store: Store, times: list[tuple[float, bool]]) -> None:
-        self._store = store
+    def __init__(self, data_dir: str, times: list[tuple[float, bool]]) -> None:
+        super().__init__(data_dir)
         self._times = times
 
     def claim(self, vf_pci: str, wait: float = 0.0) -> Claim | None:
         asked = time.perf_counter()
-        got = self._store.claim(vf_pci, wait)
+        got = super().claim(vf_pci, wait)
         self._times.append((time.perf_counter() - asked, got is not None))
         return got
-
-    def all(self) -> list[Allocation]:
-        return self._store.all()
-
-    def ids(self) -> AbstractSet[str]:
-        return self._store.ids()
-
-    def has(self, vf_pci: str) -> bool:
-        return self._store.has(vf_pci)
-
-    def get(self, vf_pci: str) -> Allocation | None:
-        return self._store.get(vf_pci)
-
-    def put(self, alloc: Allocation) -> None:
-        self._store.put(alloc)
-
-    def remove(self, vf_pci: str) -> None:
-        self._store.remove(vf_pci)
-
-    def set_aside(self, record: SetAside) -> None:
-        self._store.set_aside(record)
-
-    def aside(self) -> dict[str, SetAside]:
-        return self._store.aside()
-
-    def unset_aside(self, vf_pci: str) -> None:
-        self._store.unset_aside(vf_pci)
 
 
 class ClaimTimes:
@@ -97,7 +69,7 @@ class ClaimTimes:
 
     def store(self, data_dir: str) -> Store:
         """The store in ``data_dir``, as :class:`commands.Deps` opens one, its claims timed here."""
-        return TimedStore(FileStore(data_dir), self.times)
+        return TimedStore(data_dir, self.times)
 
     def refused(self) -> int:
         return sum(1 for _, got in self.times if not got)
@@ -106,7 +78,7 @@ class ClaimTimes:
 def run_measured(
     measure: Measure, name: str, run: Callable[[], int], reply: Callable[[int], None], about: Mapping[str, object]
 ) -> None:
-    """Run the call as :func:`call.serve_one` does, and write what it cost to ``name`` in the directory.
+    """Run the call as :func:`child.serve_one` does, and write what it cost to ``name`` in the directory.
 
     ``about``: the call's program, command and container, and its claims
     (a list that fills as it runs), written with its costs.

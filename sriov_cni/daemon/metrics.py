@@ -4,7 +4,7 @@ Counting calls.  Every call runs in a forked child of the daemon that serves
 up to ``--calls-per-child`` calls in turn and may be SIGKILLed at any point
 (by its watchdog when its caller hangs up, or by the OOM killer, which
 takes children first).  So the child counts nothing itself: after
-answering, it reports the call on its channel (:mod:`channel`), and the
+answering, it reports the call on its channel (:mod:`child`), and the
 daemon's loop tells :class:`Metrics` of each event of a call's life: a
 child forked, a call handed to it (so the call's executable and CNI command
 are known, and which child holds it), the call reported, the child ended,
@@ -42,10 +42,9 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sriov_cni import __version__
+from sriov_cni import __version__, wire
 from sriov_cni.cni import Code
-from sriov_cni.daemon import wire
-from sriov_cni.daemon.channel import Reported
+from sriov_cni.daemon.child import Reported
 
 # Commands a call may name; anything else a caller sends in CNI_COMMAND is
 # counted as "other", so a caller cannot create series at will.

@@ -17,8 +17,7 @@ import select
 import socket
 import time
 
-from sriov_cni import __version__
-from sriov_cni.daemon import wire
+from sriov_cni import __version__, wire
 
 # Seconds the whole call may take; a warm daemon answers in milliseconds.
 TIMEOUT = 5.0

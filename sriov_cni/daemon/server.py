@@ -9,7 +9,7 @@ each request itself (:mod:`intake`), so a caller that sends nothing holds no
 child; a child forked from the daemon is handed the complete request, takes
 the caller's descriptors over and runs exactly the code the executable
 would run in process (:func:`sriov_cni.plugin.commands.run`, or the IPAM's
-dispatch); the exit status goes back in the answer frame (:mod:`wire`).
+dispatch); the exit status goes back in the answer frame (:mod:`sriov_cni.wire`).
 Starting Python and importing pyroute2 is paid once, here, not per call.
 A child serves one call at a time, and up to CALLS_PER_CHILD in turn.
 
@@ -22,10 +22,10 @@ so an upgraded package is never served by old code.
 Only root may call (checked with SO_PEERCRED).  The socket's directory
 is made root-only when it holds nothing else.
 
-The daemon is started with one :class:`~options.Options` value.  The
-children are kept in :mod:`childpool`, speak with the daemon over
-:mod:`channel` and serve each call in :mod:`call`; :mod:`measure` says how
-to make them report what each call cost.  The daemon's :class:`Metrics`
+The daemon is started with one :class:`~options.Options` value.  It keeps
+its children in :mod:`childpool`; what a child runs, and says to the
+daemon, is :mod:`child`'s; :mod:`measure` says how to make them report
+what each call cost.  The daemon's :class:`Metrics`
 count what its loop sees, served by :mod:`exporter`.  Where the runtime
 offers NRI, :mod:`nri` gives the containers of pods with an RDMA device
 that device's character devices and a memlock limit.  :mod:`heal` gives back
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from sriov_cni import __version__, safepath
 from sriov_cni.cni import CNIError, Code
 from sriov_cni.daemon import budget, childpool, heal, intake
+from sriov_cni.daemon.child import PROGRAMS
 from sriov_cni.daemon.exporter import Exporter
 from sriov_cni.daemon.exporter import start as start_exporter
 from sriov_cni.daemon.metrics import Metrics
@@ -170,7 +171,7 @@ def serve(options: Options) -> int:
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(
-        listener, selector, options.request_timeout, max_pending, admitted.pending_bytes, metrics.refused
+        listener, selector, options.request_timeout, max_pending, admitted.pending_bytes, metrics.refused, PROGRAMS
     )
     # Before the banner: a SIGTERM from then on drains the calls.
     stop = _Stop(options.drain_timeout)

@@ -42,7 +42,7 @@ def _orphan_guard() -> Callable[[], None] | None:
     the address the live pod now holds.
 
     The daemon's call children lead a process group of their own and are
-    ended with that group (:mod:`sriov_cni.daemon.watchdog`), so there nothing is
+    ended with that group (``sriov_cni.daemon.child.Watchdog``), so there nothing is
     needed. Elsewhere PR_SET_PDEATHSIG is armed in the child; it costs the
     spawn its vfork path (a fork of this process per delegated call).
     """

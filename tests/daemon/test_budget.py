@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from sriov_cni import wire
 from sriov_cni.cni import Code
-from sriov_cni.daemon import budget, wire
+from sriov_cni.daemon import budget
 from tests.support.daemonlib import Daemon, command_line
 
 MiB = 1 << 20

@@ -31,8 +31,8 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from sriov_cni import __version__
-from sriov_cni.daemon import childpool, server, wire
+from sriov_cni import __version__, wire
+from sriov_cni.daemon import childpool, server
 from tests.support.daemonlib import Daemon, broken_children, ipam_conf, ipam_env, shim, wait_for
 
 VERSION_CONF = b'{"cniVersion": "1.0.0"}'

@@ -14,8 +14,8 @@ import socket
 import sys
 from pathlib import Path
 
-from sriov_cni import __version__
-from sriov_cni.daemon import call, channel, intake, wire
+from sriov_cni import __version__, wire
+from sriov_cni.daemon import child, intake
 from tests.support.daemonlib import Daemon, ipam_conf, ipam_env, shim
 
 # 100 000 entries of 4 to 9 bytes: 889 KB, under wire.MAX_REQUEST.
@@ -85,7 +85,7 @@ def test_a_child_takes_the_environment_over_without_setting_it_in_its_own() -> N
             conn, _ = socket.socketpair()
             fds = [os.open("/dev/null", os.O_RDWR) for _ in range(3)]
             before = dict(os.environ)
-            program, _, taken = call._become_caller(intake.Call(conn, fds, body), channel.Report())
+            program, _, taken = child._become_caller(intake.Call(conn, fds, body), child.Report())
             status = 0 if (program, taken, dict(os.environ)) == ("sriov-ipam", env, before) else 2
         finally:
             os._exit(status)

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sriov_cni import __version__
-from sriov_cni.daemon import childpool, install, measure, wire
+from sriov_cni import __version__, wire
+from sriov_cni.daemon import childpool, install, measure
 from tests.support import hangipam
 from tests.support.daemonlib import REPO, SHIM, Daemon, ipam_conf, ipam_env, shim, wait_for
 

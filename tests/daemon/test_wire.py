@@ -1,4 +1,4 @@
-"""Both executables speak the frame of sriov_cni.daemon.wire, case for case.
+"""Both executables speak the frame of sriov_cni.wire, case for case.
 
 The shim's compiled-in constants are read from its source and compared
 with the module's.  Then one table of cases is played to the real static
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from sriov_cni import __version__
+from sriov_cni import __version__, wire
 from sriov_cni.cni import MAX_CONFIG, Code
-from sriov_cni.daemon import client, install, measure, wire
+from sriov_cni.daemon import client, install, measure
 from tests.support.daemonlib import REPO, SHIM, Daemon, shim, wait_for
 
 ERROR = {"cniVersion": "1.0.0", "code": 7, "msg": "refused by the stand-in"}

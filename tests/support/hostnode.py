@@ -46,9 +46,12 @@ from tests.support.fakes import FakeVfControl, FileVfStats  # noqa: E402
 from tests.support.pluginlib import Node  # noqa: E402
 
 try:
-    from sriov_cni.daemon.programs import PROGRAMS
-except ImportError:  # a baseline revision from before programs.py kept the table in server
-    PROGRAMS = server.PROGRAMS  # type: ignore[attr-defined]
+    from sriov_cni.daemon.child import PROGRAMS
+except ImportError:  # a baseline revision from before child.py: in programs.py, or earlier in server
+    try:
+        from sriov_cni.daemon.programs import PROGRAMS  # type: ignore[import-not-found,no-redef]
+    except ImportError:
+        PROGRAMS = server.PROGRAMS  # type: ignore[attr-defined]
 
 
 class HostNode:

@@ -1,7 +1,8 @@
-"""The frame between the CNI executables and the daemon, defined here once.
+"""The frame between the CNI executables and the daemon, defined here once: their contract, as :mod:`cni` is the runtime's.
 
-The daemon (:mod:`intake` reads requests, :mod:`call` answers them) and the
-Python executable (:mod:`client`) use this module; the static shim
+The daemon (:mod:`sriov_cni.daemon.intake` reads requests, a call's child,
+:mod:`sriov_cni.daemon.child`, answers them) and the Python executable
+(:mod:`sriov_cni.daemon.client`) use this module; the static shim
 (shim/sriov-shim.c) has the same constants compiled in, and
 tests/daemon/test_wire.py checks both against one table.
 
