@@ -60,6 +60,25 @@ def send_request(conn: _socket.socket, frame: bytes, fds: tuple[int, int, int]) 
     conn.sendall(frame[HEADER_SIZE:])
 
 
+def exchange(conn: _socket.socket, frame: bytes, fds: tuple[int, int, int]) -> bytes:
+    """Send a request on a connected ``conn`` and read the answer: ``EXITED`` and the status, or ``REFUSED`` and the error object.
+
+    Empty when the daemon closed the connection without a tag; only the tag
+    when it ended right after.  A refusal is read to the end of the
+    connection; an unknown tag (another version's daemon) is returned alone.
+    """
+    send_request(conn, frame, fds)
+    answer = conn.recv(1)
+    if answer == bytes([EXITED]):
+        return answer + conn.recv(1)
+    while answer[:1] == bytes([REFUSED]):
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
 def request_size(header: bytes) -> int:
     (size,) = _struct.unpack(HEADER, header)
     return int(size)

@@ -44,8 +44,7 @@ def via_daemon(path: str) -> int | None:
         try:
             # Connected: the call waits for the daemon like any running call.
             conn.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, _struct.pack("ll", 0, 0))
-            wire.send_request(conn, frame, (0, 1, 2))
-            answer = _recv_answer(conn)
+            answer = wire.exchange(conn, frame, (0, 1, 2))
         except OSError:
             answer = b""
     finally:
@@ -65,14 +64,6 @@ def via_daemon(path: str) -> int | None:
     # REFUSED, or a tag of a daemon of another version (which refuses the
     # call for that): nothing ran, so this installation runs it.
     return None
-
-
-def _recv_answer(conn: _socket.socket) -> bytes:
-    """The tag, and the status after EXITED: no more than the answer needs."""
-    tag = conn.recv(1)
-    if tag != bytes([wire.EXITED]):
-        return tag
-    return tag + conn.recv(1)
 
 
 def in_process() -> None:

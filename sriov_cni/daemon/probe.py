@@ -66,20 +66,12 @@ def probe(path: str, timeout: float = TIMEOUT) -> str | None:
 
 
 def _call(conn: socket.socket, path: str, deadline: float, fds: tuple[int, int, int]) -> bytes:
-    """Send the request with ``fds`` attached; the answer's tag and what follows, to the end."""
+    """The call an executable makes (:func:`wire.exchange`), with ``fds`` attached; each step within what is left of the time."""
     frame = wire.encode_request(__version__, "sriov", "/", {"CNI_COMMAND": "VERSION"})
     conn.settimeout(max(0.001, deadline - time.monotonic()))
     conn.connect(path)
-    wire.send_request(conn, frame, fds)
-    answer = b""
-    while True:
-        conn.settimeout(max(0.001, deadline - time.monotonic()))
-        chunk = conn.recv(4096)
-        if not chunk:
-            return answer
-        answer += chunk
-        if answer[0] == wire.EXITED and len(answer) >= 2:
-            return answer
+    conn.settimeout(max(0.001, deadline - time.monotonic()))
+    return wire.exchange(conn, frame, fds)
 
 
 def _pending(fd: int) -> bytes:
