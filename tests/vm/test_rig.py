@@ -561,3 +561,32 @@ def test_a_capture_that_is_not_ethernet_pcap_is_refused(tmp_path: Path) -> None:
     capture.write_bytes(struct.pack("<IHHiIII", wirelib.PCAP_MAGIC, 2, 4, 0, 0, 65536, 113))
     with pytest.raises(wirelib.PcapError, match="link type is 113"):
         wirelib.Wire(capture)
+
+
+@pytest.fixture
+def veth_pods() -> Iterator[tuple[str, str]]:
+    """Two network namespaces joined by a veth pair, each end named ``net1`` and up (the real kernel)."""
+    pods = (f"wirelib-{os.getpid()}-a", f"wirelib-{os.getpid()}-b")
+    for pod in pods:
+        subprocess.run(["ip", "netns", "add", pod], check=True)
+    try:
+        subprocess.run(
+            ["ip", "-n", pods[0], "link", "add", "net1", "type", "veth", "peer", "net1", "netns", pods[1]], check=True
+        )
+        for pod in pods:
+            subprocess.run(["ip", "-n", pod, "link", "set", "net1", "up"], check=True)
+        yield pods
+    finally:
+        for pod in pods:
+            subprocess.run(["ip", "netns", "delete", pod], check=False)
+
+
+def test_a_listener_counts_what_a_pod_receives_until_the_sentinel(veth_pods: tuple[str, str]) -> None:
+    sender, receiver = veth_pods
+    listener = wirelib.Listener(receiver, "net1")
+    wirelib.send_frames(sender, "net1", "02:00:00:00:aa:01", 3, dst="02:00:00:00:bb:01")
+    wirelib.send_frames(sender, "net1", "02:00:00:00:aa:02", 2)
+    wirelib.send_frames(sender, "net1", "02:00:00:00:aa:01", 1, ethertype=wirelib.ETH_P_SENTINEL)
+    # What the receiver sends itself (IPv6 router solicitations, say) is not counted; the sentinel ends the count.
+    got = sorted((r.src, r.dst, r.count) for r in listener.counts() if r.ethertype == wirelib.ETH_P_TEST)
+    assert got == [("02:00:00:00:aa:01", "02:00:00:00:bb:01", 3), ("02:00:00:00:aa:02", wirelib.BROADCAST, 2)]

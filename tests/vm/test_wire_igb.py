@@ -391,25 +391,23 @@ def rdma_figures(server: Attached, client: Attached) -> tuple[float, float]:
     # Shared mode: the devices' counters are read on the node.
     counters: list[tuple[str | None, str]] = [(None, d) for d in devices]
     netns = [p.netns for p in pods]
-    bw = ["ib_write_bw", "-F", "-n", "200", "-s", "4096", "--report_gbits"]
-    _, out = run_pair(
-        netns,
-        counters,
-        [*bw, "-d", devices[0], "-x", str(gids[0])],
-        [*bw, "-d", devices[1], "-x", str(gids[1]), server.address],
-        IB_WRITE_BW_PORT,
-    )
-    lines = out.splitlines()
-    [header] = [n for n, line in enumerate(lines) if "BW average" in line]
-    gbits = float(lines[header + 1].split()[3])
-    pp = ["ibv_rc_pingpong", "-e", "-n", "100", "-p", str(PINGPONG_PORT)]
-    _, out = run_pair(
-        netns,
-        counters,
-        [*pp, "-d", devices[0], "-g", str(gids[0])],
-        [*pp, "-d", devices[1], "-g", str(gids[1]), server.address],
-        PINGPONG_PORT,
-    )
+
+    def client_output(tool: list[str], gid_option: str, port: int) -> str:
+        # perftest names the GID index -x, rdma-core's examples -g.
+        _, out = run_pair(
+            netns,
+            counters,
+            [*tool, "-d", devices[0], gid_option, str(gids[0])],
+            [*tool, "-d", devices[1], gid_option, str(gids[1]), server.address],
+            port,
+        )
+        return out
+
+    written = client_output(["ib_write_bw", "-F", "-n", "200", "-s", "4096", "--report_gbits"], "-x", IB_WRITE_BW_PORT)
+    rows = written.splitlines()
+    [header] = [n for n, line in enumerate(rows) if "BW average" in line]
+    gbits = float(rows[header + 1].split()[3])
+    out = client_output(["ibv_rc_pingpong", "-e", "-n", "100", "-p", str(PINGPONG_PORT)], "-g", PINGPONG_PORT)
     found = re.search(r"100 iters in [0-9.]+ seconds = ([0-9.]+) usec/iter", out)
     assert found, out
     return gbits, float(found.group(1))
