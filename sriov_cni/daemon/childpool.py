@@ -78,7 +78,8 @@ def reports(channel: socket.socket) -> Iterator[child.Reported]:
 class Children:
     """The daemon's children: each starting, waiting for a call, or running one."""
 
-    def __init__(self, admitted: budget.Admission, options: Options, metrics: Metrics) -> None:
+    def __init__(self, admitted: budget.Admission, options: Options, metrics: Metrics | None) -> None:
+        """``metrics``: None when they are not served."""
         self.admitted = admitted
         self.options = options
         self.metrics = metrics
@@ -125,7 +126,8 @@ class Children:
         theirs.close()
         self.channels[pid] = ours
         self.starting.add(pid)
-        self.metrics.forked()
+        if self.metrics is not None:
+            self.metrics.forked()
 
     def _in_child(self, channel: socket.socket) -> None:
         """Keep nothing of the daemon's loop but this child's channel and the messages pipe.
@@ -148,7 +150,8 @@ class Children:
             except OSError:
                 continue  # it ended meanwhile; reaped with the next SIGCHLD
             self.served.add(pid)
-            self.metrics.handed(pid, call.body)
+            if self.metrics is not None:
+                self.metrics.handed(pid, call.body)
             return True
         return False
 
@@ -159,7 +162,8 @@ class Children:
             if pid in self.channels:
                 # The call it served, if any, reported before it said so.
                 for report in reports(self.channels[pid]):
-                    self.metrics.reported(pid, report)
+                    if self.metrics is not None:
+                        self.metrics.reported(pid, report)
                     self.held(report.private_bytes)
                 if pid in self.starting:
                     self.starting.remove(pid)
@@ -201,10 +205,11 @@ class Children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
-            # Its last report, if it sent one before it ended, counts.
-            for report in reports(self.channels[pid]):
-                self.metrics.reported(pid, report)
-            self.metrics.ended(pid, pid in self.starting)
+            if self.metrics is not None:
+                # Its last report, if it sent one before it ended, counts.
+                for report in reports(self.channels[pid]):
+                    self.metrics.reported(pid, report)
+                self.metrics.ended(pid, pid in self.starting)
             self.channels.pop(pid).close()
             if pid in self.starting:
                 self.starting.remove(pid)

@@ -155,11 +155,12 @@ def serve(options: Options) -> int:
     Returns how many calls still ran when it stopped.
     """
     _warm_up(options)
-    metrics = Metrics()
+    # Only when served: counting costs the loop a little on every call.
+    address = options.metrics_address
+    metrics = None if address is None else Metrics()
     # Before the daemon exempts itself from the OOM killer: the exporter
     # need not be (a restarted one undoes the exemption it inherits).
-    address = options.metrics_address
-    served = None if address is None else start_exporter(address, options, metrics)
+    served = None if address is None or metrics is None else start_exporter(address, options, metrics)
     # Read before the daemon exempts itself, for the NRI plugin's process.
     score = budget.oom_score_adj()
     admitted = budget.admission(options.max_children, options.memory_budget)
@@ -171,12 +172,18 @@ def serve(options: Options) -> int:
     selector.register(children.messages_r, selectors.EVENT_READ, children.on_messages)
     selector.register(children.wake_r, selectors.EVENT_READ, children.on_wake)
     calls = intake.Intake(
-        listener, selector, options.request_timeout, max_pending, admitted.pending_bytes, metrics.refused, PROGRAMS
+        listener,
+        selector,
+        options.request_timeout,
+        max_pending,
+        admitted.pending_bytes,
+        metrics.refused if metrics is not None else lambda code: None,
+        PROGRAMS,
     )
     # Before the banner: a SIGTERM from then on drains the calls.
     stop = _Stop(options.drain_timeout)
-    metrics.watch(children, calls)
-    if served is not None:
+    if metrics is not None and served is not None:
+        metrics.watch(children, calls)
         served.serve_in(selector)
     where = "" if served is None else f", metrics on http://{served.address}/metrics"
     nri_note = "" if options.nri_socket is None else f", NRI plugin for {options.nri_socket}"
@@ -205,7 +212,9 @@ def _start_nri(options: Options, score: int | None) -> int:
     return nri.start(nri.Launch(options.nri_socket, options.data_dir, options.paths.sys, score))
 
 
-def _start_healing(options: Options, score: int | None, metrics: Metrics, selector: selectors.BaseSelector) -> int:
+def _start_healing(
+    options: Options, score: int | None, metrics: Metrics | None, selector: selectors.BaseSelector
+) -> int:
     """Fork the healing process (daemon.heal), its reports counted in ``metrics``; the daemon's end of its alive pipe."""
     alive, reports = heal.start(heal.Launch(options.data_dir, options.paths, score))
     unfinished = b""
@@ -214,7 +223,8 @@ def _start_healing(options: Options, score: int | None, metrics: Metrics, select
         nonlocal unfinished
         pairs, unfinished, ended = heal.read_reports(reports, unfinished)
         for why, result in pairs:
-            metrics.given_back(why, result)
+            if metrics is not None:
+                metrics.given_back(why, result)
         if ended:
             selector.unregister(reports)
             os.close(reports)
