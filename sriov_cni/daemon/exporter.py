@@ -30,7 +30,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -40,15 +40,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from sriov_cni.daemon import budget, podmetrics
+from sriov_cni.daemon import budget, metrics
 from sriov_cni.daemon.metrics import Metrics
 from sriov_cni.daemon.options import Options
-from sriov_cni.kernel import lifetime, sysfs
+from sriov_cni.kernel import lifetime
 from sriov_cni.kernel.vfcontrol import KernelVfStats
 from sriov_cni.kernel.vfsettings import VfStatsReader
-from sriov_cni.node import rdmamode, status
+from sriov_cni.node import rdmamode
 from sriov_cni.paths import Paths
-from sriov_cni.vfstate import VfState
 
 # Seconds the exporter waits for the daemon's loop to answer a scrape.
 DAEMON_TIMEOUT = 5.0
@@ -268,7 +267,7 @@ class _Scrape(Collector):
         self._daemon = daemon
         self._data_dir = launch.data_dir
         self._paths = launch.paths
-        self._sources = podmetrics.Sources(launch.vf_stats, lambda: rdmamode.KernelRdmaModes().get())
+        self._sources = metrics.Sources(launch.vf_stats, lambda: rdmamode.KernelRdmaModes().get())
         # Scrapes run in threads of their own; held by the exporter until
         # it told the daemon it listens (_exporter).
         self.lock = threading.Lock()
@@ -283,8 +282,8 @@ class _Scrape(Collector):
         yield up
         if text is not None:
             yield from text_string_to_metric_families(text)
-        yield from pool(self._paths, self._data_dir)
-        yield from _attachments(self._paths, self._data_dir, self._sources)
+        yield from metrics.pool(self._paths, self._data_dir)
+        yield from metrics.attachments_or_none(self._paths, self._data_dir, self._sources)
 
     def _ask_daemon(self) -> str | None:
         with self.lock:
@@ -305,91 +304,6 @@ class _Scrape(Collector):
             except OSError:
                 pass
             return None
-
-
-def pool(paths: Paths, data_dir: Path) -> Iterator[Metric]:
-    """The pool per PF, as ``sriov-cni status --json`` shows it now."""
-    readable = GaugeMetricFamily("sriov_cni_pool_up", "Whether the pool could be read for this scrape")
-    try:
-        view = status.rdma_view()
-        pfs = status.current(paths, data_dir, view)
-        rdma_mode = view.mode
-    except Exception as exc:  # a scrape shows the failure; the exporter serves the next one
-        sys.stderr.write(f"sriov-cni daemon: metrics: cannot read the VF pool: {exc}\n")
-        readable.add_metric([], 0)
-        yield readable
-        return
-    readable.add_metric([], 1)
-    yield readable
-    pf_labels = ["pf", "pci"]
-    numvfs = GaugeMetricFamily("sriov_cni_pf_vfs", "VFs the PF has (sriov_numvfs)", labels=pf_labels)
-    totalvfs = GaugeMetricFamily("sriov_cni_pf_vfs_max", "VFs the PF can have (sriov_totalvfs)", labels=pf_labels)
-    states = GaugeMetricFamily(
-        "sriov_cni_vfs",
-        "The PF's VFs by state: free, allocated, stale (its pod's "
-        "network namespace is gone), giving back (the daemon is giving a stale one back), "
-        "in use (not ours, or without a driver), "
-        "set aside (free, but it did not come up in a pod)",
-        labels=[*pf_labels, "state"],
-    )
-    dpdk = GaugeMetricFamily("sriov_cni_vfs_dpdk", "The PF's VFs bound to a DPDK driver", labels=pf_labels)
-    allocations = GaugeMetricFamily(
-        "sriov_cni_allocations", "The PF's allocated and stale VFs by network", labels=[*pf_labels, "network", "state"]
-    )
-    # One series per mode, 1 for the running one (none without ib_core).
-    rdma_modes = GaugeMetricFamily(
-        "sriov_cni_rdma_netns_mode", "The node's RDMA netns mode (1: the running one)", labels=["mode"]
-    )
-    if rdma_mode is not None:
-        for mode in ("exclusive", "shared"):
-            rdma_modes.add_metric([mode], int(mode == rdma_mode))
-    rdma_devices = GaugeMetricFamily(
-        "sriov_cni_rdma_devices",
-        "The RDMA devices of the PF's VFs by where they are: host, pod (an attachment's), shared "
-        "(shared mode: every namespace sees them), elsewhere (a namespace no attachment of ours has)",
-        labels=[*pf_labels, "where"],
-    )
-    set_aside = GaugeMetricFamily(
-        "sriov_cni_vf_set_aside_failures",
-        "VFs set aside because they did not come up in a pod (see status): failures in a row, by reason",
-        labels=[*pf_labels, "vf", "reason"],
-    )
-    for pf in pfs:
-        labels = [pf["netdev"] or "", pf["pci"]]
-        for vf in pf["vfs"]:
-            if vf["setAside"] is not None:
-                set_aside.add_metric([*labels, vf["pci"], vf["setAside"]["reason"]], vf["setAside"]["failures"])
-        if pf["numVfs"] is not None:
-            numvfs.add_metric(labels, pf["numVfs"])
-        if pf["totalVfs"] is not None:
-            totalvfs.add_metric(labels, pf["totalVfs"])
-        by_state = {state.value: 0 for state in VfState}
-        by_network: dict[tuple[str, str], int] = {}
-        for vf in pf["vfs"]:
-            by_state[vf["state"]] += 1
-            if vf["allocation"] is not None:
-                key = (vf["allocation"]["network"], vf["state"])
-                by_network[key] = by_network.get(key, 0) + 1
-        for state, count in by_state.items():
-            states.add_metric([*labels, state], count)
-        dpdk.add_metric(labels, sum(vf["driver"] in sysfs.DPDK_DRIVERS for vf in pf["vfs"]))
-        for (network, state), count in sorted(by_network.items()):
-            allocations.add_metric([*labels, network, state], count)
-        wheres = [vf["rdmaWhere"] for vf in pf["vfs"] if vf["rdmaWhere"] is not None]
-        for where in sorted(set(wheres)):
-            rdma_devices.add_metric([*labels, where], wheres.count(where))
-    yield from (numvfs, totalvfs, states, dpdk, allocations, rdma_modes, rdma_devices, set_aside)
-
-
-def _attachments(paths: Paths, data_dir: Path, sources: podmetrics.Sources) -> Iterator[Metric]:
-    """The per-attachment series (podmetrics); none for a scrape that cannot read the records."""
-    try:
-        # Read whole before the first is yielded: a failure shows no half set.
-        found = list(podmetrics.attachments(paths.sys, data_dir, sources))
-    except Exception as exc:  # a scrape shows the pool's failure (sriov_cni_pool_up); this one serves the rest
-        sys.stderr.write(f"sriov-cni daemon: metrics: cannot read the attachments' counters: {exc}\n")
-        return
-    yield from found
 
 
 def _exporter(daemon: socket.socket, alive: int, launch: _Launch) -> None:  # pragma: no cover - runs in the exporter

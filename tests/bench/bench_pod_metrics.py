@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from pyroute2.netlink.rtnl import RTM_NEWLINK  # noqa: E402
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
 
-from sriov_cni.daemon import podmetrics  # noqa: E402
+from sriov_cni.daemon import metrics as podmetrics  # noqa: E402
 from sriov_cni.kernel import vfcontrol  # noqa: E402
 from tests.support.daemonlib import Daemon, exporter_of  # noqa: E402
 from tests.support.fakes import FileVfStats  # noqa: E402

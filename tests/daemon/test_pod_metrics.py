@@ -25,7 +25,7 @@ from prometheus_client.core import Metric
 from pyroute2.netlink.rtnl import RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-from sriov_cni.daemon import podmetrics
+from sriov_cni.daemon import metrics
 from sriov_cni.kernel import netlink, rdmacounters, rtnl, vfcontrol
 from sriov_cni.kernel.netns import NamespaceError
 from sriov_cni.kernel.rtnl import Rtnl
@@ -168,8 +168,8 @@ def samples(metrics: Iterator[Metric]) -> Samples:
     return {key(s.name, **s.labels): s.value for m in metrics for s in m.samples}
 
 
-def sources(reader: CountingReader, mode: str | None = None, **more: Any) -> podmetrics.Sources:
-    return podmetrics.Sources(lambda: reader, lambda: mode, **more)
+def sources(reader: CountingReader, mode: str | None = None, **more: Any) -> metrics.Sources:
+    return metrics.Sources(lambda: reader, lambda: mode, **more)
 
 
 def test_each_attachment_has_its_vfs_counters_labelled_by_pod_with_one_read_per_pf(tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def test_each_attachment_has_its_vfs_counters_labelled_by_pod_with_one_read_per_
             "ens3": None,
         }
     )
-    got = samples(podmetrics.attachments(tmp_path / "sys", tmp_path, sources(reader)))
+    got = samples(metrics.attachments(tmp_path / "sys", tmp_path, sources(reader)))
     assert sorted(reader.asked) == ["ens1", "ens2", "ens3"] and reader.closed == 1
     web1 = {
         "namespace": "shop",
@@ -216,7 +216,7 @@ def test_each_attachment_has_its_vfs_counters_labelled_by_pod_with_one_read_per_
     assert len(per_pod) == 8 * 3
     # An attachment's series go with its record.
     store.remove("0000:11:10.0")
-    after = samples(podmetrics.attachments(tmp_path / "sys", tmp_path, sources(CountingReader(reader.table))))
+    after = samples(metrics.attachments(tmp_path / "sys", tmp_path, sources(CountingReader(reader.table))))
     assert not any(dict(k[1]).get("pod") == "web-1" for k in after)
 
 
@@ -238,7 +238,7 @@ def test_an_rdma_attachments_port_counters_are_read_in_the_host_in_shared_mode(t
     sys_root = rdma_tree(tmp_path, "mlx5_3")
     FileStore(tmp_path).put(record("ens1", 3, "train-0", "ml", rdma_device="mlx5_3"))
     reader = CountingReader({"ens1": {3: VfStats()}})
-    got = samples(podmetrics.attachments(sys_root, tmp_path, sources(reader, "shared")))
+    got = samples(metrics.attachments(sys_root, tmp_path, sources(reader, "shared")))
     labels = {
         "namespace": "ml",
         "pod": "train-0",
@@ -284,7 +284,7 @@ def test_in_exclusive_mode_rdma_counters_are_read_in_the_pods_namespace(tmp_path
 
     reader = CountingReader({"ens1": {3: VfStats(), 4: VfStats()}})
     got = samples(
-        podmetrics.attachments(
+        metrics.attachments(
             tmp_path / "sys", tmp_path, sources(reader, "exclusive", rdma_in_pod=in_pod, rdma_in_host=in_host)
         )
     )
@@ -365,7 +365,7 @@ def test_the_daemon_serves_each_pods_vf_counters_until_its_del(rig: Rig, tmp_pat
     assert rc == 0, out
     after = rig.scrape()
     assert pod_series(after, "web-0") == {}
-    assert set(pod_series(after, "web-1")) == {name + "_total" for name, _ in podmetrics.VF_COUNTERS.values()}
+    assert set(pod_series(after, "web-1")) == {name + "_total" for name, _ in metrics.VF_COUNTERS.values()}
     assert after[key("sriov_cni_pf_vf_stats_up", pf=pf)] == 1
 
 
@@ -377,7 +377,7 @@ NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 def served_names(rig: Rig) -> set[str]:
     """What the exporter serves: a scrape's names, and the RDMA families' (no RDMA device on this host)."""
     names = {k[0] for k in rig.scrape()}
-    names |= {name + "_total" for _, _, name, _ in podmetrics.RDMA_NAMED} | {"sriov_cni_pod_rdma_port_counter"}
+    names |= {name + "_total" for _, _, name, _ in metrics.RDMA_NAMED} | {"sriov_cni_pod_rdma_port_counter"}
     return names
 
 
