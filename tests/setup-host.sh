@@ -41,12 +41,15 @@ apt_update_once() {
 # records what that tool sends (tests/kernel/test_rdma.py).  Not Debian's
 # rdma-core package: it pulls in a systemd upgrade and nothing the tests use.
 # file is tests/test_packaging.py's oracle for a static shim (the wheel's
-# tag depends on it); git lists the files that test builds from.
+# tag depends on it); git lists the files that test builds from. sudo and
+# python3-venv: the README's real-node demo line, which
+# tests/vm/test_demo_node_igb.py runs as it stands, makes its virtualenv
+# from Debian's python3 under sudo.
 host_pkgs=(iproute2 cpio containernetworking-plugins kmod xz-utils zstd
            iputils-ping ca-certificates python3-pip podman containerd runc
            gcc libc6-dev make time mmdebstrap catatonit ethtool
            ibverbs-providers ibverbs-utils perftest rdmacm-utils strace
-           file git)
+           file git sudo python3-venv)
 missing=()
 for p in "${host_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -22,3 +24,32 @@ def test_the_contents_list_every_section_in_order() -> None:
     assert [(len(indent) // 2 + 2, title, link) for indent, title, link in listed] == [
         (len(level), title, anchor(title)) for level, title in headings
     ]
+
+
+DOCS = sorted((README.parent / "docs").glob("*.md"))
+
+
+def headings_of(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {anchor(m[1]) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.relative_to(README.parent).as_posix())
+def test_every_link_between_the_documents_resolves(path: Path) -> None:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        file, _, fragment = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        assert linked.exists(), f"{path.name}: {target}: no such file"
+        if fragment:
+            assert fragment in headings_of(linked), f"{path.name}: {target}: no such heading"
+
+
+def test_the_readme_reaches_kubernetes_within_its_first_screens() -> None:
+    # A platform engineer's way in: what it is and where to start on the
+    # first screen, the Kubernetes steps soon after the contents.
+    lines = README.read_text().splitlines()
+    assert lines.index("## Kubernetes in five steps") < 100
+    assert "Where to start:" in lines[:25]

@@ -7,15 +7,34 @@
 #
 # Runs inside the QEMU guest (deploy/demo/demo.sh) or on a node with a real
 # SR-IOV NIC:   sudo deploy/demo/demo-node.sh [--pf ens1f0]
-# On a real node it creates 2 VFs on that PF if it has none, and removes
-# them again at the end only if it created them.
+# It runs sriov-cni from a virtualenv of its own, .venv in the checkout
+# (SRIOV_CNI_VENV to put it elsewhere), made on the first run: that needs
+# python3-venv, and PyPI for what the system's Python lacks. It creates 2
+# VFs on the PF if it has none. At exit, also on an error or Ctrl-C, it puts
+# back what it changed on the node: the VF count, the PF's IRQ affinities,
+# RPS/XPS masks and flow counts, MTU and link state, and the host's RFS table
+# size.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-export PATH="$here/bin:$PATH"
 pf=""
 [ "${1:-}" = "--pf" ] && pf=${2:?--pf needs a PF name}
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
+
+# The system's Python may lack the dependencies or have older ones (Debian
+# 12's pyroute2 and filelock are below what sriov-cni needs). The venv sees
+# the system's packages, so pip fetches only what those do not satisfy;
+# setuptools >= 77 builds the package (Debian 12 has 66).
+venv=${SRIOV_CNI_VENV:-$here/.venv}
+version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$here/sriov_cni/__init__.py")
+if [ "$("$venv/bin/sriov-cni" --version 2>/dev/null)" != "sriov-cni $version" ]; then
+    step "0. sriov-cni $version into the virtualenv $venv"
+    python3 -m venv --system-site-packages "$venv" \
+        || { echo "demo: cannot make a virtualenv (on Debian/Ubuntu: apt install python3-venv)" >&2; exit 1; }
+    run "$venv/bin/pip" install --quiet --disable-pip-version-check "setuptools>=77"
+    run "$venv/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation "$here"
+fi
+export PATH="$venv/bin:$PATH"
 
 if [ -z "$pf" ]; then
     for dev in /sys/class/net/*; do
@@ -23,22 +42,61 @@ if [ -z "$pf" ]; then
     done
 fi
 [ -n "$pf" ] || { echo "demo: no SR-IOV PF on this machine (give --pf)"; exit 1; }
+[ -e "/sys/class/net/$pf/device/sriov_numvfs" ] || { echo "demo: $pf is not an SR-IOV PF"; exit 1; }
 
 work=$(mktemp -d)
 state="$work/state"
+saved="$work/saved"
+
+# What setup and the pods may change on the node, as "file value" lines, in
+# the order they are written back: the VF count first, as a driver may
+# reset its queues when it changes; the link state last.
+save_node() {
+    local net=/sys/class/net/$pf irq f v
+    echo "$net/device/sriov_numvfs $(cat "$net/device/sriov_numvfs")"
+    for irq in "$net"/device/msi_irqs/*; do
+        f=/proc/irq/${irq##*/}/smp_affinity_list
+        [ -r "$f" ] && echo "$f $(cat "$f")"
+    done
+    for f in "$net"/queues/rx-*/rps_cpus "$net"/queues/rx-*/rps_flow_cnt "$net"/queues/tx-*/xps_cpus \
+             /proc/sys/net/core/rps_sock_flow_entries "$net/mtu"; do
+        # Some files refuse reads on some devices (xps_cpus of a single
+        # queue device): what cannot be read was not changed by us either.
+        [ -r "$f" ] && v=$(cat "$f" 2>/dev/null) && echo "$f $v"
+    done
+    echo "link $(( $(cat "$net/flags") & 1 ))"
+}
+restore_node() {
+    local f v
+    while read -r f v; do
+        case $f in
+            link) [ "$v" = 1 ] && ip link set "$pf" up || ip link set "$pf" down ;;
+            */sriov_numvfs)
+                # A count goes through 0; unchanged, it is left alone.
+                if [ "$(cat "$f")" != "$v" ]; then echo 0 >"$f"; [ "$v" = 0 ] || echo "$v" >"$f"; fi ;;
+            # An IRQ or a queue gone with the VFs has nothing to restore.
+            *) [ -e "$f" ] && [ "$(cat "$f")" != "$v" ] && echo "$v" >"$f" ;;
+        esac
+    done <"$saved"
+}
 cleanup() {
     set +e
     for p in pod-a pod-b pod-c pod-d; do ip netns del "$p" 2>/dev/null; done
-    [ -n "${helper_pid:-}" ] && kill "$helper_pid" 2>/dev/null
-    if [ "${created_vfs:-0}" = 1 ]; then echo 0 > "/sys/class/net/$pf/device/sriov_numvfs"; fi
+    [ -n "${helper_pid:-}" ] && kill "$helper_pid" 2>/dev/null && wait "$helper_pid" 2>/dev/null
+    if [ -s "$saved" ]; then
+        restore_node 2>/dev/null
+        echo "demo: $pf is back as it was"
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
+# Ctrl-C and a kill end the demo through the same cleanup.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+save_node >"$saved.tmp" && mv "$saved.tmp" "$saved"
 
 step "1. Create the VFs: sriov-cni setup"
-created_vfs=0
 if [ "$(cat "/sys/class/net/$pf/device/sriov_numvfs")" = 0 ]; then
-    created_vfs=1
     cat > "$work/node.yaml" <<YAML
 pfs:
   - pf: $pf
@@ -75,7 +133,7 @@ JSON
 )
 cni() {  # cni COMMAND POD
     CNI_COMMAND=$1 CNI_CONTAINERID=$2 CNI_NETNS=/var/run/netns/$2 CNI_IFNAME=net1 \
-        CNI_PATH="$here/bin" sriov <<<"$conf"
+        CNI_PATH="$venv/bin" sriov <<<"$conf"
 }
 
 add_pods() {  # add_pods POD...

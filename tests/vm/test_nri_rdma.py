@@ -40,6 +40,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from sriov_cni.daemon.client import DEFAULT_SOCKET
 from sriov_cni.vfstore import read_allocations
+from tests.docs.commands import GID_INDEX
 from tests.support.daemonlib import Daemon
 from tests.vm import containerd2, rdmalib
 from tests.vm.crilib import CRI_TIMEOUT, PAUSE_IMAGE, Cri, image_archive, new_pod, pause_archive
@@ -245,12 +246,8 @@ def pod_device(pod: Pod) -> str:
     return device
 
 
-# README's one-liner ("Running an RDMA job"), $dev and $ip its arguments.
-GID_ONE_LINER = (
-    "dev=$1 ip=$2; cd /sys/class/infiniband/$dev/ports/1 && for g in $(grep -lx "
-    "\"0000:0000:0000:0000:0000:ffff:$(printf %02x%02x:%02x%02x $(echo $ip | tr . ' '))\" gids/* 2>/dev/null); "
-    'do grep -qx "RoCE v2" gid_attrs/types/${g#gids/} 2>/dev/null && echo ${g#gids/}; done; true'
-)
+# The one-liner of docs/rdma.md ("Running an RDMA job"), $dev and $ip its arguments.
+GID_ONE_LINER = f"dev=$1 ip=$2; {GID_INDEX.text}; true"
 
 
 def roce_v2_gid_index(netns: str, device: str, address: str) -> int:
