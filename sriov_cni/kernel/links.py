@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pyroute2 import NetlinkError as _PyNetlinkError
 from pyroute2.netlink import NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL
+from pyroute2.netlink.exceptions import NetlinkError as _PyNetlinkError
 from pyroute2.netlink.rtnl import (
     RTM_DELLINK,
     RTM_DELLINKPROP,
