@@ -18,6 +18,8 @@ each kernel's boot.  Likewise ``broken_vfs`` tests run only in a guest whose
 VFs never come up (``SRIOV_CNI_VM_BROKEN_VFS=1``), and only they run there;
 and ``wire_vm`` tests only in a guest whose PFs share a wire (``rig.py
 --wire``, which sets ``SRIOV_CNI_VM_WIRE``), and only they run there.
+``peer_vm`` tests need a second guest on that wire as well (``rig.py --wire
+--peer``, which sets ``SRIOV_CNI_VM_PEER``); other wire tests run there too.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ VM_ENV = "SRIOV_CNI_VM"
 BROKEN_VFS_ENV = "SRIOV_CNI_VM_BROKEN_VFS"
 # Set by rig.py --wire in its guest (rig.WIRE_ENV).
 WIRE_ENV = "SRIOV_CNI_VM_WIRE"
+# Set by rig.py --peer in the first of its two guests (rig.PEER_ENV).
+PEER_ENV = "SRIOV_CNI_VM_PEER"
 
 # tests/run.sh passes these to the guest's pytest.
 GUEST_DIRS = ("tests/vm", "tests/stress")
@@ -97,12 +101,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # runs all but them.
         broken = os.environ.get(BROKEN_VFS_ENV) == "1"
         wire = bool(os.environ.get(WIRE_ENV))
+        peer = bool(os.environ.get(PEER_ENV))
         other = [
             item
             for item in items
             if _rdma_series(item) not in (None, series)
             or (item.get_closest_marker("broken_vfs") is not None) != broken
             or (item.get_closest_marker("wire_vm") is not None) != wire
+            or (item.get_closest_marker("peer_vm") is not None and not peer)
         ]
         if other:
             config.hook.pytest_deselected(items=other)

@@ -12,13 +12,17 @@ interpreter first on PATH and ``SRIOV_CNI_VM=1`` set.  Each PF is a QEMU
 Usage::
 
     python3 tests/vm/rig.py [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB]
-                            [--allow-broken-vfs] [--wire] -- COMMAND ...
+                            [--allow-broken-vfs] [--wire [--peer]] -- COMMAND ...
 
 Each PF's port is its own isolated QEMU user-mode network, so traffic between
 VFs turns around in the PF's own switch.  With ``--wire`` the PFs' ports are
 instead joined by one QEMU hub, an Ethernet segment between them, and every
 frame on it is recorded in a pcap file on the results share: the guest reads
-it at the path ``$SRIOV_CNI_VM_WIRE`` names (see wirelib.py).
+it at the path ``$SRIOV_CNI_VM_WIRE`` names (see wirelib.py).  ``--peer`` boots
+a second guest beside it, a second node with its own kernel, whose PFs' hub
+is joined to the first's by a UDP link on the host's loopback: one segment
+for both nodes' PFs.  The second guest runs the commands the first sends it
+(wirelib.serve, from ``$SRIOV_CNI_VM_PEER``) until the first's command ends.
 
 The serial console (boot progress and the command's output) is streamed to
 stdout; the exit status is the command's.  Anything that cannot be prepared
@@ -61,12 +65,13 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -158,6 +163,12 @@ WIRE_ENV = "SRIOV_CNI_VM_WIRE"
 WIRE_CAPTURE = "wire.pcap"
 # The QEMU hub the PFs' ports join with --wire.
 WIRE_HUB = 0
+# Set in the first guest of a --peer run to the second guest's share, seen
+# from the first (PEER_SHARE under its own), and only there.
+PEER_ENV = "SRIOV_CNI_VM_PEER"
+PEER_SHARE = "peer"
+# Written into the second guest's share when the first's command has ended.
+PEER_STOP = "stop"
 
 # Host environment passed through to the guest command.
 PASS_ENV = ("CI", "PYTEST_ADDOPTS", "PYTHONPATH")
@@ -503,7 +514,13 @@ def pytest_args_at(command: list[str]) -> int | None:
 
 
 def _guest_script(
-    command: list[str], cwd: str, share: str, rerun: bool, watch_vfs: bool = False, wire: bool = False
+    command: list[str],
+    cwd: str,
+    share: str,
+    rerun: bool,
+    watch_vfs: bool = False,
+    wire: bool = False,
+    peer: bool = False,
 ) -> str:
     """run.sh for init: the command, from ``cwd``, in a clean environment.
 
@@ -511,7 +528,8 @@ def _guest_script(
     test's progress to ``share``; on a ``rerun`` it also leaves out the tests
     that passed in the stalled boot before.  With ``watch_vfs``,
     forward_vf_resets runs beside the command, on the console alone.  With
-    ``wire``, WIRE_ENV names the wire's capture on ``share``.
+    ``wire``, WIRE_ENV names the wire's capture on ``share``; with ``peer``,
+    PEER_ENV the second guest's share.
     """
     python_dir = str(Path(sys.executable).parent)
     path = ":".join([python_dir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
@@ -528,8 +546,11 @@ def _guest_script(
     # a host SRIOV_CNI_VM_WIRE give a guest without a wire one.
     env[VM_ENV] = "1"
     env.pop(WIRE_ENV, None)
+    env.pop(PEER_ENV, None)
     if wire:
         env[WIRE_ENV] = f"{share}/{WIRE_CAPTURE}"
+    if peer:
+        env[PEER_ENV] = f"{share}/{PEER_SHARE}"
     at = pytest_args_at(command)
     if at is not None:
         plugin = ["-p", "rigplugin", "--rig-progress", f"{share}/{PROGRESS_FILE}"]
@@ -569,7 +590,7 @@ GUEST_CPUS = 2
 TCG_THREADS = "single"
 
 
-def wire_arguments(pfs: int, results: Path) -> list[str]:
+def wire_arguments(pfs: int, results: Path, link: tuple[int, int] | None = None) -> list[str]:
     """QEMU's arguments for the wire: each PF's port on one hub, and the capture.
 
     The capture is a filter on PF 0's port recording both ways: what PF 0
@@ -577,12 +598,35 @@ def wire_arguments(pfs: int, results: Path) -> list[str]:
     frame to every port but the one it came in on, so that is every frame
     on the segment, once, in the order QEMU moved them; QEMU writes each
     frame with one write, so a reader sees whole records as they come.
+
+    ``link``, (this guest's UDP port, the other guest's) on 127.0.0.1, puts
+    one more port on the hub: a datagram link to the other guest's hub, one
+    frame a datagram, so both guests' PFs share the segment.
     """
     ports = [arg for i in range(pfs) for arg in ("-netdev", f"hubport,id=net{i},hubid={WIRE_HUB}")]
+    if link is not None:
+        ours, theirs = link
+        ports += [
+            "-netdev",
+            f"dgram,id=link,local.type=inet,local.host=127.0.0.1,local.port={ours},"
+            f"remote.type=inet,remote.host=127.0.0.1,remote.port={theirs}",
+            "-netdev",
+            f"hubport,id=uplink,hubid={WIRE_HUB},netdev=link",
+        ]
     return [*ports, "-object", f"filter-dump,id=wire,netdev=net0,queue=all,file={results / WIRE_CAPTURE}"]
 
 
-def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int, wire: bool = False) -> list[str]:
+def qemu_command(
+    art: Artifacts,
+    results: Path,
+    pfs: int,
+    memory_mb: int,
+    wire: bool = False,
+    node: int = 0,
+    link: tuple[int, int] | None = None,
+) -> list[str]:
+    """QEMU's command line for one guest; ``node`` numbers the guests of a
+    --peer run (it is in their PFs' MACs, which share one segment)."""
     cmd = [
         "qemu-system-x86_64",
         "-M",
@@ -632,9 +676,9 @@ def qemu_command(art: Artifacts, results: Path, pfs: int, memory_mb: int, wire: 
         cmd += ["-device", f"pcie-root-port,id=rp{i},bus=pcie.0,chassis={i + 1},addr={i + 0x10:#x}"]
         if not wire:
             cmd += ["-netdev", f"user,id=net{i},restrict=on"]
-        cmd += ["-device", f"igb,bus=rp{i},netdev=net{i},mac=52:54:00:5a:00:{i + 1:02x}"]
+        cmd += ["-device", f"igb,bus=rp{i},netdev=net{i},mac=52:54:00:5a:{node:02x}:{i + 1:02x}"]
     if wire:
-        cmd += wire_arguments(pfs, results)
+        cmd += wire_arguments(pfs, results, link)
     return cmd
 
 
@@ -897,6 +941,7 @@ def run_boots(
     console: IO[str] | None,
     watch_vfs: bool = False,
     wire: bool = False,
+    peer: bool = False,
 ) -> VmRun:
     """Boot ``argv`` (QEMU, with ``results`` shared as ``share`` in the
     guest) until the command has run, and report how it went.
@@ -909,7 +954,8 @@ def run_boots(
     ``watch_vfs`` the guest copies igbvf's failed reset handshakes to the
     console (forward_vf_resets); a VF that cannot come up raises
     :class:`RigError` at once, as every boot would have it.  ``wire`` tells
-    the guest's command where the wire's capture is (WIRE_ENV).
+    the guest's command where the wire's capture is (WIRE_ENV), ``peer``
+    where the second guest's share is (PEER_ENV).
     """
     deadline = time.monotonic() + timeout
     progress = results / PROGRESS_FILE
@@ -923,7 +969,7 @@ def run_boots(
     while True:
         boots += 1
         (results / "run.sh").write_text(
-            _guest_script(command, cwd, share, rerun=bool(stalls), watch_vfs=watch_vfs, wire=wire)
+            _guest_script(command, cwd, share, rerun=bool(stalls), watch_vfs=watch_vfs, wire=wire, peer=peer)
         )
         with progress.open("a") as f:
             f.write(f"boot\t{boots}\n")
@@ -1005,6 +1051,7 @@ def run_in_vm(
     console: IO[str] | None = None,
     kernel: str = "bookworm",
     wire: bool = False,
+    peer: bool = False,
 ) -> VmRun:
     """Boot the guest, run ``command`` as root in it, power it off.
 
@@ -1015,26 +1062,115 @@ def run_in_vm(
     twice, or dies without reporting a status; and, unless
     ``allow_broken_vfs``, if its igb VFs cannot come up (check_memory
     before booting, the watchdog after).  With ``wire`` the PFs share one
-    Ethernet segment, recorded (wire_arguments).
+    Ethernet segment, recorded (wire_arguments); with ``peer`` too, a second
+    guest's PFs share it (run_peer).
     """
     if not command:
         raise RigError("no command given")
+    if peer and not wire:
+        raise RigError("--peer joins a second guest to the wire: give --wire too")
     check_memory(memory_mb, allow_broken_vfs)
     art = prepare(kernel)
     with tempfile.TemporaryDirectory(prefix="sriov-cni-vm-") as tmp:
         results = Path(tmp)
-        return run_boots(
-            command,
-            cwd or os.getcwd(),
-            results,
-            qemu_command(art, results, pfs, memory_mb, wire),
-            GUEST_SHARE,
-            timeout=timeout,
-            quiet_limit=quiet_limit,
-            console=console,
-            watch_vfs=not allow_broken_vfs,
-            wire=wire,
-        )
+        link = free_udp_ports() if peer else None
+
+        def first() -> VmRun:
+            return run_boots(
+                command,
+                cwd or os.getcwd(),
+                results,
+                qemu_command(art, results, pfs, memory_mb, wire, link=link),
+                GUEST_SHARE,
+                timeout=timeout,
+                quiet_limit=quiet_limit,
+                console=console,
+                watch_vfs=not allow_broken_vfs,
+                wire=wire,
+                peer=peer,
+            )
+
+        if link is None:
+            return first()
+        second = results / PEER_SHARE
+        second.mkdir()
+        peer_argv = qemu_command(art, second, pfs, memory_mb, wire, node=1, link=(link[1], link[0]))
+        return run_peer(first, second, peer_argv, timeout=timeout, quiet_limit=quiet_limit)
+
+
+def free_udp_ports() -> tuple[int, int]:
+    """Two UDP ports free on 127.0.0.1 now, for the guests' link (QEMU binds them moments later)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        first, second = (int(sock.getsockname()[1]) for sock in socks)
+        return first, second
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+# After the first guest's command has ended, how long the second may take to
+# see the stop and power off.
+PEER_STOP_BOUND = 120.0
+
+
+def run_peer(
+    first: Callable[[], VmRun],
+    second: Path,
+    argv: list[str],
+    *,
+    timeout: float,
+    quiet_limit: float,
+    share: str = GUEST_SHARE,
+) -> VmRun:
+    """Run the first guest (``first``) while a second, ``argv`` with ``second`` as its share, serves it.
+
+    The second guest starts at once and serves the first's requests from
+    its share (``share`` inside it: ``python3 -m tests.vm.wirelib serve``,
+    from the repository); once the first guest's run has ended, the rig writes
+    PEER_STOP into the second's share and waits for it to power off.  Its
+    console goes to ``console`` in its share; a second guest that fails or
+    stays up fails the run with its last lines.
+    """
+    outcome: list[VmRun | RigError] = []
+    log = second / "console"
+
+    def serve() -> None:
+        with log.open("w") as console:
+            try:
+                outcome.append(
+                    run_boots(
+                        [sys.executable, "-m", "tests.vm.wirelib", "serve", share],
+                        str(HERE.parent.parent),
+                        second,
+                        argv,
+                        share,
+                        timeout=timeout,
+                        quiet_limit=quiet_limit,
+                        console=console,
+                        watch_vfs=True,
+                    )
+                )
+            except RigError as exc:
+                outcome.append(exc)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        run = first()
+    finally:
+        (second / PEER_STOP).touch()
+        server.join(PEER_STOP_BOUND)
+    last = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:]).rstrip()
+    if not outcome:
+        raise RigError(f"the second guest did not power off after the first's command; its last lines:\n{last}")
+    [served] = outcome
+    if isinstance(served, RigError) or served.status != 0:
+        why = served if isinstance(served, RigError) else f"status {served.status}"
+        raise RigError(f"the second guest failed ({why}); its last lines:\n{last}")
+    return run
 
 
 def module_costs(tests: list[TestRun]) -> list[tuple[str, float, int]]:
@@ -1081,7 +1217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run a command as root in a QEMU guest with emulated igb SR-IOV NICs.",
         usage="%(prog)s [--kernel K] [--pfs N] [--timeout S] [--quiet-limit S] [--memory MB] [--allow-broken-vfs]"
-        " [--wire] -- COMMAND ...",
+        " [--wire [--peer]] -- COMMAND ...",
     )
     parser.add_argument(
         "--kernel",
@@ -1113,6 +1249,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"join the PFs' ports on one Ethernet segment and record it ({WIRE_ENV} names the capture in the guest)",
     )
+    parser.add_argument(
+        "--peer",
+        action="store_true",
+        help=f"with --wire: a second guest, a second node, on the same wire ({PEER_ENV} names its share)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -1132,6 +1273,7 @@ def main(argv: list[str] | None = None) -> int:
             console=sys.stdout,
             kernel=args.kernel,
             wire=args.wire,
+            peer=args.peer,
         )
     except RigError as exc:
         print(f"rig: {exc}", file=sys.stderr)

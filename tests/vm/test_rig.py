@@ -590,3 +590,55 @@ def test_a_listener_counts_what_a_pod_receives_until_the_sentinel(veth_pods: tup
     # What the receiver sends itself (IPv6 router solicitations, say) is not counted; the sentinel ends the count.
     got = sorted((r.src, r.dst, r.count) for r in listener.counts() if r.ethertype == wirelib.ETH_P_TEST)
     assert got == [("02:00:00:00:aa:01", "02:00:00:00:bb:01", 3), ("02:00:00:00:aa:02", wirelib.BROADCAST, 2)]
+
+
+def test_a_peer_joins_its_hub_to_the_first_guests_by_udp_with_its_own_macs(tmp_path: Path) -> None:
+    first = rig.qemu_command(_art(tmp_path), tmp_path, 2, 2048, wire=True, link=(40001, 40002))
+    second = rig.qemu_command(_art(tmp_path), tmp_path / "peer", 2, 2048, wire=True, node=1, link=(40002, 40001))
+    link = "dgram,id=link,local.type=inet,local.host=127.0.0.1,local.port={},remote.type=inet,remote.host=127.0.0.1,remote.port={}"
+    assert _netdevs(first)[2:] == [link.format(40001, 40002), "hubport,id=uplink,hubid=0,netdev=link"]
+    assert _netdevs(second)[2:] == [link.format(40002, 40001), "hubport,id=uplink,hubid=0,netdev=link"]
+
+    def macs(argv: list[str]) -> list[str]:
+        return [a.split("mac=")[1] for a in argv if a.startswith("igb,")]
+
+    # One segment: no two PFs of the two nodes share a MAC.
+    assert macs(first) == ["52:54:00:5a:00:01", "52:54:00:5a:00:02"]
+    assert macs(second) == ["52:54:00:5a:01:01", "52:54:00:5a:01:02"]
+    assert len(set(rig.free_udp_ports())) == 2
+
+
+def test_a_peer_needs_the_wire(capsys: pytest.CaptureFixture[str]) -> None:
+    assert rig.main(["--peer", "--", "true"]) == 2
+    assert capsys.readouterr().err == "rig: --peer joins a second guest to the wire: give --wire too\n"
+
+
+def test_only_the_first_guest_of_a_peer_run_is_told_where_the_other_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(rig.PEER_ENV, "/elsewhere")
+    first = rig._guest_script(["true"], "/src", "/share", rerun=False, wire=True, peer=True)
+    assert f"{rig.PEER_ENV}=/share/peer" in first and "/elsewhere" not in first
+    assert rig.PEER_ENV not in rig._guest_script(["true"], "/src", "/share", rerun=False, wire=True)
+
+
+def test_the_second_guest_serves_the_first_until_the_rig_stops_it(tmp_path: Path) -> None:
+    """Both guests played by fakeguest.py: the second runs wirelib's server, the first asks it."""
+    second_dir = tmp_path / rig.PEER_SHARE
+    second_dir.mkdir(parents=True)
+    answers: list[subprocess.CompletedProcess[str]] = []
+
+    def first() -> rig.VmRun:
+        answers.append(wirelib.Peer(second_dir).run(["sh", "-c", 'cat; echo " $WHO"'], env={"WHO": "peer"}, stdin="hi"))
+        return rig.VmRun(status=0, output="", stalls=[], left_out=0, tests=[], boot_seconds=[])
+
+    run = rig.run_peer(
+        first,
+        second_dir,
+        [sys.executable, str(HERE / "fakeguest.py"), str(second_dir)],
+        timeout=120,
+        quiet_limit=60,
+        share=str(second_dir),
+    )
+    assert run.status == 0
+    [answer] = answers
+    assert (answer.returncode, answer.stdout) == (0, "hi peer\n")
+    assert (second_dir / "status").read_text() == "0\n"

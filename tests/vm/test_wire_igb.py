@@ -17,8 +17,10 @@ between two VFs of the same PF, are shown not to reach the wire.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +41,10 @@ from tests.vm.wirelib import (
     ROCE_V2_PORT,
     Frame,
     Listener,
+    Peer,
     Tag,
     Wire,
+    guest_peer,
     guest_wire,
     send_frames,
 )
@@ -445,3 +449,76 @@ def test_soft_roce_pods_across_the_wire_beside_one_pfs(
             assert (sent, answered) == (0, 0)
     for where, (gbits, usec) in figures.items():
         print(f"{series} {where}: ib_write_bw {gbits:.3f} Gbit/s average, ibv_rc_pingpong {usec:.1f} usec/iter")
+
+
+# The other node's sriov-ipam hands out addresses from the top of the same
+# subnet: one segment, two nodes' stores.
+PEER_RANGE = {"subnet": SUBNET, "rangeStart": "10.83.0.200", "rangeEnd": "10.83.0.250"}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def on_peer(peer: Peer, argv: list[str], **kw: Any) -> str:
+    """``argv`` on the other node; its output, or the test fails with what it said."""
+    proc = peer.run(argv, **kw)
+    assert proc.returncode == 0, (argv, proc.stdout, proc.stderr)
+    return proc.stdout
+
+
+@pytest.mark.peer_vm
+def test_pods_on_two_nodes_talk_over_the_wire_on_their_vlan(
+    two_pfs: list[str], attach: Callable[..., Attached], wire: Wire
+) -> None:
+    """A pod on this node and one on the other node (a second guest, its own kernel), both on VLAN 100.
+
+    Real on the other node too: its igb PF and VFs, and the plugin run as
+    the runtime runs it (``bin/sriov`` with the CNI environment and the
+    config on stdin).  The two nodes' PFs share the wire through QEMU's
+    datagram link: each pod's echoes cross it tagged with VLAN 100 and its
+    node's priority.
+    """
+    peer = guest_peer()
+    pf = two_pfs[0]
+    on_peer(peer, [sys.executable, "-c", f"from tests.vm.vmlib import Sriov; Sriov([{pf!r}]).enable({pf!r}, 1)"])
+    here = attach(pf, vlan=100, vlanQoS=2)
+    netns = "wirepeer0"
+    conf = {
+        "cniVersion": "1.1.0",
+        "name": "wirenet",
+        "type": "sriov",
+        "pfNames": [pf],
+        "dataDir": "/tmp/wirepeer",
+        "vlan": 100,
+        "vlanQoS": 6,
+        "ipam": {"type": "sriov-ipam", "dataDir": "/tmp/wirepeer/ipam", "ranges": [[PEER_RANGE]]},
+    }
+    cni_env = {
+        "CNI_CONTAINERID": "peer0",
+        "CNI_NETNS": ns_path(netns),
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": "/usr/lib/cni",
+    }
+    on_peer(peer, ["ip", "netns", "add", netns])
+    try:
+        res = json.loads(
+            on_peer(peer, [str(REPO / "bin" / "sriov")], env={**cni_env, "CNI_COMMAND": "ADD"}, stdin=json.dumps(conf))
+        )
+        there = Attached(netns, pf, 0, "", res["ips"][0]["address"].split("/")[0], res["interfaces"][0]["mac"], {}, "")
+        on_peer(
+            peer, [sys.executable, "-c", f"from tests.vm.vmlib import Sriov; Sriov([]).wait_carrier('net1', {netns!r})"]
+        )
+        carriers([here])
+
+        mark = wire.mark()
+        assert pings(here, there.address)
+        on_peer(peer, ["ip", "netns", "exec", netns, "ping", "-c", "2", "-i", "0.2", "-W", "2", here.address])
+        frames = wire.since(mark)
+    finally:
+        on_peer(peer, [str(REPO / "bin" / "sriov")], env={**cni_env, "CNI_COMMAND": "DEL"}, stdin=json.dumps(conf))
+        on_peer(peer, ["ip", "netns", "delete", netns])
+        on_peer(peer, [sys.executable, "-c", f"from tests.vm.vmlib import Sriov; Sriov([{pf!r}]).restore()"])
+
+    for one, other in ((here, there), (there, here)):
+        assert len(echoes(frames, one, other, ICMP_ECHO_REQUEST)) == 2, (one, other, frames)
+        assert len(echoes(frames, other, one, ICMP_ECHO_REPLY)) == 2, (one, other, frames)
+    assert {f.tags for f in frames if f.src == here.mac} == {(Tag(0x8100, 2, 0, 100),)}
+    assert {f.tags for f in frames if f.src == there.mac} == {(Tag(0x8100, 6, 0, 100),)}

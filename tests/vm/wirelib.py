@@ -8,6 +8,10 @@ looks only at the frames of its own traffic.
 
 The pcap format (the classic one, link type Ethernet) is read with ``struct``:
 no capture tool is needed in the guest or on the host.
+
+With ``rig.py --wire --peer`` a second guest, the other node, shares the
+wire; :class:`Peer` runs commands there, which it serves (:func:`serve`,
+``python3 -m tests.vm.wirelib serve SHARE``) from its share.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.vm.rig import WIRE_ENV
+from tests.vm.rig import PEER_ENV, PEER_STOP, WIRE_ENV
 
 PCAP_MAGIC = 0xA1B2C3D4
 PCAP_HEADER = 24
@@ -327,3 +332,88 @@ def guest_wire() -> Wire:
     if not path:
         pytest.fail(f"no wire in this guest ({WIRE_ENV} unset): boot it with tests/vm/rig.py --wire")
     return Wire(Path(path))
+
+
+# How often the second guest looks for requests, and says it is alive (the
+# rig's watchdog ends a guest whose console stays silent).  Each look is a
+# directory read over 9p, which an idle guest pays for under TCG: 20 looks
+# a second cost the second guest 30 s of CPU in a 98 s run.
+SERVE_POLL = 0.2
+SERVE_HEARTBEAT = 60.0
+# How often the first guest looks for its answer.
+REPLY_POLL = 0.1
+# Only a fault makes one command on the other node take this long.
+PEER_BOUND = 300.0
+
+
+def serve(share: Path) -> None:
+    """In the second guest of ``rig.py --wire --peer``: run the first guest's requests until the rig says stop.
+
+    A request is a file ``NAME.request`` in ``share``: JSON with ``argv``,
+    ``env`` (added to this process's) and ``stdin``.  Its answer is
+    ``NAME.reply``: ``returncode``, ``stdout`` and ``stderr``.  Both are
+    written under another name first and renamed, so neither side reads a
+    file half written.
+    """
+    said = time.monotonic()
+    while not (share / PEER_STOP).exists():
+        for request in sorted(share.glob("*.request")):
+            asked = json.loads(request.read_text())
+            proc = subprocess.run(
+                asked["argv"],
+                input=asked["stdin"],
+                env={**os.environ, **asked["env"]},
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            answer = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+            partial = request.with_suffix(".partial")
+            partial.write_text(json.dumps(answer))
+            partial.rename(request.with_suffix(".reply"))
+            request.unlink()
+            print(f"peer: {' '.join(asked['argv'])[:120]}: status {proc.returncode}", flush=True)
+            said = time.monotonic()
+        if time.monotonic() - said > SERVE_HEARTBEAT:
+            print("peer: waiting for requests", flush=True)
+            said = time.monotonic()
+        time.sleep(SERVE_POLL)
+
+
+class Peer:
+    """The other node of ``rig.py --wire --peer``: commands run there, as root, through its share."""
+
+    def __init__(self, share: Path) -> None:
+        self.share = share
+
+    def run(
+        self, argv: list[str], *, env: Mapping[str, str] | None = None, stdin: str = ""
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` on the other node, with ``env`` added to its environment and ``stdin`` as input."""
+        name = uuid.uuid4().hex
+        partial = self.share / f"{name}.partial"
+        partial.write_text(json.dumps({"argv": argv, "env": dict(env or {}), "stdin": stdin}))
+        partial.rename(self.share / f"{name}.request")
+        reply = self.share / f"{name}.reply"
+        deadline = time.monotonic() + PEER_BOUND
+        while not reply.exists():
+            if time.monotonic() > deadline:
+                pytest.fail(f"the other node did not answer within {PEER_BOUND:.0f} s: {argv}")
+            time.sleep(REPLY_POLL)
+        answer = json.loads(reply.read_text())
+        reply.unlink()
+        return subprocess.CompletedProcess(argv, answer["returncode"], answer["stdout"], answer["stderr"])
+
+
+def guest_peer() -> Peer:
+    """The other node of this guest; fails the test in a guest the rig booted without ``--peer``."""
+    path = os.environ.get(PEER_ENV)
+    if not path:
+        pytest.fail(f"no other node beside this guest ({PEER_ENV} unset): boot it with tests/vm/rig.py --wire --peer")
+    return Peer(Path(path))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["serve"] or len(sys.argv) != 3:
+        sys.exit("usage: python3 -m tests.vm.wirelib serve SHARE")
+    serve(Path(sys.argv[2]))
