@@ -77,4 +77,5 @@ def _arrival(data: bytes, offset: int, length: int) -> bool:
     """Whether the RTM_NEWLINK at ``offset`` announces a link new to the namespace, not a change of one."""
     if length < _HEADER.size + _IFINFO.size:
         return True  # not a link message as this kernel writes them: look rather than miss one
-    return _IFINFO.unpack_from(data, offset + _HEADER.size)[4] == _ARRIVED
+    change: int = _IFINFO.unpack_from(data, offset + _HEADER.size)[4]
+    return change == _ARRIVED

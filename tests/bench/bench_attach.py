@@ -61,6 +61,7 @@ from tests.bench import phases  # noqa: E402
 GO_PLUGINS = Path("/usr/lib/cni")
 SYS_NET = Path("/sys/class/net")
 PODS = 4  # on VFs 0-3, two pairs
+CALIBRATION = 10
 RTNL_PROGRAM = """
 kretprobe:rtnl_lock { @held[tid] = nsecs; }
 kretprobe:rtnl_lock_killable /retval == 0/ { @held[tid] = nsecs; }
@@ -380,12 +381,23 @@ class RtnlTrace:
         wait("bpftrace attached", lambda: "Attaching" in self.out.read_text() or self.proc.poll() is not None, 300)
         if self.proc.poll() is not None:
             sys.exit(f"bench_attach: bpftrace ended: {self.out.read_text()}")
+        # What the figures are worth: requests that each take RTNL once.
+        started = time.monotonic_ns()
+        for _ in range(CALIBRATION):
+            sh("ip", "link", "set", "dev", "lo", "mtu", "65536")
+        self.calibration = (started, time.monotonic_ns())
 
     def holds(self) -> list[tuple[int, int, str]]:
         self.proc.terminate()
         self.proc.wait()
         out = []
-        for line in self.out.read_text().splitlines():
+        text = self.out.read_text()
+        start, end = self.calibration
+        seen = sum(1 for line in text.splitlines() if line.endswith(" ip") and start <= int(line.split()[0]) < end)
+        print(f"RTNL trace: {seen} holds by ip seen for {CALIBRATION} ip link requests", flush=True)
+        for line in text.splitlines():
+            if "Lost" in line:
+                print(f"RTNL trace: bpftrace: {line}", flush=True)
             fields = line.split(maxsplit=2)
             if len(fields) == 3 and fields[0].isdigit():
                 out.append((int(fields[0]), int(fields[1]), fields[2]))

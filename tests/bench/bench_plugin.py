@@ -221,6 +221,13 @@ def finish(proc: subprocess.Popen[bytes], what: str) -> str:
     return err.decode()
 
 
+def node_cpu_seconds() -> float:
+    """CPU time the whole node has spent, every process and the kernel, from /proc/stat (idle and iowait left out)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def invoke(exe: Path, command: str, conf: dict[str, Any], env: dict[str, str]) -> float:
     """Seconds one call of the executable took, until its stdout closed."""
     t0 = time.perf_counter()
@@ -247,6 +254,9 @@ class Peer:
     env: dict[str, str]
     via_daemon: bool
     times: list[float] = field(default_factory=list)
+    # The node's CPU seconds per cycle: the executable, the daemon's child,
+    # the IPAM plugin it runs and the kernel's work for them alike.
+    cpu: list[float] = field(default_factory=list)
     own_kib: int | None = None
 
 
@@ -255,8 +265,10 @@ def cycles(peers: dict[str, Peer], n: int, daemon: Daemon) -> tuple[list[str], l
     for _ in range(n):
         # Interleaved, so drift in machine speed hits every peer alike.
         for peer in peers.values():
+            cpu_before = node_cpu_seconds()
             t_add = invoke(peer.exe, "ADD", peer.conf, peer.env)
             t_del = invoke(peer.exe, "DEL", peer.conf, peer.env)
+            peer.cpu.append(node_cpu_seconds() - cpu_before)
             peer.times.append(t_add + t_del)
     timed = daemon.new_calls(2 * n * sum(p.via_daemon for p in peers.values()))
     # Memory once per peer, outside the timed cycles (GNU time adds a fork).
@@ -297,6 +309,11 @@ def cycles(peers: dict[str, Peer], n: int, daemon: Daemon) -> tuple[list[str], l
         )
     shim = statistics.median(peers["sriov, shim + daemon"].times)
     lines.append(f"shim + daemon / Go host-device: {shim / go:.2f} (same VF, host-local IPAM, this run)")
+    go_cpu = statistics.mean(peers["host-device (Go)"].cpu)
+    lines.append("node CPU per ADD+DEL cycle (every process and the kernel, /proc/stat), mean:")
+    for name, peer in peers.items():
+        mean = statistics.mean(peer.cpu)
+        lines.append(f"  {name:{width}} {mean * 1000:8.1f} ms  {mean / go_cpu:5.2f}x host-device")
     lines.append(f"daemon process peak RSS: {daemon.hwm_kib() / 1024:.1f} MiB (one per node, shared by every call)")
     return lines, timed
 
