@@ -16,10 +16,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import subprocess
 import tarfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,9 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
+
+from tests.vm.runtimelib import run
+from tests.vm.vmlib import wait_until
 
 # The sandbox ("pause") image: Debian's static catatonit, as kubelet's pause
 # reaps zombies and waits.
@@ -172,6 +177,11 @@ class Cri:
             return False
         return any(c.type == name and c.status for c in status.status.conditions)
 
+    def cni_config(self) -> str:
+        """The CNI networks the CRI plugin has loaded, as its verbose status shows them (JSON of go-cni's config)."""
+        status = self.runtime.Status(pb.StatusRequest(verbose=True), timeout=CRI_TIMEOUT)
+        return str(status.info.get("cniconfig", ""))
+
     def has_image(self, ref: str) -> bool:
         resp: pb.ImageStatusResponse = self.images.ImageStatus(
             pb.ImageStatusRequest(image=pb.ImageSpec(image=ref)), timeout=CRI_TIMEOUT
@@ -227,6 +237,55 @@ class Cri:
             if time.monotonic() > deadline:
                 pytest.fail(f"container {status.metadata.name} did not exit within {timeout:.0f} s")
             time.sleep(POLL)
+
+
+@dataclass
+class Containerd:
+    """containerd with its CRI plugin, started by :func:`containerd_cri`."""
+
+    cri: Cri
+    socket: Path  # for ctr
+    log: Path
+
+    def import_image(self, ref: str, archive: Path) -> None:
+        """An OCI archive's image into the namespace the CRI plugin serves, as a pull would leave it."""
+        run(
+            "ctr",
+            "--address",
+            str(self.socket),
+            "--namespace",
+            "k8s.io",
+            "images",
+            "import",
+            "--snapshotter",
+            SNAPSHOTTER,
+            "--base-name",
+            ref.rsplit(":", 1)[0],
+            str(archive),
+        )
+
+
+@contextmanager
+def containerd_cri(storage: Path) -> Iterator[Containerd]:
+    """containerd serving CRI as on a node, its root, state and socket under ``storage`` (a tmpfs), PAUSE_IMAGE imported.
+
+    Its CNI directories are the node's (see containerd_config): the caller
+    puts them in place.  containerd ends when the block does.
+    """
+    sock = storage / "containerd.sock"
+    config = storage / "config.toml"
+    config.write_text(containerd_config(storage / "root", storage / "state", sock))
+    with ExitStack() as stack:
+        log = stack.enter_context(open(storage / "containerd.log", "w"))
+        daemon = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        stack.callback(daemon.wait, timeout=CRI_TIMEOUT)
+        stack.callback(daemon.terminate)
+        cri = Cri(sock)
+        stack.callback(cri.close)
+        wait_until(lambda: cri.condition("RuntimeReady"), CRI_TIMEOUT, "containerd's CRI plugin to serve")
+        node = Containerd(cri, sock, storage / "containerd.log")
+        node.import_image(PAUSE_IMAGE, pause_archive(storage))
+        yield node
 
 
 def new_pod(

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,6 +112,89 @@ def render_containers_conf(bin_dir: Path, conf_dir: Path) -> str:
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M)
         assert n == 1, f"deploy/podman/containers.conf has no single {key} line"
     return text
+
+
+@contextmanager
+def runtime_storage() -> Iterator[Path]:
+    """cgroup2 for the containers, and a tmpfs for the runtimes' images and containers.
+
+    The guest's root is an overlay, on which neither runtime can stack its
+    own overlay: podman uses vfs there and containerd the native snapshotter.
+    The path is kept short: podman refuses a runroot longer than 50
+    characters, which pytest's numbered temporary directories outgrow.
+    """
+    path = Path(tempfile.mkdtemp(prefix="sriov-rt-"))
+    try:
+        with cgroup2(), mounted("tmpfs", path):
+            yield path
+    finally:
+        path.rmdir()
+
+
+# --- podman --------------------------------------------------------------------
+
+
+class Podman:
+    """podman as root on a host without systemd, configured by containers.conf, for one network."""
+
+    def __init__(self, storage: Path, containers_conf: Path, data: Path, network: str) -> None:
+        self.data = data
+        self.network = network
+        self._env = dict(os.environ, CONTAINERS_CONF=str(containers_conf))
+        self._global = [
+            "podman",
+            "--root",
+            str(storage / "podman"),
+            "--runroot",
+            str(storage / "podman-run"),
+            "--storage-driver",
+            "vfs",
+            "--cgroup-manager",
+            "cgroupfs",
+            "--events-backend",
+            "file",
+        ]
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run(*self._global, *args, check=check, env=self._env)
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*self._global, *args], env=self._env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+
+    @staticmethod
+    def namespaces() -> set[str]:
+        """The network namespaces podman holds for its containers (it names them netns-UUID).
+
+        Read from /run/netns rather than asked with ``podman inspect``: each
+        podman command first runs every plugin of its networks with VERSION,
+        which costs seconds under emulation.
+        """
+        return {str(p) for p in Path("/run/netns").glob("netns-*")}
+
+
+class PodmanHost:
+    """One image store; a Podman per network, each with a conflist directory of its own.
+
+    podman validates every conflist of its directory on each command, running
+    each plugin (and IPAM) with VERSION, so one network per directory keeps
+    every command as cheap as a node with one SR-IOV network.
+    """
+
+    def __init__(self, base: Path, storage: Path, cni_bin: Path, pf: str) -> None:
+        self._base, self._storage, self._cni_bin = base, storage, cni_bin
+        self.data = base / "data"
+        self.conf = render_conflist(pf, self.data)
+
+    def network(self, conf: dict[str, Any]) -> Podman:
+        name = conf["name"]
+        conf_dir = self._base / f"net.d-{name}"
+        conf_dir.mkdir(exist_ok=True)
+        (conf_dir / f"10-{name}.conflist").write_text(json.dumps(conf))
+        containers_conf = self._base / f"containers-{name}.conf"
+        containers_conf.write_text(render_containers_conf(self._cni_bin, conf_dir))
+        return Podman(self._storage, containers_conf, self.data, name)
 
 
 # --- oracles -------------------------------------------------------------------

@@ -37,14 +37,11 @@ from sriov_cni.daemon.client import DEFAULT_SOCKET
 from tests.deploy.kube import render
 from tests.vm.crilib import (
     CRI_TIMEOUT,
-    PAUSE_IMAGE,
-    SNAPSHOTTER,
     Cri,
     DaemonSetPod,
     PodTemplate,
-    containerd_config,
+    containerd_cri,
     new_pod,
-    pause_archive,
 )
 from tests.vm.runtimelib import (
     assert_as_found,
@@ -128,23 +125,12 @@ def node(igb_pfs: list[str]) -> Iterator[Node]:
         # The reference plugins the conflist chains (tuning) and the
         # loopback containerd adds, as a node has them in /opt/cni/bin.
         cni_bin_dir(Path("/opt/cni/bin"))
-        sock = storage / "containerd.sock"
-        config = storage / "config.toml"
-        config.write_text(containerd_config(storage / "root", storage / "state", sock))
-        log = stack.enter_context(open(storage / "containerd.log", "w"))
-        daemon = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
-        stack.callback(daemon.wait, timeout=CRI_TIMEOUT)
-        stack.callback(daemon.terminate)
-        cri = Cri(sock)
-        stack.callback(cri.close)
-        wait_until(lambda: cri.condition("RuntimeReady"), CRI_TIMEOUT, "containerd's CRI plugin to serve")
-        ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io", "images", "import", "--snapshotter", SNAPSHOTTER]
-        run(*ctr, "--base-name", PAUSE_IMAGE.rsplit(":", 1)[0], str(pause_archive(storage)))
-        image = manifests()["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["image"]
-        run(*ctr, "--base-name", image.rsplit(":", 1)[0], str(archive))
+        containerd = stack.enter_context(containerd_cri(storage))
+        cri = containerd.cri
+        containerd.import_image(manifests()["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["image"], archive)
         (storage / "logs").mkdir()
         (storage / "scratch").mkdir()
-        yield Node(cri, sock, storage / "logs", storage / "scratch", storage / "containerd.log")
+        yield Node(cri, containerd.socket, storage / "logs", storage / "scratch", containerd.log)
         # Before containerd stops: its sandboxes' CNI DEL needs the daemon.
         for pod_id in cri.pods():
             cri.stop_pod(pod_id)

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,11 +27,12 @@ from tests.support.daemonlib import Daemon
 from tests.vm.runtimelib import (
     IMAGE,
     RUNTIME_TIMEOUT,
+    Podman,
+    PodmanHost,
     assert_as_found,
     assert_pings,
     assert_pod_carrier,
     busybox_rootfs,
-    cgroup2,
     cni_bin_dir,
     in_netns,
     ipv4,
@@ -43,8 +41,8 @@ from tests.vm.runtimelib import (
     pod_eth0,
     records,
     render_conflist,
-    render_containers_conf,
     run,
+    runtime_storage,
     vf_picture,
 )
 from tests.vm.vmlib import Sriov, vf_pci_dirs, wait_until
@@ -105,85 +103,11 @@ def cni_bin(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture(scope="module")
 def storage() -> Iterator[Path]:
-    """cgroup2 for the containers, and a tmpfs for the runtimes' images and containers.
-
-    The guest's root is an overlay, on which neither runtime can stack its
-    own overlay: podman uses vfs there and containerd the native snapshotter.
-    The path is kept short: podman refuses a runroot longer than 50
-    characters, which pytest's numbered temporary directories outgrow.
-    """
-    path = Path(tempfile.mkdtemp(prefix="sriov-rt-"))
-    try:
-        with cgroup2(), mounted("tmpfs", path):
-            yield path
-    finally:
-        path.rmdir()
+    with runtime_storage() as path:
+        yield path
 
 
 # --- podman ----------------------------------------------------------------------
-
-
-class Podman:
-    """podman as root on a host without systemd, configured by containers.conf, for one network."""
-
-    def __init__(self, storage: Path, containers_conf: Path, data: Path, network: str) -> None:
-        self.data = data
-        self.network = network
-        self._env = dict(os.environ, CONTAINERS_CONF=str(containers_conf))
-        self._global = [
-            "podman",
-            "--root",
-            str(storage / "podman"),
-            "--runroot",
-            str(storage / "podman-run"),
-            "--storage-driver",
-            "vfs",
-            "--cgroup-manager",
-            "cgroupfs",
-            "--events-backend",
-            "file",
-        ]
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return run(*self._global, *args, check=check, env=self._env)
-
-    def start(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [*self._global, *args], env=self._env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-
-    @staticmethod
-    def namespaces() -> set[str]:
-        """The network namespaces podman holds for its containers (it names them netns-UUID).
-
-        Read from /run/netns rather than asked with ``podman inspect``: each
-        podman command first runs every plugin of its networks with VERSION,
-        which costs seconds under emulation.
-        """
-        return {str(p) for p in Path("/run/netns").glob("netns-*")}
-
-
-class PodmanHost:
-    """One image store; a Podman per network, each with a conflist directory of its own.
-
-    podman validates every conflist of its directory on each command, running
-    each plugin (and IPAM) with VERSION, so one network per directory keeps
-    every command as cheap as a node with one SR-IOV network.
-    """
-
-    def __init__(self, base: Path, storage: Path, cni_bin: Path, pf: str) -> None:
-        self._base, self._storage, self._cni_bin = base, storage, cni_bin
-        self.data = base / "data"
-        self.conf = render_conflist(pf, self.data)
-
-    def network(self, conf: dict[str, Any]) -> Podman:
-        name = conf["name"]
-        conf_dir = self._base / f"net.d-{name}"
-        conf_dir.mkdir(exist_ok=True)
-        (conf_dir / f"10-{name}.conflist").write_text(json.dumps(conf))
-        containers_conf = self._base / f"containers-{name}.conf"
-        containers_conf.write_text(render_containers_conf(self._cni_bin, conf_dir))
-        return Podman(self._storage, containers_conf, self.data, name)
 
 
 @pytest.fixture(scope="module")
