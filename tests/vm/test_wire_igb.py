@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,8 @@ from typing import Any
 import pytest
 
 from sriov_cni.plugin.rdma import soft_name
-from tests.vm.plugincalls import cni, ns_path, records, vfinfo
-from tests.vm.test_rdma_soft import IB_WRITE_BW_PORT, PINGPONG_PORT, roce_v2_gid_index, run_pair
+from tests.vm.plugincalls import CNI_PATH, cni, ns_path, records, vfinfo
+from tests.vm.test_rdma_soft import BOUND, IB_WRITE_BW_PORT, PINGPONG_PORT, roce_v2_gid_index, run_pair, wait_moving
 from tests.vm.vmlib import Sriov
 from tests.vm.wirelib import (
     ETH_P_ARP,
@@ -407,14 +410,30 @@ def rdma_figures(server: Attached, client: Attached) -> tuple[float, float]:
         )
         return out
 
-    written = client_output(["ib_write_bw", "-F", "-n", "200", "-s", "4096", "--report_gbits"], "-x", IB_WRITE_BW_PORT)
-    rows = written.splitlines()
+    return (
+        bw_average(client_output(WRITE_BW, "-x", IB_WRITE_BW_PORT)),
+        usec_per_iter(client_output(PINGPONG, "-g", PINGPONG_PORT)),
+    )
+
+
+# The two tools as both RDMA tests run them: 200 writes of 4 KiB, 100 round
+# trips sleeping on completion events (see test_rdma_soft.py for why).
+WRITE_BW = ["ib_write_bw", "-F", "-n", "200", "-s", "4096", "--report_gbits"]
+PINGPONG = ["ibv_rc_pingpong", "-e", "-n", "100", "-p", str(PINGPONG_PORT)]
+
+
+def bw_average(out: str) -> float:
+    """ib_write_bw's average bandwidth (Gbit/s, with --report_gbits) from its report."""
+    rows = out.splitlines()
     [header] = [n for n, line in enumerate(rows) if "BW average" in line]
-    gbits = float(rows[header + 1].split()[3])
-    out = client_output(["ibv_rc_pingpong", "-e", "-n", "100", "-p", str(PINGPONG_PORT)], "-g", PINGPONG_PORT)
+    return float(rows[header + 1].split()[3])
+
+
+def usec_per_iter(out: str) -> float:
+    """ibv_rc_pingpong's microseconds per round trip from its report."""
     found = re.search(r"100 iters in [0-9.]+ seconds = ([0-9.]+) usec/iter", out)
     assert found, out
-    return gbits, float(found.group(1))
+    return float(found.group(1))
 
 
 @pytest.mark.parametrize("series", [pytest.param(s, marks=pytest.mark.rdma_vm(s)) for s in ("7.2", "7.3")])
@@ -464,22 +483,13 @@ def on_peer(peer: Peer, argv: list[str], **kw: Any) -> str:
     return proc.stdout
 
 
-@pytest.mark.peer_vm
-def test_pods_on_two_nodes_talk_over_the_wire_on_their_vlan(
-    two_pfs: list[str], attach: Callable[..., Attached], wire: Wire
-) -> None:
-    """A pod on this node and one on the other node (a second guest, its own kernel), both on VLAN 100.
+@contextmanager
+def pod_on_peer(peer: Peer, pf: str, **keys: Any) -> Iterator[Attached]:
+    """A pod on the other node, on a VF of its ``pf``, with the config ``keys``; DELeted after.
 
-    Real on the other node too: its igb PF and VFs, and the plugin run as
-    the runtime runs it (``bin/sriov`` with the CNI environment and the
-    config on stdin).  The two nodes' PFs share the wire through QEMU's
-    datagram link: each pod's echoes cross it tagged with VLAN 100 and its
-    node's priority.
+    The plugin runs there as a runtime runs it: ``bin/sriov`` with the CNI
+    environment and the config on stdin.
     """
-    peer = guest_peer()
-    pf = two_pfs[0]
-    on_peer(peer, [sys.executable, "-c", f"from tests.vm.vmlib import Sriov; Sriov([{pf!r}]).enable({pf!r}, 1)"])
-    here = attach(pf, vlan=100, vlanQoS=2)
     netns = "wirepeer0"
     conf = {
         "cniVersion": "1.1.0",
@@ -487,38 +497,124 @@ def test_pods_on_two_nodes_talk_over_the_wire_on_their_vlan(
         "type": "sriov",
         "pfNames": [pf],
         "dataDir": "/tmp/wirepeer",
-        "vlan": 100,
-        "vlanQoS": 6,
         "ipam": {"type": "sriov-ipam", "dataDir": "/tmp/wirepeer/ipam", "ranges": [[PEER_RANGE]]},
+        **keys,
     }
-    cni_env = {
-        "CNI_CONTAINERID": "peer0",
-        "CNI_NETNS": ns_path(netns),
-        "CNI_IFNAME": "net1",
-        "CNI_PATH": "/usr/lib/cni",
-    }
+    cni_env = {"CNI_CONTAINERID": "peer0", "CNI_NETNS": ns_path(netns), "CNI_IFNAME": "net1", "CNI_PATH": CNI_PATH}
+    plugin = [str(REPO / "bin" / "sriov")]
+    on_peer(peer, [sys.executable, "-c", f"from tests.vm.vmlib import Sriov; Sriov([{pf!r}]).enable({pf!r}, 1)"])
     on_peer(peer, ["ip", "netns", "add", netns])
     try:
-        res = json.loads(
-            on_peer(peer, [str(REPO / "bin" / "sriov")], env={**cni_env, "CNI_COMMAND": "ADD"}, stdin=json.dumps(conf))
-        )
-        there = Attached(netns, pf, 0, "", res["ips"][0]["address"].split("/")[0], res["interfaces"][0]["mac"], {}, "")
+        res = json.loads(on_peer(peer, plugin, env={**cni_env, "CNI_COMMAND": "ADD"}, stdin=json.dumps(conf)))
         on_peer(
             peer, [sys.executable, "-c", f"from tests.vm.vmlib import Sriov; Sriov([]).wait_carrier('net1', {netns!r})"]
         )
-        carriers([here])
-
-        mark = wire.mark()
-        assert pings(here, there.address)
-        on_peer(peer, ["ip", "netns", "exec", netns, "ping", "-c", "2", "-i", "0.2", "-W", "2", here.address])
-        frames = wire.since(mark)
+        [interface] = res["interfaces"]
+        yield Attached(
+            netns, pf, 0, interface["pciID"], res["ips"][0]["address"].split("/")[0], interface["mac"], conf, "peer0"
+        )
     finally:
-        on_peer(peer, [str(REPO / "bin" / "sriov")], env={**cni_env, "CNI_COMMAND": "DEL"}, stdin=json.dumps(conf))
+        on_peer(peer, plugin, env={**cni_env, "CNI_COMMAND": "DEL"}, stdin=json.dumps(conf))
         on_peer(peer, ["ip", "netns", "delete", netns])
         on_peer(peer, [sys.executable, "-c", f"from tests.vm.vmlib import Sriov; Sriov([{pf!r}]).restore()"])
+
+
+@pytest.mark.peer_vm
+def test_pods_on_two_nodes_talk_over_the_wire_on_their_vlan(
+    two_pfs: list[str], attach: Callable[..., Attached], wire: Wire
+) -> None:
+    """A pod on this node and one on the other node (a second guest, its own kernel), both on VLAN 100.
+
+    Real on the other node too: its igb PF and VF, and the plugin.  The two
+    nodes' PFs share the wire through QEMU's datagram link: each pod's
+    echoes cross it tagged with VLAN 100 and its node's priority.
+    """
+    peer = guest_peer()
+    here = attach(two_pfs[0], vlan=100, vlanQoS=2)
+    with pod_on_peer(peer, two_pfs[0], vlan=100, vlanQoS=6) as there:
+        carriers([here])
+        mark = wire.mark()
+        assert pings(here, there.address)
+        on_peer(peer, ["ip", "netns", "exec", there.netns, "ping", "-c", "2", "-i", "0.2", "-W", "2", here.address])
+        frames = wire.since(mark)
 
     for one, other in ((here, there), (there, here)):
         assert len(echoes(frames, one, other, ICMP_ECHO_REQUEST)) == 2, (one, other, frames)
         assert len(echoes(frames, other, one, ICMP_ECHO_REPLY)) == 2, (one, other, frames)
     assert {f.tags for f in frames if f.src == here.mac} == {(Tag(0x8100, 2, 0, 100),)}
     assert {f.tags for f in frames if f.src == there.mac} == {(Tag(0x8100, 6, 0, 100),)}
+
+
+def serve_on_peer(peer: Peer, there: Attached, server: list[str], port: int, log: str) -> None:
+    """``server`` in the other node's pod, in the background with its output in ``log``, once it listens on ``port``."""
+    on_peer(peer, ["sh", "-c", f"ip netns exec {there.netns} {shlex.join(server)} >{log} 2>&1 &"])
+    deadline = time.monotonic() + BOUND
+    while f":{port} " not in on_peer(peer, ["ip", "netns", "exec", there.netns, "ss", "-Hltn"]):
+        if time.monotonic() > deadline:
+            pytest.fail(f"nothing listens on {port} in the other node's pod within {BOUND:.0f} s")
+        time.sleep(0.2)
+
+
+def server_output(peer: Peer, server: list[str], log: str) -> str:
+    """What ``server`` printed in its ``log`` on the other node, once it has ended (within BOUND)."""
+    wait = f"while pgrep -x {server[0]} >/dev/null; do sleep 0.2; done"
+    return on_peer(peer, ["sh", "-c", f"timeout {BOUND:.0f} sh -c {shlex.quote(wait)}; cat {log}"])
+
+
+def client_here(here: Attached, device: str, client: list[str]) -> str:
+    """``client`` in this node's pod, watched as long as RDMA packets move on its ``device``; its output."""
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", here.netns, *client], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_moving(proc, [(None, device)], client[0])
+        out, _ = proc.communicate(timeout=BOUND)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    return out
+
+
+@pytest.mark.peer_vm
+@pytest.mark.parametrize("series", [pytest.param(s, marks=pytest.mark.rdma_vm(s)) for s in ("7.2", "7.3")])
+def test_soft_roce_pods_on_two_nodes(
+    series: str, two_pfs: list[str], attach: Callable[..., Attached], wire: Wire
+) -> None:
+    """``"rdma": "soft"`` pods on two nodes: ib_write_bw and ibv_rc_pingpong over the wire as RoCE v2.
+
+    Real: rdma_rxe in shared mode on each node's kernel, the plugin on
+    each node, perftest and rdma-core.  The server runs in the other node's
+    pod, the client in this node's; the capture counts their RoCE v2
+    packets both ways.  The figures (TCG's, two guests taking turns on two
+    cores) are printed beside what the same-PF and cross-PF pairs of
+    test_soft_roce_pods_across_the_wire_beside_one_pfs measured in this boot.
+    """
+    peer = guest_peer()
+    here = attach(two_pfs[0], rdma="soft")
+    with pod_on_peer(peer, two_pfs[0], rdma="soft") as there:
+        carriers([here])
+        devices = [soft_name(here.pci), soft_name(there.pci)]
+        ours = roce_v2_gid_index(here.netns, devices[0], here.address)
+        lookup = f"from tests.vm.test_rdma_soft import roce_v2_gid_index as g; print(g({there.netns!r}, {devices[1]!r}, {there.address!r}))"
+        theirs = int(on_peer(peer, [sys.executable, "-c", lookup]))
+
+        mark = wire.mark()
+        outputs, served = [], []
+        for tool, gid_option, port in ((WRITE_BW, "-x", IB_WRITE_BW_PORT), (PINGPONG, "-g", PINGPONG_PORT)):
+            server = [*tool, "-d", devices[1], gid_option, str(theirs)]
+            log = f"/tmp/wirepeer/{tool[0]}.log"
+            serve_on_peer(peer, there, server, port, log)
+            outputs.append(
+                client_here(here, devices[0], [*tool, "-d", devices[0], gid_option, str(ours), there.address])
+            )
+            served.append(server_output(peer, server, log))
+        frames = wire.since(mark)
+
+    assert "BW average" in served[0] and "100 iters" in served[1], served
+    gbits, usec = bw_average(outputs[0]), usec_per_iter(outputs[1])
+    sent, answered = roce_between(frames, here, there), roce_between(frames, there, here)
+    print(f"{series} two nodes: RoCE v2 on the wire {sent} client to server, {answered} back")
+    print(f"{series} two nodes: ib_write_bw {gbits:.3f} Gbit/s average, ibv_rc_pingpong {usec:.1f} usec/iter")
+    assert sent >= 200 + 100 and answered >= 100, (sent, answered)
