@@ -96,7 +96,7 @@ class Children:
         self.served: set[int] = set()
         # Children that ended before they could wait for a call (a broken
         # install) since one last could: forks are spaced out meanwhile.
-        self.failures = 0
+        self.backoff = lifetime.Backoff(START_BACKOFF, START_BACKOFF_MAX)
         self.next_fork = 0.0
         self.failure = ""
         # Children write their pid each time they wait for a call, in one
@@ -167,7 +167,7 @@ class Children:
                     self.held(report.private_bytes)
                 if pid in self.starting:
                     self.starting.remove(pid)
-                    self.failures = 0
+                    self.backoff.reset()
                 self.waiting[pid] = now
 
     def held(self, child_bytes: int) -> None:
@@ -196,7 +196,7 @@ class Children:
         self.reap()
 
     def may_fork(self, now: float) -> bool:
-        if self.failures and self.starting:
+        if self.backoff.in_a_row and self.starting:
             return False  # one at a time, until one starts
         return self.spares() < SPARES and len(self.channels) < self.max and now >= self.next_fork
 
@@ -218,13 +218,8 @@ class Children:
             self.served.discard(pid)
 
     def _failed_at_start(self, status: int) -> None:
-        """A child ended before it could take a call: fork again only after a while.
-
-        Forking again at once, forever, would turn a broken install (an
-        import error in every child) into a fork loop on every core.
-        """
-        self.failures += 1
-        delay = min(START_BACKOFF * 2 ** (self.failures - 1), START_BACKOFF_MAX)
+        """A child ended before it could take a call: fork again only after a while (lifetime.Backoff)."""
+        delay = self.backoff.ended()
         self.next_fork = time.monotonic() + delay
         if os.WIFSIGNALED(status):
             self.failure = f"killed by signal {os.WTERMSIG(status)}"
@@ -233,13 +228,13 @@ class Children:
         # Once per interval: the next failure comes after the next fork.
         sys.stderr.write(
             f"sriov-cni daemon: a child ended before it could take calls ({self.failure}, "
-            f"{self.failures} in a row); the next fork in {delay:g} s\n"
+            f"{self.backoff.in_a_row} in a row); the next fork in {delay:g} s\n"
         )
         sys.stderr.flush()
 
     def cannot_start(self) -> CNIError | None:
         """Why calls cannot run now: children end at start and none waits."""
-        if not self.failures or self.waiting:
+        if not self.backoff.in_a_row or self.waiting:
             return None
         return CNIError(
             Code.TRY_AGAIN,

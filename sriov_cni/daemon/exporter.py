@@ -114,7 +114,7 @@ class Exporter:
         self._metrics = metrics
         self._selector: selectors.BaseSelector | None = None
         # Restarts since an exporter last served RESTART_BACKOFF_MAX seconds.
-        self._in_a_row = 0
+        self._backoff = lifetime.Backoff(RESTART_BACKOFF, RESTART_BACKOFF_MAX)
         self._serving_since = time.monotonic()
         # When the next exporter starts (none runs), or when the starting one
         # has to have said it listens.
@@ -159,9 +159,8 @@ class Exporter:
         os.close(self._alive)
         self._start_deadline = None
         if lasted:
-            self._in_a_row = 0
-        delay = min(RESTART_BACKOFF * 2**self._in_a_row, RESTART_BACKOFF_MAX)
-        self._in_a_row += 1
+            self._backoff.reset()
+        delay = self._backoff.ended()
         self._next_start = time.monotonic() + delay
         # One line per exporter that ended or attempt that failed.
         sys.stderr.write(f"sriov-cni daemon: {why}; starting another in {delay:g} s\n")

@@ -54,3 +54,28 @@ def leave_daemon(keep: set[int]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     close_all_but(keep)
+
+
+class Backoff:
+    """Seconds to wait before starting a process again after one ended early: doubled for each in a row, up to ``most``.
+
+    Starting again at once, forever, would turn a broken install (a child
+    that cannot import) or a taken port (an exporter that cannot listen)
+    into a fork loop on every core.
+    """
+
+    def __init__(self, first: float, most: float) -> None:
+        self.first = first
+        self.most = most
+        # Early ends since a process last lasted (reset()).
+        self.in_a_row = 0
+
+    def ended(self) -> float:
+        """One more ended early: the seconds to wait before the next start."""
+        delay = min(self.first * 2.0**self.in_a_row, self.most)
+        self.in_a_row += 1
+        return delay
+
+    def reset(self) -> None:
+        """A process lasted: the next that ends early waits ``first`` again."""
+        self.in_a_row = 0
