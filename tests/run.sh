@@ -39,7 +39,7 @@ bash deploy/image/build-image.sh --offline \
     --oci-archive "${SRIOV_CNI_VM_CACHE:-/var/cache/sriov-cni-vm}/sriov-cni-image.tar" || vm_status=$?
 # Only the directories holding guest tests (tests/conftest.py GUEST_DIRS).
 python3 tests/vm/rig.py --timeout 3600 -- python3 -m pytest -ra -v -m sriov_vm tests/vm tests/stress || vm_status=$?
-python3 tests/vm/rig.py --wire --peer --timeout 900 -- python3 -m pytest -ra -v -m sriov_vm tests/vm/test_wire_igb.py || vm_status=$?
+python3 tests/vm/rig.py --wire --timeout 900 -- python3 -m pytest -ra -v -m sriov_vm tests/vm/test_wire_igb.py || vm_status=$?
 # A guest whose igb VFs never come up (more memory than QEMU's igb handles,
 # see rig.py): ADD sets each VF aside and fails naming them.
 SRIOV_CNI_VM_BROKEN_VFS=1 python3 tests/vm/rig.py --memory 3072 --allow-broken-vfs --timeout 900 -- \
@@ -61,7 +61,7 @@ python3 tests/vm/rig.py --kernel experimental --timeout 2400 -- \
     python3 -m pytest -ra -v -m sriov_vm tests/vm/test_rdma_kernel.py tests/vm/test_rdma_soft.py \
     tests/vm/test_rdma_stub.py tests/vm/test_nri_rdma.py \
     "tests/vm/test_riders_igb.py::test_del_removes_every_kind_a_pod_can_build_on_its_vf[hsr]" || vm_status=$?
-python3 tests/vm/rig.py --kernel experimental --wire --peer --timeout 900 -- python3 -m pytest -ra -v -m sriov_vm tests/vm/test_wire_igb.py -k soft_roce || vm_status=$?
+python3 tests/vm/rig.py --kernel experimental --wire --peer --timeout 900 -- python3 -m pytest -ra -v -m sriov_vm tests/vm/test_wire_igb.py -k two_nodes || vm_status=$?
 echo "run.sh: guest part took $(( $(date +%s) - started )) s"
 
 echo "run.sh: type check exit $type_status, lint exit $lint_status, host tests exit $host_status, guest tests exit $vm_status"
