@@ -62,11 +62,18 @@ GO_PLUGINS = Path("/usr/lib/cni")
 SYS_NET = Path("/sys/class/net")
 PODS = 4  # on VFs 0-3, two pairs
 CALIBRATION = 10
+# RTNL is a mutex: its holds are traced on the mutex itself, since
+# rtnl_lock() is inlined into its callers in rtnetlink.c (the netlink
+# requests' own path), where a probe on it sees nothing.
 RTNL_PROGRAM = """
-kretprobe:rtnl_lock { @held[tid] = nsecs; }
-kretprobe:rtnl_lock_killable /retval == 0/ { @held[tid] = nsecs; }
-kretprobe:rtnl_trylock /retval/ { @held[tid] = nsecs; }
-kprobe:__rtnl_unlock /@held[tid]/ { printf("%lld %lld %s\\n", @held[tid], nsecs - @held[tid], comm); delete(@held[tid]); }
+kprobe:mutex_lock, kprobe:mutex_lock_killable /arg0 == kaddr("rtnl_mutex")/ { @want[tid] = 1; }
+kretprobe:mutex_lock /@want[tid]/ { @held[tid] = nsecs; delete(@want[tid]); }
+kretprobe:mutex_lock_killable /@want[tid]/ { if (retval == 0) { @held[tid] = nsecs; } delete(@want[tid]); }
+kprobe:mutex_trylock /arg0 == kaddr("rtnl_mutex")/ { @want[tid] = 1; }
+kretprobe:mutex_trylock /@want[tid]/ { if (retval) { @held[tid] = nsecs; } delete(@want[tid]); }
+kprobe:mutex_unlock /arg0 == kaddr("rtnl_mutex") && @held[tid]/ {
+  printf("%lld %lld %s\\n", @held[tid], nsecs - @held[tid], comm); delete(@held[tid]);
+}
 """
 SUBNET = "10.84.{}.0/24"
 
