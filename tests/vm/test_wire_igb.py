@@ -1,12 +1,20 @@
 """Pods on VFs of two igb PFs joined by a wire, and what their settings put on it (rig.py --wire).
 
-Real: Debian 12's kernel with igb and igbvf on QEMU's emulated 82576, the
-plugin in process with its real dependencies, sriov-ipam, the pods' own
-kernel stacks (ping, raw sockets), and the wire itself: the rig joins the two
-PFs' ports on one QEMU hub, so a frame between pods on different PFs leaves
-one emulated NIC and enters the other.  The oracle is the wire's capture
-(QEMU's filter-dump on PF 0's port, read with wirelib), not the plugin: what
-a setting really put on the frames.  No fixture stands in for a VF or a pod.
+Real: the guest's kernel (Debian 12's, or Linux 7.2/7.3 for the RDMA tests)
+with igb and igbvf on QEMU's emulated 82576, the plugin with its real
+dependencies, sriov-ipam, the pods' own kernel stacks (ping, raw sockets,
+rdma_rxe), and the wire itself: the rig joins the two PFs' ports on one QEMU
+hub, so a frame between pods on different PFs leaves one emulated NIC and
+enters the other.  The oracle is the wire's capture (QEMU's filter-dump on
+PF 0's port, read with wirelib), not the plugin: what a setting really put
+on the frames.  No fixture stands in for a VF or a pod.
+
+Which boot runs what: the one-node tests need ``--wire`` alone (one guest,
+its two PFs on the segment); the ``peer_vm`` tests need ``--wire --peer``,
+a second guest (a second node, its own kernel, the plugin run there as
+``bin/sriov``) whose PFs join the segment over QEMU's datagram link.  The
+second guest costs a boot and a TCG thread for the whole run, so only the
+tests about two nodes ask for it.
 
 Where QEMU's igb (10.0) does not emulate what the PF was told, the test
 asserts what does cross the wire and says so: spoof checking and the VF's
