@@ -9,7 +9,8 @@
 # SR-IOV NIC:   sudo deploy/demo/demo-node.sh [--pf ens1f0]
 # It runs sriov-cni from a virtualenv of its own, .venv in the checkout
 # (SRIOV_CNI_VENV to put it elsewhere), made on the first run: that needs
-# python3-venv, and PyPI for what the system's Python lacks. It creates 2
+# python3-venv, gcc, libc6-dev and make (the package's build compiles the
+# shim), and PyPI for what the system's Python lacks. It creates 2
 # VFs on the PF if it has none. At exit, also on an error or Ctrl-C, it puts
 # back what it changed on the node: the VF count, the PF's IRQ affinities,
 # RPS/XPS masks and flow counts, MTU and link state, and the host's RFS table
