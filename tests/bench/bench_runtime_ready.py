@@ -17,10 +17,11 @@ The pings (``ping -c 1 -W 1``, tried again until answered, at most
 node's ping (``nsenter``), once the runtime returned and the pod's address
 was read with ``ip -j``; both count in the readiness.
 
-For each runtime, two plugins in the same boot, interleaved round by round,
-both on VFs created by a plain ``sriov_numvfs`` write with the PF up,
-``--settle`` seconds before the pair's first start (fresh), then on the
-same VFs after the pods were removed (reused):
+For each runtime, two plugins in the same boot, interleaved round by round
+(each first every other round), both on VFs created by a plain
+``sriov_numvfs`` write with the PF up, ``--settle`` seconds before the
+pair's first start (fresh), then on the same VFs after the pods were
+removed (reused):
 
 * ``sriov``: this checkout's daemon on the node's socket, called through
   the static shim ``sriov-cni install-cni`` writes, the chain of
@@ -31,13 +32,19 @@ same VFs after the pods were removed (reused):
   pod has a network of its own, the only way either runtime gives a pod its
   own device: for podman a network per container, for the CRI the one
   conflist rewritten before each sandbox.  The time the CRI plugin takes to
-  load the rewritten conflist is left out of host-device's readiness.
+  load the rewritten conflist is left out of the readiness (each pair's
+  line says how much; for sriov it is only the check that its conflist is
+  the one loaded).
 
 Printed: each pair as it runs, then per (runtime, plugin, fresh/reused)
-the median and maximum readiness and duration of the runtime's own call
-(``podman run`` or RunPodSandbox), and sriov's over host-device's.  Each
-podman command costs 10-40 s under TCG.  Needs root in the guest; prints
-figures, asserts nothing::
+the median and maximum readiness, the duration of the runtime's own call
+(``podman run --detach`` or RunPodSandbox); for sriov, what the daemon
+measured (``SRIOV_CNI_DAEMON_STATS``) of the calls it ran during the pair:
+the ADD inside each runtime call, and the other calls the runtime made of
+it (podman asks the plugin its VERSION on each run: the shim passes that
+on to the daemon too);
+then sriov's medians over host-device's.  Two rounds take about 5 minutes in a
+guest under TCG.  Needs root in the guest; prints figures, asserts nothing::
 
     python3 tests/vm/rig.py --pfs 1 -- python3 tests/bench/bench_runtime_ready.py --rounds 2
 """
@@ -61,6 +68,7 @@ from typing import Any, Protocol
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from sriov_cni.daemon import measure  # noqa: E402
 from sriov_cni.daemon.client import DEFAULT_SOCKET  # noqa: E402
 from tests.support.daemonlib import Daemon  # noqa: E402
 from tests.vm.crilib import CRI_TIMEOUT, Containerd, containerd_cri, new_pod  # noqa: E402
@@ -95,11 +103,16 @@ class Series:
 
     ready: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
     call: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    # sriov's ADD inside the runtime's call, as the daemon measured it.
+    add: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    # The seconds of its other calls the runtime made of the daemon, per pod start.
+    others: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
 
 
 @dataclass
 class Pod:
     name: str
+    id: str  # CNI_CONTAINERID: podman's container, the CRI's sandbox
     netns: str  # a path
     seconds: float  # the runtime's call
     # Seconds spent before the call that are not the runtime's own (the CRI
@@ -140,10 +153,10 @@ class PodmanRuntime:
         podman = self.networks[plugin if plugin == "sriov" else f"{plugin} {vf}"]
         before = Podman.namespaces()
         started = time.monotonic()
-        podman("run", "--detach", "--network", podman.network, "--name", name, IMAGE, "sleep", "3600")
+        out = podman("run", "--detach", "--network", podman.network, "--name", name, IMAGE, "sleep", "3600")
         seconds = time.monotonic() - started
         [netns] = Podman.namespaces() - before
-        return Pod(name, netns, seconds, podman=podman)
+        return Pod(name, out.stdout.split()[-1], netns, seconds, podman=podman)
 
     def remove(self, pods: list[Pod]) -> None:
         # Each with its own network's podman: another's does not know the
@@ -182,7 +195,7 @@ class CriRuntime:
         pod_id = self.cri.run_pod(new_pod(name, "default", self.logs))
         seconds = time.monotonic() - started
         self.ids[name] = pod_id
-        return Pod(name, self.cri.pod_netns(pod_id), seconds, aside)
+        return Pod(name, pod_id, self.cri.pod_netns(pod_id), seconds, aside)
 
     def remove(self, pods: list[Pod]) -> None:
         for pod in pods:
@@ -205,8 +218,41 @@ def both_ways(netns: list[str], addresses: list[str], bound: float) -> bool:
     return True
 
 
-def pair(runtime: Runtime, plugin: str, kind: str, tag: str, series: Series, bound: float) -> list[Pod]:
+def daemon_calls(stats: Path, containers: list[str]) -> list[dict[str, Any]]:
+    """The calls the daemon answered for a pair, once the ADDs for ``containers`` are among them.
+
+    Each child writes its call's report just after answering; the directory
+    was emptied before the pair's first start.  A DEL's report is the
+    removal of the pods before, however late it comes.
+    """
+    deadline = time.monotonic() + CRI_TIMEOUT
+    while time.monotonic() < deadline:
+        reports = [json.loads(path.read_text()) for path in stats.glob("*.json")]
+        reports = [r for r in reports if r["command"] != "DEL"]
+        if {r["container"] for r in reports if (r["program"], r["command"]) == ("sriov", "ADD")} >= set(containers):
+            return reports
+        time.sleep(0.1)
+    sys.exit(f"bench_runtime_ready: the daemon wrote no report of the ADDs for {containers}")
+
+
+def sriov_calls(series: Series, kind: str, pods: list[Pod], stats: Path) -> str:
+    """What the daemon ran during the pair: the ADDs, and the other calls the runtimes made of it."""
+    reports = daemon_calls(stats, [pod.id for pod in pods])
+    adds = {r["container"]: float(r["seconds"]) for r in reports if r["command"] == "ADD"}
+    series.add[kind] += [adds[pod.id] for pod in pods]
+    others: dict[str, list[float]] = {}
+    for r in reports:
+        if r["command"] != "ADD":
+            others.setdefault(f"{r['program']} {r['command']}", []).append(float(r["seconds"]))
+    series.others[kind] += [sum(map(sum, others.values())) / len(pods)]
+    shown = ", ".join(f"{len(v)} {name} {sum(v):.1f} s" for name, v in sorted(others.items()))
+    return f"; daemon: ADDs {', '.join(f'{adds[pod.id]:.1f}' for pod in pods)} s{'; ' + shown if shown else ''}"
+
+
+def pair(runtime: Runtime, plugin: str, kind: str, tag: str, series: Series, stats: Path, bound: float) -> list[Pod]:
     """Two pods, one started after the other, timed to traffic both ways; returns them."""
+    for report in stats.iterdir():
+        report.unlink()
     first = time.monotonic()
     pods = [runtime.start(vf, plugin, f"{tag}{kind[0]}{vf}") for vf in range(PAIR)]
     addresses = [ipv4(pod_eth0(pod.netns)).split("/")[0] for pod in pods]
@@ -214,13 +260,21 @@ def pair(runtime: Runtime, plugin: str, kind: str, tag: str, series: Series, bou
     ready = time.monotonic() - first - sum(pod.aside for pod in pods)
     series.ready[kind].append(ready if answered else bound)
     series.call[kind] += [pod.seconds for pod in pods]
-    calls = ", ".join(f"{pod.seconds:.1f}" for pod in pods)
+    calls = ", ".join(f"{pod.seconds:.1f}" for pod in pods) + " s"
+    if plugin == "sriov":
+        # Read once the clock stopped: the reports come after the answers.
+        calls += sriov_calls(series, kind, pods, stats)
     shown = f"{ready:.1f} s after the first start" if answered else f"none within {bound:g} s"
-    print(f"  {tag} {plugin} {kind}: calls {calls} s; traffic both ways {shown}", flush=True)
+    aside = sum(pod.aside for pod in pods)
+    if aside >= 0.05:
+        shown += f", {aside:.1f} s of conflist loading left out"
+    print(f"  {tag} {plugin} {kind}: runtime calls {calls}; traffic both ways {shown}", flush=True)
     return pods
 
 
-def round_(runtime: Runtime, name: str, plugin: str, pf: str, n: int, series: Series, args: argparse.Namespace) -> None:
+def round_(
+    runtime: Runtime, name: str, plugin: str, pf: str, n: int, series: Series, stats: Path, args: argparse.Namespace
+) -> None:
     vfs = Sriov([pf])
     # As a node without sriov-cni's setup creates them: the PF up, then a
     # plain sriov_numvfs write.
@@ -233,7 +287,7 @@ def round_(runtime: Runtime, name: str, plugin: str, pf: str, n: int, series: Se
     # A device plugin or an operator advertises new VFs seconds after they appear.
     time.sleep(args.settle)
     for kind in KINDS:
-        runtime.remove(pair(runtime, plugin, kind, f"{name[0]}{n}", series, args.bound))
+        runtime.remove(pair(runtime, plugin, kind, f"{name[0]}{n}", series, stats, args.bound))
     vfs.disable(pf)
 
 
@@ -249,6 +303,10 @@ def report(results: dict[tuple[str, str], Series], rounds: int) -> None:
                 f"{runtime:>6} {plugin:>11} {kind:>6}: ready {figures(series.ready[kind])};"
                 f"  runtime call {figures(series.call[kind])}"
             )
+    print("\nsriov in the daemon, per pod start: its ADD, and the other calls the runtime made of it")
+    for (runtime, plugin), series in results.items():
+        for kind in KINDS if plugin == "sriov" else ():
+            print(f"{runtime:>6} {kind:>6}: ADD {figures(series.add[kind])};  others {figures(series.others[kind])}")
     print("\nsriov / host-device (medians)")
     for runtime in dict.fromkeys(r for r, _ in results):
         ours, peer = results[runtime, "sriov"], results[runtime, "host-device"]
@@ -282,7 +340,10 @@ def main() -> None:
         for name in ("host-device", "static"):
             (CNI_BIN / name).symlink_to(GO_PLUGINS / name)
         print("bench_runtime_ready: starting the daemon and the runtimes", flush=True)
-        stack.enter_context(Daemon(Path(DEFAULT_SOCKET).parent))
+        # Each of its children writes what its call cost there, after answering.
+        stats = base / "stats"
+        stats.mkdir()
+        stack.enter_context(Daemon(Path(DEFAULT_SOCKET).parent, env={measure.STATS_ENV: str(stats)}))
         runtimes: dict[str, Runtime] = {}
         if "podman" in names:
             runtimes["podman"] = PodmanRuntime(base, storage, pf)
@@ -293,8 +354,9 @@ def main() -> None:
         results = {(name, plugin): Series() for name in runtimes for plugin in PLUGINS}
         for n in range(args.rounds):
             for name, runtime in runtimes.items():
-                for plugin in PLUGINS:
-                    round_(runtime, name, plugin, pf, n, results[name, plugin], args)
+                # Each plugin first every other round: neither always follows the other's DELs.
+                for plugin in PLUGINS[:: 1 if n % 2 == 0 else -1]:
+                    round_(runtime, name, plugin, pf, n, results[name, plugin], stats, args)
             print(f"round {n + 1}/{args.rounds} done", flush=True)
     report(results, args.rounds)
 
