@@ -32,11 +32,16 @@ class FirstOpenError(Exception):
     pass
 
 
-def open_once(pf: str, vf: int, netdev: str) -> None:
-    """Open VF netdev ``netdev`` (VF ``vf`` of ``pf``) and close it; the PF's reading of its MAC stays as it was."""
+def open_once(pf: str, vf: int, netdev: str, mac: str | None = None) -> None:
+    """Open VF netdev ``netdev`` (VF ``vf`` of ``pf``) and close it; the PF's reading of its MAC stays as it was.
+
+    ``mac``: that reading, when the caller has it (one request for every VF
+    of the PF fewer); None reads it.
+    """
     vfc = netlink.KernelVfControl()
     try:
-        before = vfc.vfs(pf).get(vf)
+        before = vfc.vfs(pf).get(vf) if mac is None else None
+        mac = before.mac if before is not None else mac
         with netlink.open_namespace() as host:
             link = host.find(netdev)
             if link is None:
@@ -46,9 +51,10 @@ def open_once(pf: str, vf: int, netdev: str) -> None:
                 return
             host.set_up(link.index, True)
             host.set_up(link.index, False)
-        after = vfc.vfs(pf).get(vf)
-        if before is not None and before.mac == vfsettings.ZERO_MAC and after is not None and after.mac != before.mac:
-            vfc.set_mac(pf, vf, vfsettings.ZERO_MAC)
+        if mac == vfsettings.ZERO_MAC:
+            after = vfc.vfs(pf).get(vf)
+            if after is not None and after.mac != mac:
+                vfc.set_mac(pf, vf, vfsettings.ZERO_MAC)
     except netlink.NetlinkError as exc:
         raise FirstOpenError(f"VF {vf} of {pf} ({netdev}): {exc}") from exc
     finally:

@@ -48,14 +48,15 @@ def train(sys_root: Path, alloc: Allocation) -> None:
     past its driver's first reset only seconds after its first open (see
     sriov_cni.kernel.firstopen); a VF that had carrier once is past it.  The
     kernel's ``carrier_up_count`` tells them apart, whatever driver and
-    whoever created the VF.
+    whoever created the VF.  Called before ADD changes the VF: the PF's
+    reading of its MAC is still the one recorded.
     """
-    assert alloc.original is not None
-    netdev = alloc.original.netdev
-    if sysfs.carrier_ups(sys_root, netdev) != 0:
+    orig = alloc.original
+    assert orig is not None
+    if sysfs.carrier_ups(sys_root, orig.netdev) != 0:
         return
     try:
-        firstopen.open_once(alloc.pf_netdev, alloc.vf_index, netdev)
+        firstopen.open_once(alloc.pf_netdev, alloc.vf_index, orig.netdev, orig.pf.mac)
     except firstopen.FirstOpenError as exc:
         # The pod still gets the VF: its carrier comes later, and ADD waits for it.
         logger.warning("could not open new VF %s once before the pod: %s", alloc.vf_pci, exc)

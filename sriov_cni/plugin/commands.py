@@ -387,6 +387,10 @@ def _set_up(add: _Add, vfc: netlink.VfControl, host: netlink.Namespace, lease: N
     lease.alloc.rdma_memlock = conf.rdma_memlock
     _record_changes(vfc, host, lease, conf.pf_settings)
     aside.refuse_disabled_link(lease.alloc, conf.pf_settings.link_state)
+    if not lease.alloc.dpdk:
+        # Recorded first, so a restore puts the netdev back whatever the
+        # open left; before the PF-side settings, so the VF is as recorded.
+        carrier.train(deps.paths.sys, lease.alloc)
     attach.apply_pf_settings(vfc, lease.alloc, deps.mac_retry_delay)
     # Read once: the move and the device-info file go by the same reading.
     listed = rdma.listed(lease.alloc, deps.paths.sys)
@@ -458,9 +462,6 @@ def _dpdk_interface(conf: NetConf, alloc: Allocation) -> Interface:
 def _attach(conf: NetConf, lease: NewLease, deps: Deps) -> tuple[Interface, int]:
     """The VF's netdev into the pod, configured and tuned; with its index there."""
     alloc = lease.alloc
-    # In the host, before the record says the VF is in the pod: a restore
-    # puts the netdev's state back from the record either way.
-    carrier.train(deps.paths.sys, alloc)
     # Recorded first: only a record that says so lets a restore take an
     # interface out of the pod's namespace.
     alloc.in_pod = True

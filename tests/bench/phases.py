@@ -35,6 +35,7 @@ PHASES: dict[tuple[str, str], str] = {
     ("attach.py", "restore_netdev"): "move/attach (and back)",
     ("tuning.py", "*"): "VF tuning (IRQs, queues)",
     ("carrier.py", "await_carrier"): "carrier wait",
+    ("carrier.py", "train"): "first open of a new VF",
     ("rdma.py", "*"): "RDMA device (move, lookup)",
     ("delegate.py", "*"): "IPAM",
     ("infofile.py", "*"): "device-info file",
