@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,22 +25,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from sriov_cni.plugin.rdma import soft_name
 from tests.support.daemonlib import Daemon
 from tests.vm.plugincalls import cni, ns_path, records
-from tests.vm.rdmalib import exclusive_pods, rdma_ucm
+from tests.vm.rdmalib import (
+    IB_WRITE_BW_PORT,
+    PINGPONG_PORT,
+    exclusive_pods,
+    rdma_ucm,
+    roce_v2_gid_index,
+    run_pair,
+)
 from tests.vm.vmlib import Sriov, vf_pci_dirs
 
 # Driver tests like every other here; rdma_vm names the kernel they need.
 pytestmark = pytest.mark.sriov_vm
 
-# Only a fault makes a server miss its port this long, or a tool take this
-# long to end once its traffic is done.
-BOUND = 240.0
-# A transfer's length follows the machine's speed (under TCG on a host at load
-# ~170, a 100-message ibv_rc_pingpong once outlasted a 240 s bound), so it is
-# not bounded: it is watched, and only no RDMA packet moving on either device
-# for this long, a stuck queue pair, fails it.
-STALL = 120.0
-IB_WRITE_BW_PORT = 18515
-PINGPONG_PORT = 18516
 RPING_PORT = 18517
 # ib_write_bw -R's rdma_cm port (its TCP exchange port is not used with -R).
 IB_WRITE_BW_CM_PORT = 18518
@@ -52,122 +48,10 @@ def rdma_devs() -> list[str]:
     return [str(d["ifname"]) for d in json.loads(out or "[]")]
 
 
-# One process for the whole table: rxe's has 1024 entries, and a process
-# per entry costs minutes under TCG.  An empty entry's type cannot be read.
-GID_SCRIPT = 'cd "/sys/class/infiniband/$1/ports/1" && grep -H . gids/* gid_attrs/types/* 2>/dev/null; true'
-
-
-def roce_v2_gid_index(pod: str, device: str, address: str) -> int:
-    """The GID table index of ``address`` as a RoCE v2 GID (what NCCL_IB_GID_INDEX and perftest's -x take).
-
-    Read inside the pod, as a job would (in exclusive mode only the pod's
-    sysfs shows its device).
-    """
-    octets = [int(o) for o in address.split(".")]
-    wanted = "0000:0000:0000:0000:0000:ffff:" + f"{octets[0]:02x}{octets[1]:02x}:{octets[2]:02x}{octets[3]:02x}"
-    table = subprocess.run(
-        ["ip", "netns", "exec", pod, "sh", "-c", GID_SCRIPT, "gids", device], check=True, capture_output=True, text=True
-    ).stdout
-    gids: dict[str, str] = {}
-    types: dict[str, str] = {}
-    for line in table.splitlines():
-        path, _, value = line.partition(":")
-        where, _, n = path.rpartition("/")
-        (gids if where == "gids" else types)[n] = value
-    for n, gid in gids.items():
-        if gid == wanted and types.get(n) == "RoCE v2":
-            return int(n)
-    raise AssertionError(f"{device} has no RoCE v2 GID for {address}:\n{table}")
-
-
-def tcp_listens(pod: str, port: int) -> bool:
-    out = subprocess.run(["ip", "netns", "exec", pod, "ss", "-Hltn"], capture_output=True, text=True).stdout
-    return f":{port} " in out
-
-
 def cm_listens(pod: str, port: int) -> bool:
     """An rdma_cm server's listening cm_id shows in ``rdma res`` (no socket does)."""
     out = subprocess.run(["rdma", "res", "show", "cm_id"], capture_output=True, text=True).stdout
     return any("LISTEN" in line and f":{port} " in f"{line} " for line in out.splitlines())
-
-
-def wait_listening(
-    pod: str, port: int, server: subprocess.Popen[str], listens: Callable[[str, int], bool] = tcp_listens
-) -> None:
-    """Until ``server`` listens on ``port`` in ``pod`` (``listens`` says); fails if it ends first or after BOUND."""
-    deadline = time.monotonic() + BOUND
-    while not listens(pod, port):
-        if server.poll() is not None:
-            pytest.fail(f"the server in {pod} ended before listening: {server.communicate()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"nothing listens on {port} in {pod} within {BOUND:.0f} s")
-        time.sleep(0.2)
-
-
-COUNTERS = "/sys/class/infiniband/{}/ports/1/hw_counters/{}"
-
-
-def packets(pod: str | None, device: str) -> tuple[int, ...]:
-    """rxe's packet counters of ``device``, read in ``pod`` (None: the host).
-
-    In exclusive mode only the pod's sysfs shows its device; in shared mode
-    a pod's sysfs shows it without counters (seen on 7.2): the host's has them.
-    """
-    paths = [COUNTERS.format(device, c) for c in ("sent_pkts", "rcvd_pkts")]
-    inside = ["ip", "netns", "exec", pod] if pod is not None else []
-    out = subprocess.run([*inside, "cat", *paths], check=True, capture_output=True, text=True)
-    return tuple(int(n) for n in out.stdout.split())
-
-
-def wait_moving(proc: subprocess.Popen[str], ends: list[tuple[str | None, str]], what: str) -> None:
-    """Until ``proc`` ends, as long as packets move on the (pod or host, device) ``ends``; fails after STALL without."""
-    last: tuple[tuple[int, ...], ...] = ()
-    since = time.monotonic()
-    while proc.poll() is None:
-        now = tuple(packets(pod, device) for pod, device in ends)
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since > STALL:
-            proc.kill()
-            pytest.fail(f"{what}: no RDMA packet moved for {STALL:.0f} s ({last}): {proc.communicate()}")
-        time.sleep(1.0)
-
-
-def run_pair(
-    pods: list[str],
-    counters: list[tuple[str | None, str]],
-    server: list[str],
-    client: list[str],
-    port: int,
-    listens: Callable[[str, int], bool] = tcp_listens,
-) -> tuple[str, str]:
-    """``server`` in pods[0], then ``client`` in pods[1] once the server listens (``listens`` says); both outputs.
-
-    ``counters``: where each pod's device's packet counters are read (see :func:`packets`), and the device.
-    """
-    srv = subprocess.Popen(
-        ["ip", "netns", "exec", pods[0], *server], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        wait_listening(pods[0], port, srv, listens)
-        cli = subprocess.Popen(
-            ["ip", "netns", "exec", pods[1], *client], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        try:
-            wait_moving(cli, counters, client[0])
-            cli_out, _ = cli.communicate(timeout=BOUND)
-        finally:
-            if cli.poll() is None:
-                cli.kill()
-                cli.wait()
-        srv_out, _ = srv.communicate(timeout=BOUND)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.wait()
-    assert cli.returncode == 0, cli_out
-    assert srv.returncode == 0, srv_out
-    return srv_out, cli_out
 
 
 @pytest.mark.rdma_vm("7.2")

@@ -41,7 +41,7 @@ import pytest
 
 from sriov_cni.plugin.rdma import soft_name
 from tests.vm.plugincalls import CNI_PATH, cni, ns_path, records, vfinfo
-from tests.vm.test_rdma_soft import BOUND, IB_WRITE_BW_PORT, PINGPONG_PORT, roce_v2_gid_index, run_pair, wait_moving
+from tests.vm.rdmalib import BOUND, IB_WRITE_BW_PORT, PINGPONG_PORT, roce_v2_gid_index, run_pair, watched_output
 from tests.vm.vmlib import Sriov
 from tests.vm.wirelib import (
     ETH_P_ARP,
@@ -571,18 +571,7 @@ def server_output(peer: Peer, server: list[str], log: str) -> str:
 
 def client_here(here: Attached, device: str, client: list[str]) -> str:
     """``client`` in this node's pod, watched as long as RDMA packets move on its ``device``; its output."""
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", here.netns, *client], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        wait_moving(proc, [(None, device)], client[0])
-        out, _ = proc.communicate(timeout=BOUND)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, out
-    return out
+    return watched_output(["ip", "netns", "exec", here.netns, *client], [(None, device)], client[0])
 
 
 @pytest.mark.peer_vm
@@ -605,7 +594,7 @@ def test_soft_roce_pods_on_two_nodes(
         carriers([here])
         devices = [soft_name(here.pci), soft_name(there.pci)]
         ours = roce_v2_gid_index(here.netns, devices[0], here.address)
-        lookup = f"from tests.vm.test_rdma_soft import roce_v2_gid_index as g; print(g({there.netns!r}, {devices[1]!r}, {there.address!r}))"
+        lookup = f"from tests.vm.rdmalib import roce_v2_gid_index as g; print(g({there.netns!r}, {devices[1]!r}, {there.address!r}))"
         theirs = int(on_peer(peer, [sys.executable, "-c", lookup]))
 
         mark = wire.mark()
