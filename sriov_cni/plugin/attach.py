@@ -149,6 +149,18 @@ def _pf_setters(vfc: VfControl, alloc: Allocation, retry: float) -> dict[str, Ca
     }
 
 
+# Each PF-side setting by the keys a network configuration gives it with:
+# a refusal names what the user wrote.
+_CONFIG_KEYS = {
+    "vlan": "vlan",
+    "mac": "mac",
+    "rate": "min_tx_rate/max_tx_rate",
+    "spoofchk": "spoofchk",
+    "trust": "trust",
+    "link_state": "link_state",
+}
+
+
 def apply_pf_settings(vfc: VfControl, alloc: Allocation, retry: float) -> None:
     """Apply ``alloc.applied`` (recorded before this call) in order.
 
@@ -163,15 +175,16 @@ def apply_pf_settings(vfc: VfControl, alloc: Allocation, retry: float) -> None:
             setters[key](value)
         except (netlink.NetlinkError, CNIError) as exc:
             alloc.applied = alloc.applied.without(name for name, _ in wanted[n:])
+            what = _CONFIG_KEYS[key]
             if isinstance(exc, netlink.NotSupported):
                 raise CNIError(
                     Code.DEVICE,
-                    f"the driver of PF {alloc.pf_netdev} does not support setting {key} on a VF",
-                    f"{exc}; remove {key} from the network configuration",
+                    f"the driver of PF {alloc.pf_netdev} does not support setting {what} on a VF",
+                    f"{exc}; remove {what} from the network configuration",
                 ) from exc
             if isinstance(exc, CNIError):
                 raise
-            raise CNIError(Code.DEVICE, f"cannot set {key} on VF {alloc.vf_pci}", str(exc)) from exc
+            raise CNIError(Code.DEVICE, f"cannot set {what} on VF {alloc.vf_pci}", str(exc)) from exc
 
 
 def restore_pf_settings(vfc: VfControl, alloc: Allocation, retry: float) -> list[str]:

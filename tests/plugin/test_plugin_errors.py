@@ -156,6 +156,19 @@ def test_setting_refused_by_the_driver_rolls_back_what_was_applied(ready: Ready)
     assert node.picture() == before
 
 
+def test_a_refused_rate_names_the_keys_the_network_gave_it_with(ready: Ready) -> None:
+    """Fixture: the PF side (igb refuses ``min_tx_rate``: EINVAL); real: the VF netdev and the pod's netns."""
+    node, pod, before = ready
+    node.fake.refuse["rate"] = netlink.InvalidArgument("setting tx rate 10-0 Mbps: Invalid argument")
+
+    res = node.cni("ADD", node.conf(min_tx_rate=10), netns=pod)
+
+    refused(res, 100)
+    assert res.out["msg"].startswith("cannot set min_tx_rate/max_tx_rate on VF "), res.out
+    assert "tx rate 10-0 Mbps" in res.out["details"], res.out
+    assert node.picture() == before
+
+
 def test_ipam_failure_after_the_move_rolls_back(ready: Ready) -> None:
     node, pod, before = ready
     # A one-address pool already held by another attachment: IPAM ADD fails

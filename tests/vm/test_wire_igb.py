@@ -384,7 +384,7 @@ def test_max_tx_rate_is_set_on_the_pf_and_qemu_sends_past_it_and_min_tx_rate_is_
     }
     rc, res = cni("ADD", conf, container="minrate", netns=ns_path(other))
     # The driver's refusal, with the rates asked for (minimum-maximum).
-    assert rc == 1 and res["code"] == 100 and "cannot set rate" in res["msg"], res
+    assert rc == 1 and res["code"] == 100 and "cannot set min_tx_rate/max_tx_rate" in res["msg"], res
     assert "tx rate 10-0 Mbps" in res["details"] and "Invalid argument" in res["details"], res
     assert vfinfo(two_pfs[1], 0) == before
 
