@@ -163,12 +163,23 @@ def take_over(channel: socket.socket) -> intake.Call | None:
 
 
 class _Tee(io.RawIOBase):
-    """A descriptor written through, keeping the first KEEP bytes written."""
+    """A descriptor written through, keeping the first KEEP bytes written (``kept`` None: none).
 
-    def __init__(self, fd: int, kept: bytearray) -> None:
+    Once its call has answered (:meth:`drop`), what is written is dropped: a
+    caller that hung up before the answer was flushed leaves it in the
+    stream's buffer, and the stream flushes it when it is collected, by then
+    onto the descriptor of the next call's caller, whose output then held
+    two answers.
+    """
+
+    def __init__(self, fd: int, kept: bytearray | None) -> None:
         super().__init__()
         self._fd = fd
         self._kept = kept
+        self._dropping = False
+
+    def drop(self) -> None:
+        self._dropping = True
 
     def writable(self) -> bool:
         return True
@@ -180,9 +191,11 @@ class _Tee(io.RawIOBase):
         return os.isatty(self._fd)
 
     def write(self, data: Any) -> int:
+        if self._dropping:
+            return len(memoryview(data))
         written = os.write(self._fd, data)
-        room = KEEP - len(self._kept)
-        if room > 0:
+        room = KEEP - len(self._kept) if self._kept is not None else 0
+        if room > 0 and self._kept is not None:
             self._kept += bytes(memoryview(data)[: min(written, room)])
         return written
 
@@ -195,6 +208,7 @@ class Report:
         self._seconds = 0.0
         self._result = ""
         self._out = bytearray()
+        self._tees: list[_Tee] = []
         self._claims_refused = 0
         self._private = 0
         # Whether the call was refused, nothing of it run.
@@ -202,7 +216,20 @@ class Report:
 
     def stdout(self) -> IO[str]:
         """The caller's stdout (descriptor 1), as ``open(1, "w")`` would give it, keeping what the call writes."""
-        return io.TextIOWrapper(io.BufferedWriter(_Tee(1, self._out)))
+        tee = _Tee(1, self._out)
+        self._tees.append(tee)
+        return io.TextIOWrapper(io.BufferedWriter(tee))
+
+    def stderr(self) -> IO[str]:
+        """The caller's stderr (descriptor 2), as ``open(2, "w")`` would give it."""
+        tee = _Tee(2, None)
+        self._tees.append(tee)
+        return io.TextIOWrapper(io.BufferedWriter(tee))
+
+    def answered(self) -> None:
+        """The caller has its answer: what the call's streams still hold goes nowhere."""
+        for tee in self._tees:
+            tee.drop()
 
     def exited(self, status: int) -> None:
         """The call ran, and its exit status goes to the caller now."""
@@ -278,7 +305,7 @@ def _become_caller(call: intake.Call, report: Report) -> tuple[str, Program, dic
         os.chdir("/")
     sys.stdin = open(0, closefd=False)
     sys.stdout = report.stdout()
-    sys.stderr = open(2, "w", closefd=False)
+    sys.stderr = report.stderr()
     return program, run, env
 
 
@@ -323,6 +350,7 @@ def serve_one(call: intake.Call, options: Options, watchdog: Watchdog, null: int
                 stream.flush()
             except OSError:
                 pass  # the caller closed its end: the call ran all the same
+        report.answered()
         watchdog.answered.set()
         report.exited(code)
         try:

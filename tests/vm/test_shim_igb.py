@@ -239,8 +239,9 @@ def test_daemon_child_killed_during_add_then_del_cleans_up(
     conf = conf_for(node, [pf], ipam={"type": "stall"})
 
     proc = node.shim("ADD", conf, "c1", ns_path(pod))
-    wait_until(mark.exists, 600, "the ADD reached IPAM")
-    assert pod_view(pod) == ["lo", "net1"], "the VF moved before IPAM"
+    # IPAM starts beside the VF's set-up, and ADD waits for its answer only
+    # once the VF is in the pod: both are waited for, in either order.
+    wait_until(lambda: mark.exists() and pod_view(pod) == ["lo", "net1"], 600, "the ADD in IPAM with the VF moved")
     [child] = node.daemon_children()
     os.kill(child, signal.SIGKILL)
     os.kill(int(mark.read_text()), signal.SIGKILL)
