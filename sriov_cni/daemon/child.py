@@ -194,9 +194,8 @@ class _Tee(io.RawIOBase):
         if self._dropping:
             return len(memoryview(data))
         written = os.write(self._fd, data)
-        room = KEEP - len(self._kept) if self._kept is not None else 0
-        if room > 0 and self._kept is not None:
-            self._kept += bytes(memoryview(data)[: min(written, room)])
+        if self._kept is not None and len(self._kept) < KEEP:
+            self._kept += bytes(memoryview(data)[: min(written, KEEP - len(self._kept))])
         return written
 
 

@@ -99,7 +99,7 @@ class Peer:
     stats: Path | None = None
     seen: set[Path] = field(default_factory=set)
     phases: dict[str, dict[str, float]] = field(default_factory=lambda: {"fresh": {}, "reused": {}})
-    dumps: dict[str, list[float]] = field(default_factory=lambda: {"fresh": [], "reused": []})
+    dumps: dict[str, list[int]] = field(default_factory=lambda: {"fresh": [], "reused": []})
     # With --rtnl: each call's (verb, start, end), CLOCK_MONOTONIC nanoseconds.
     calls: list[tuple[str, int, int]] = field(default_factory=list)
 
